@@ -1,0 +1,285 @@
+"""Aggregates: one definition each, with the life of Beam's CombineFn.
+
+Every aggregate turns values into an accumulator and back::
+
+    acc = agg.create()
+    acc = agg.add(acc, value)        # may mutate ``acc``; returns the accumulator to keep
+    acc = agg.merge(acc, other)      # may mutate ``acc``, never ``other``
+    acc = agg.compact(acc)           # before an accumulator crosses a wire
+    value = agg.extract(acc)         # does not mutate ``acc``
+
+The planner derives the partial/merge/final split of a query from this one definition: sites
+``create``/``add``/``compact``, aggregators ``merge``, the root ``extract``. ``kind`` says what
+the split costs: distributive and algebraic accumulators are small, holistic ones grow with the
+data (the planner refuses to split them), approximate ones are DataSketches sketches of bounded
+size (in :mod:`jetstream.approx.sketches`).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from jetstream.errors import PlanError
+from jetstream.expr import Expr
+from jetstream.schema import DataType, Schema
+
+__all__ = [
+    "Aggregate",
+    "AggregateKind",
+    "Avg",
+    "Count",
+    "CountDistinct",
+    "Max",
+    "Min",
+    "Quantile",
+    "Sum",
+]
+
+
+class AggregateKind(enum.Enum):
+    """How an aggregate splits over sites (Gray et al.'s classes, plus sketches)."""
+
+    DISTRIBUTIVE = "distributive"  # the partial is the same function: count, sum, min, max
+    ALGEBRAIC = "algebraic"  # a fixed-size tuple of distributive partials: avg
+    HOLISTIC = "holistic"  # the partial grows with the data: exact distinct count, quantile
+    APPROXIMATE = "approximate"  # a bounded-size sketch with an error bound
+
+
+@dataclass(frozen=True, eq=False)
+class Aggregate:
+    """Base of every aggregate; ``expr`` is the input (None for ``count()`` of rows).
+
+    Values are evaluated by the caller; NULL (None) values are skipped, as in SQL.
+    """
+
+    expr: Expr | None
+    name: ClassVar[str]
+    kind: ClassVar[AggregateKind]
+
+    @property
+    def exact(self) -> bool:
+        return self.kind is not AggregateKind.APPROXIMATE
+
+    @property
+    def decomposable(self) -> bool:
+        """Whether partials of this aggregate can be merged with bounded size."""
+        return self.kind is not AggregateKind.HOLISTIC
+
+    def result_type(self, schema: Schema) -> DataType:
+        """The type of the result over ``schema``; raises PlanError if the input does not fit."""
+        if self.expr is None:
+            msg = f"{self.name} needs an input column"
+            raise PlanError(msg)
+        return self._result_type(self.expr.dtype(schema))
+
+    def _result_type(self, input_type: DataType) -> DataType:
+        return input_type
+
+    def _need_numeric(self, input_type: DataType) -> DataType:
+        if not input_type.is_numeric:
+            msg = f"{self.name} needs a number, but {self.expr} is {input_type.value}"
+            raise PlanError(msg)
+        return input_type
+
+    def create(self) -> Any:
+        raise NotImplementedError
+
+    def add(self, acc: Any, value: Any) -> Any:
+        raise NotImplementedError
+
+    def merge(self, acc: Any, other: Any) -> Any:
+        raise NotImplementedError
+
+    def compact(self, acc: Any) -> Any:
+        return acc
+
+    def extract(self, acc: Any) -> Any:
+        return acc
+
+    def error_bound(self, acc: Any) -> float:
+        """The largest relative error ``extract`` can have: 0.0 for exact aggregates."""
+        return 0.0
+
+    def __str__(self) -> str:
+        return f"{self.name}({'' if self.expr is None else self.expr})"
+
+
+@dataclass(frozen=True, eq=False)
+class Count(Aggregate):
+    """Rows, or non-NULL values of ``expr``."""
+
+    expr: Expr | None = None
+    name: ClassVar[str] = "count"
+    kind: ClassVar[AggregateKind] = AggregateKind.DISTRIBUTIVE
+
+    def result_type(self, schema: Schema) -> DataType:
+        if self.expr is not None:
+            self.expr.dtype(schema)
+        return DataType.INT
+
+    def create(self) -> int:
+        return 0
+
+    def add(self, acc: int, value: Any) -> int:
+        return acc + 1
+
+    def merge(self, acc: int, other: int) -> int:
+        return acc + other
+
+
+@dataclass(frozen=True, eq=False)
+class Sum(Aggregate):
+    name: ClassVar[str] = "sum"
+    kind: ClassVar[AggregateKind] = AggregateKind.DISTRIBUTIVE
+
+    def _result_type(self, input_type: DataType) -> DataType:
+        return self._need_numeric(input_type)
+
+    def create(self) -> Any:
+        return None
+
+    def add(self, acc: Any, value: Any) -> Any:
+        return value if acc is None else acc + value
+
+    def merge(self, acc: Any, other: Any) -> Any:
+        if acc is None or other is None:
+            return other if acc is None else acc
+        return acc + other
+
+
+class _Extreme(Aggregate):
+    pick: ClassVar[Any]
+
+    def _result_type(self, input_type: DataType) -> DataType:
+        if input_type is DataType.LIST:
+            msg = f"{self.name} cannot order {self.expr}, a list"
+            raise PlanError(msg)
+        return input_type
+
+    def create(self) -> Any:
+        return None
+
+    def add(self, acc: Any, value: Any) -> Any:
+        return value if acc is None else type(self).pick(acc, value)
+
+    def merge(self, acc: Any, other: Any) -> Any:
+        return acc if other is None else self.add(acc, other)
+
+
+@dataclass(frozen=True, eq=False)
+class Min(_Extreme):
+    name: ClassVar[str] = "min"
+    kind: ClassVar[AggregateKind] = AggregateKind.DISTRIBUTIVE
+    pick: ClassVar[Any] = min
+
+
+@dataclass(frozen=True, eq=False)
+class Max(_Extreme):
+    name: ClassVar[str] = "max"
+    kind: ClassVar[AggregateKind] = AggregateKind.DISTRIBUTIVE
+    pick: ClassVar[Any] = max
+
+
+@dataclass(frozen=True, eq=False)
+class Avg(Aggregate):
+    """The mean, carried as [sum, count] so partials merge exactly."""
+
+    name: ClassVar[str] = "avg"
+    kind: ClassVar[AggregateKind] = AggregateKind.ALGEBRAIC
+
+    def _result_type(self, input_type: DataType) -> DataType:
+        self._need_numeric(input_type)
+        return DataType.FLOAT
+
+    def create(self) -> list[Any]:
+        return [0, 0]
+
+    def add(self, acc: list[Any], value: Any) -> list[Any]:
+        acc[0] += value
+        acc[1] += 1
+        return acc
+
+    def merge(self, acc: list[Any], other: list[Any]) -> list[Any]:
+        acc[0] += other[0]
+        acc[1] += other[1]
+        return acc
+
+    def extract(self, acc: list[Any]) -> float | None:
+        return acc[0] / acc[1] if acc[1] else None
+
+
+@dataclass(frozen=True, eq=False)
+class CountDistinct(Aggregate):
+    """The exact number of distinct values: holistic, its partial is the set of values."""
+
+    name: ClassVar[str] = "count_distinct"
+    kind: ClassVar[AggregateKind] = AggregateKind.HOLISTIC
+
+    def _result_type(self, input_type: DataType) -> DataType:
+        if input_type is DataType.LIST:
+            msg = f"{self.name} cannot hash {self.expr}, a list"
+            raise PlanError(msg)
+        return DataType.INT
+
+    def create(self) -> set[Any]:
+        return set()
+
+    def add(self, acc: set[Any], value: Any) -> set[Any]:
+        acc.add(value)
+        return acc
+
+    def merge(self, acc: set[Any], other: set[Any]) -> set[Any]:
+        acc |= other
+        return acc
+
+    def extract(self, acc: set[Any]) -> int:
+        return len(acc)
+
+
+def check_fraction(q: float, what: str) -> None:
+    if not isinstance(q, int | float) or isinstance(q, bool) or not 0.0 <= q <= 1.0:
+        msg = f"{what}: q must be a fraction in [0, 1], not {q!r}"
+        raise PlanError(msg)
+
+
+@dataclass(frozen=True, eq=False)
+class Quantile(Aggregate):
+    """The exact ``q``-quantile by nearest rank: the smallest value with rank >= q.
+
+    That is the ``inclusive`` definition DataSketches' KLL uses, so approximate and exact
+    quantiles answer the same question. Holistic: its partial is every value.
+    """
+
+    q: float = 0.5
+    name: ClassVar[str] = "quantile"
+    kind: ClassVar[AggregateKind] = AggregateKind.HOLISTIC
+
+    def __post_init__(self) -> None:
+        check_fraction(self.q, self.name)
+
+    def _result_type(self, input_type: DataType) -> DataType:
+        return self._need_numeric(input_type)
+
+    def create(self) -> list[Any]:
+        return []
+
+    def add(self, acc: list[Any], value: Any) -> list[Any]:
+        acc.append(value)
+        return acc
+
+    def merge(self, acc: list[Any], other: list[Any]) -> list[Any]:
+        acc.extend(other)
+        return acc
+
+    def extract(self, acc: list[Any]) -> Any:
+        if not acc:
+            return None
+        ordered = sorted(acc)
+        rank = max(math.ceil(self.q * len(ordered)), 1)
+        return ordered[rank - 1]
+
+    def __str__(self) -> str:
+        return f"{self.name}({self.expr}, {self.q})"

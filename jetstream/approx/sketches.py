@@ -1,0 +1,164 @@
+"""Approximate aggregates from DataSketches: HLL distinct counts, KLL quantiles, frequent items.
+
+Each follows the :class:`~jetstream.aggregates.Aggregate` contract, and ``error_bound`` reports
+the relative error of what ``extract`` returns. No sketch is written by hand here: the same
+binary formats come out of Spark's DataSketches aggregates at the edge.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import datasketches as ds
+
+from jetstream.aggregates import Aggregate, AggregateKind, check_fraction
+from jetstream.errors import PlanError
+from jetstream.schema import DataType
+
+__all__ = ["ApproxCountDistinct", "ApproxQuantile", "TopKItems"]
+
+#: Standard deviations behind the HLL bounds we report: about 99.7% confidence.
+_HLL_STD_DEVS = 3
+
+
+@dataclass(frozen=True, eq=False)
+class ApproxCountDistinct(Aggregate):
+    """Distinct values estimated by an HLL sketch of ``2**lg_k`` buckets."""
+
+    lg_k: int = 12
+    name: ClassVar[str] = "approx_count_distinct"
+    kind: ClassVar[AggregateKind] = AggregateKind.APPROXIMATE
+
+    def __post_init__(self) -> None:
+        if not 4 <= self.lg_k <= 21:
+            msg = f"{self.name}: lg_k must be between 4 and 21, not {self.lg_k}"
+            raise PlanError(msg)
+
+    def _result_type(self, input_type: DataType) -> DataType:
+        if input_type is DataType.LIST:
+            msg = f"{self.name} cannot hash {self.expr}, a list"
+            raise PlanError(msg)
+        return DataType.INT
+
+    def create(self) -> ds.hll_sketch:
+        return ds.hll_sketch(self.lg_k)
+
+    def add(self, acc: ds.hll_sketch, value: Any) -> ds.hll_sketch:
+        acc.update(value)
+        return acc
+
+    def merge(self, acc: ds.hll_sketch, other: ds.hll_sketch) -> ds.hll_sketch:
+        union = ds.hll_union(self.lg_k)
+        union.update(acc)
+        union.update(other)
+        return union.get_result()
+
+    def extract(self, acc: ds.hll_sketch) -> int:
+        return round(acc.get_estimate())
+
+    def error_bound(self, acc: ds.hll_sketch) -> float:
+        estimate = acc.get_estimate()
+        if estimate == 0:
+            return 0.0
+        spread = max(acc.get_upper_bound(_HLL_STD_DEVS) - estimate,
+                     estimate - acc.get_lower_bound(_HLL_STD_DEVS))
+        return float(spread / estimate)
+
+
+@dataclass(frozen=True, eq=False)
+class ApproxQuantile(Aggregate):
+    """The ``q``-quantile from a KLL sketch; the bound is the normalized rank error."""
+
+    q: float = 0.5
+    k: int = 200
+    name: ClassVar[str] = "approx_quantile"
+    kind: ClassVar[AggregateKind] = AggregateKind.APPROXIMATE
+
+    def __post_init__(self) -> None:
+        check_fraction(self.q, self.name)
+        if not 8 <= self.k <= 65535:
+            msg = f"{self.name}: k must be between 8 and 65535, not {self.k}"
+            raise PlanError(msg)
+
+    def _result_type(self, input_type: DataType) -> DataType:
+        self._need_numeric(input_type)
+        return DataType.FLOAT
+
+    def create(self) -> ds.kll_doubles_sketch:
+        return ds.kll_doubles_sketch(self.k)
+
+    def add(self, acc: ds.kll_doubles_sketch, value: Any) -> ds.kll_doubles_sketch:
+        acc.update(float(value))
+        return acc
+
+    def merge(self, acc: ds.kll_doubles_sketch,
+              other: ds.kll_doubles_sketch) -> ds.kll_doubles_sketch:
+        acc.merge(other)
+        return acc
+
+    def extract(self, acc: ds.kll_doubles_sketch) -> float | None:
+        return None if acc.is_empty() else float(acc.get_quantile(self.q))
+
+    def error_bound(self, acc: ds.kll_doubles_sketch) -> float:
+        return float(acc.normalized_rank_error(False)) if acc.is_estimation_mode() else 0.0
+
+    def __str__(self) -> str:
+        return f"{self.name}({self.expr}, {self.q})"
+
+
+@dataclass(frozen=True, eq=False)
+class TopKItems(Aggregate):
+    """The ``k`` most frequent values, from a frequent-items sketch of at most 2**lg_max_k items.
+
+    ``extract`` gives ``[{"item", "count", "lb", "ub"}, ...]``, most frequent first; the true
+    count of each item lies in ``[lb, ub]``. Values are counted by their text.
+    """
+
+    k: int = 10
+    lg_max_k: int = 10
+    name: ClassVar[str] = "top_k"
+    kind: ClassVar[AggregateKind] = AggregateKind.APPROXIMATE
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.k, int) or self.k < 1:
+            msg = f"{self.name}: k must be a positive integer, not {self.k!r}"
+            raise PlanError(msg)
+        if not 3 <= self.lg_max_k <= 26:
+            msg = f"{self.name}: lg_max_k must be between 3 and 26, not {self.lg_max_k}"
+            raise PlanError(msg)
+
+    def _result_type(self, input_type: DataType) -> DataType:
+        if input_type is DataType.LIST:
+            msg = f"{self.name} cannot count {self.expr}, a list"
+            raise PlanError(msg)
+        return DataType.LIST
+
+    def create(self) -> ds.frequent_strings_sketch:
+        return ds.frequent_strings_sketch(self.lg_max_k)
+
+    def add(self, acc: ds.frequent_strings_sketch, value: Any) -> ds.frequent_strings_sketch:
+        acc.update(str(value))
+        return acc
+
+    def merge(self, acc: ds.frequent_strings_sketch,
+              other: ds.frequent_strings_sketch) -> ds.frequent_strings_sketch:
+        acc.merge(other)
+        return acc
+
+    def _items(self, acc: ds.frequent_strings_sketch) -> list[tuple[str, int, int, int]]:
+        items = acc.get_frequent_items(ds.frequent_items_error_type.NO_FALSE_NEGATIVES)
+        return sorted(items, key=lambda it: (-it[1], it[0]))
+
+    def extract(self, acc: ds.frequent_strings_sketch) -> list[dict[str, Any]]:
+        return [{"item": item, "count": est, "lb": lb, "ub": ub}
+                for item, est, lb, ub in self._items(acc)[: self.k]]
+
+    def error_bound(self, acc: ds.frequent_strings_sketch) -> float:
+        if acc.is_empty():
+            return 0.0
+        widest = max((ub - lb for _, _, lb, ub in self._items(acc)), default=0)
+        return float(widest / acc.total_weight)
+
+    def __str__(self) -> str:
+        return f"{self.name}({self.expr}, {self.k})"

@@ -1,0 +1,326 @@
+"""The query DSL: ``js.source(...)`` gives a :class:`Stream`; its methods build the logical plan.
+
+Every method checks its step against the input schema at once and refuses misuse with a
+:class:`~jetstream.errors.PlanError` that names the step and the column, so a bad query never
+starts running.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from jetstream.aggregates import Aggregate
+from jetstream.errors import PlanError
+from jetstream.expr import Col, Expr, Lit
+from jetstream.operators import (
+    Map,
+    Operator,
+    Select,
+    Source,
+    TopK,
+    Union,
+    Where,
+    Window,
+    WindowAggregate,
+    WithColumn,
+)
+from jetstream.plan import LogicalPlan
+from jetstream.schema import DataType, Schema
+from jetstream.windows import WindowSpec, parse_duration
+
+__all__ = ["SLO", "GroupedStream", "Query", "Stream", "source"]
+
+
+def _fail(step: str, problem: str) -> PlanError:
+    return PlanError(f"{step}: {problem}")
+
+
+def _typed(step: str, expr: Expr, schema: Schema) -> DataType:
+    """The type of ``expr``, or a PlanError prefixed with the step that used it."""
+    if not isinstance(expr, Expr):
+        raise _fail(step, f"expected an expression such as col('x') > 1, not {expr!r}")
+    try:
+        return expr.dtype(schema)
+    except PlanError as e:
+        raise _fail(step, str(e)) from None
+
+
+def source(name: str, schema: Schema) -> Stream:
+    """The stream of records named ``name`` (one per site once the query is distributed)."""
+    if not isinstance(name, str) or not name:
+        raise _fail("source", f"a source needs a non-empty name, not {name!r}")
+    if not isinstance(schema, Schema):
+        raise _fail(f"source {name}", "schema must be a js.Schema, e.g. js.CDN_LOG_SCHEMA")
+    return Stream(LogicalPlan.leaf(Source(name=name, schema=schema)))
+
+
+@dataclass(frozen=True, eq=False)
+class Stream:
+    """A handle on one node of a logical plan; every method returns a new Stream."""
+
+    plan: LogicalPlan
+
+    @property
+    def schema(self) -> Schema:
+        return self.plan.output.schema
+
+    @property
+    def window_op(self) -> Window | None:
+        return self.plan.window_of(self.plan.sink)
+
+    @property
+    def aggregate_op(self) -> WindowAggregate | None:
+        return self.plan.aggregate_of(self.plan.sink)
+
+    def _then(self, op: Operator, *others: Stream) -> Stream:
+        return Stream(self.plan.then(op, *(o.plan for o in others)))
+
+    # -- stateless steps --------------------------------------------------------------------
+    def where(self, condition: Expr) -> Stream:
+        """Keep the records where ``condition`` holds; after an aggregate this is SQL's HAVING."""
+        step = "having" if self.aggregate_op else "where"
+        if _typed(step, condition, self.schema) is not DataType.BOOL:
+            raise _fail(step, f"{condition} is not a condition; compare it, e.g. {condition} > 0")
+        return self._then(Where(schema=self.schema, predicate=condition))
+
+    def with_column(self, name: str, expr: Expr | Any) -> Stream:
+        """Add (or replace) the column ``name`` computed by ``expr``."""
+        step = f"with_column {name}"
+        _check_name(step, name)
+        expr = expr if isinstance(expr, Expr) else _literal(step, expr)
+        dtype = _typed(step, expr, self.schema)
+        return self._then(WithColumn(schema=self.schema.with_field(name, dtype),
+                                     name=name, expr=expr))
+
+    def select(self, *columns: str | Expr, **named: Expr) -> Stream:
+        """Keep the listed columns (names or ``col``s) and named expressions, in that order."""
+        items: list[tuple[str, Expr]] = []
+        for c in columns:
+            if isinstance(c, str):
+                items.append((c, Col(c)))
+            elif isinstance(c, Col):
+                items.append((c.name, c))
+            else:
+                raise _fail("select", f"{c!r} needs a name; pass it as select(name=expr)")
+        items += named.items()
+        if not items:
+            raise _fail("select", "no columns given")
+        names = [n for n, _ in items]
+        if dupes := sorted({n for n in names if names.count(n) > 1}):
+            raise _fail("select", f"column {dupes[0]!r} is selected twice")
+        fields = {n: _typed(f"select {n}", e, self.schema) for n, e in items}
+        time = self.schema.event_time
+        keeps_time = time in fields and any(n == time and isinstance(e, Col) and e.name == time
+                                            for n, e in items)
+        schema = Schema.of(fields, time if keeps_time else None)
+        return self._then(Select(schema=schema, columns=tuple(items)))
+
+    def map(self, fn: Callable[[dict[str, Any]], Mapping[str, Any]], *,
+            schema: Schema | Mapping[str, DataType] | None = None,
+            monotonic: bool = False, name: str | None = None) -> Stream:
+        """Apply an opaque Python function to each record (a dict), giving one record.
+
+        ``schema`` is the output schema (default: unchanged). ``monotonic=True`` promises that
+        each output column is non-decreasing in the input column of the same name.
+        """
+        label = name or str(getattr(fn, "__name__", "function"))
+        step = f"map {label}"
+        if not callable(fn):
+            raise _fail(step, f"{fn!r} is not callable")
+        if schema is None:
+            out = self.schema
+        elif isinstance(schema, Schema):
+            out = schema
+        else:
+            event_time = self.schema.event_time if self.schema.event_time in schema else None
+            out = Schema.of(dict(schema), event_time)
+        return self._then(Map(schema=out, fn=fn, label=label, monotonic=bool(monotonic)))
+
+    def union(self, *others: Stream) -> Stream:
+        """All records of this stream and of ``others`` (same columns, same windowing)."""
+        if not others:
+            raise _fail("union", "give at least one other stream")
+        for other in others:
+            if not isinstance(other, Stream):
+                raise _fail("union", f"expected a Stream, not {other!r}")
+            if set(other.schema.fields) != set(self.schema.fields):
+                raise _fail("union", f"the inputs differ in columns: {self.schema} "
+                                     f"vs {other.schema}")
+            if _window_key(other.window_op) != _window_key(self.window_op) or (
+                    (other.aggregate_op is None) != (self.aggregate_op is None)):
+                raise _fail("union", "the inputs are windowed or aggregated differently; "
+                                     "union the raw streams, then window once")
+        return self._then(Union(schema=self.schema), *others)
+
+    # -- windows and aggregates -------------------------------------------------------------
+    def window(self, spec: WindowSpec, watermark: str | dt.timedelta = "0s",
+               on: str | None = None) -> Stream:
+        """Group the stream into event-time windows (``js.tumbling`` or ``js.sliding``).
+
+        ``watermark`` is how long to wait for out-of-order records before a window closes;
+        ``on`` names the event time column (default: the schema's, ``ts`` for CDN logs).
+        """
+        if not isinstance(spec, WindowSpec):
+            raise _fail("window", f"expected js.tumbling(...) or js.sliding(...), not {spec!r}")
+        if self.window_op is not None:
+            raise _fail("window", f"the stream is already windowed by {self.window_op.spec}")
+        time = on or self.schema.event_time
+        if time is None:
+            raise _fail("window", "the input has no event time column; name one with on=...")
+        if time not in self.schema:
+            raise _fail("window", f"unknown event time column {time!r}; the input has "
+                                  f"{', '.join(self.schema.names)}")
+        if self.schema.dtype(time) is not DataType.INT:
+            raise _fail("window", f"event time column {time!r} must be int epoch milliseconds")
+        watermark_ms = parse_duration(watermark, "window watermark")
+        if watermark_ms < 0:
+            raise _fail("window", f"the watermark must not be negative, not {watermark!r}")
+        return self._then(Window(schema=self.schema, spec=spec, watermark_ms=watermark_ms,
+                                 time_column=time))
+
+    def group_by(self, *keys: str) -> GroupedStream:
+        """Group each window's records by the values of ``keys``; follow with ``.agg(...)``."""
+        for key in keys:
+            if not isinstance(key, str):
+                raise _fail("group_by", f"keys are column names, not {key!r}; add the column "
+                                        "with with_column first")
+            if key not in self.schema:
+                raise _fail("group_by", f"unknown column {key!r}; the input has "
+                                        f"{', '.join(self.schema.names)}")
+            if self.schema.dtype(key) is DataType.LIST:
+                raise _fail("group_by", f"column {key!r} is a list and cannot be a key")
+        if len(set(keys)) != len(keys):
+            raise _fail("group_by", "a key is listed twice")
+        return GroupedStream(self, tuple(keys))
+
+    def agg(self, **aggregates: Aggregate) -> Stream:
+        """Aggregate each whole window (no group key)."""
+        return GroupedStream(self, ()).agg(**aggregates)
+
+    def top_k(self, k: int, by: str) -> Stream:
+        """Per window, the ``k`` rows with the largest ``by`` (ties: smaller group key first)."""
+        step = f"top_k by {by}"
+        aggregate = self.aggregate_op
+        if aggregate is None:
+            raise _fail(step, "needs an aggregated stream; call .group_by(...).agg(...) first")
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise _fail(step, f"k must be a positive integer, not {k!r}")
+        if by not in self.schema:
+            raise _fail(step, f"unknown column {by!r}; the input has "
+                              f"{', '.join(self.schema.names)}")
+        if self.schema.dtype(by) in (DataType.LIST, DataType.BOOL):
+            raise _fail(step, f"column {by!r} is {self.schema.dtype(by).value} and cannot rank")
+        tie_break = tuple(key for key in aggregate.keys if key in self.schema)
+        return self._then(TopK(schema=self.schema, k=k, by=by, tie_break=tie_break))
+
+
+@dataclass(frozen=True, eq=False)
+class GroupedStream:
+    stream: Stream
+    keys: tuple[str, ...]
+
+    def agg(self, **aggregates: Aggregate) -> Stream:
+        """Compute the named aggregates per window and key: ``.agg(n=js.count())``."""
+        stream, step = self.stream, "agg"
+        if not aggregates:
+            raise _fail(step, "give at least one aggregate, e.g. .agg(requests=js.count())")
+        if stream.aggregate_op is not None:
+            raise _fail(step, "the stream is already aggregated; nested aggregation is not "
+                              "supported")
+        if stream.window_op is None:
+            raise _fail(step, "the stream has no window; add .window(js.tumbling('10s')) "
+                              "before group_by")
+        fields = {key: stream.schema.dtype(key) for key in self.keys}
+        for name, agg in aggregates.items():
+            if not isinstance(agg, Aggregate):
+                raise _fail(f"{step} {name}", f"expected an aggregate such as js.count(), "
+                                              f"not {agg!r}")
+            if name in fields:
+                raise _fail(f"{step} {name}", "the name is already a group key")
+            try:
+                fields[name] = agg.result_type(stream.schema)
+            except PlanError as e:
+                raise _fail(f"{step} {name}", str(e)) from None
+        op = WindowAggregate(schema=Schema.of(fields), keys=self.keys,
+                             aggregates=tuple(aggregates.items()))
+        return stream._then(op)
+
+
+def _window_key(window: Window | None) -> tuple[Any, ...] | None:
+    return None if window is None else (window.spec, window.watermark_ms, window.time_column)
+
+
+def _check_name(step: str, name: str) -> None:
+    if not isinstance(name, str) or not name:
+        raise _fail(step, f"a column name must be a non-empty string, not {name!r}")
+
+
+def _literal(step: str, value: Any) -> Expr:
+    try:
+        return Lit(value)
+    except PlanError as e:
+        raise _fail(step, str(e)) from None
+
+
+@dataclass(frozen=True)
+class SLO:
+    """What the user asks of a query's results.
+
+    ``max_latency``: from a window's end to its result (e.g. ``"3s"``); ``max_error``: the
+    largest relative error an approximate result may carry (None: any, 0: exact only);
+    ``max_wan_kbps``: a cap on the wide-area bandwidth the query may use.
+    """
+
+    max_latency: str | dt.timedelta | None = None
+    max_error: float | None = None
+    max_wan_kbps: float | None = None
+    max_latency_ms: int | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        if self.max_latency is not None:
+            ms = parse_duration(self.max_latency, "slo max_latency")
+            if ms <= 0:
+                raise _fail("slo", f"max_latency must be positive, not {self.max_latency!r}")
+            object.__setattr__(self, "max_latency_ms", ms)
+        if self.max_error is not None and (
+                not isinstance(self.max_error, int | float) or not 0 <= self.max_error < 1):
+            raise _fail("slo", f"max_error is a fraction in [0, 1), not {self.max_error!r}")
+        if self.max_wan_kbps is not None and (
+                not isinstance(self.max_wan_kbps, int | float) or self.max_wan_kbps <= 0):
+            raise _fail("slo", f"max_wan_kbps must be a positive number, "
+                               f"not {self.max_wan_kbps!r}")
+
+    def __str__(self) -> str:
+        parts = [f"{name}={value}" for name, value in (
+            ("max_latency", self.max_latency), ("max_error", self.max_error),
+            ("max_wan_kbps", self.max_wan_kbps)) if value is not None]
+        return ", ".join(parts) or "none"
+
+
+@dataclass(frozen=True, eq=False)
+class Query:
+    """A named stream whose output is aggregated per window, with its service-level objective."""
+
+    name: str
+    stream: Stream
+    slo: SLO = field(default_factory=SLO)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise _fail("query", f"a query needs a non-empty name, not {self.name!r}")
+        if not isinstance(self.stream, Stream):
+            raise _fail(f"query {self.name}", f"expected a Stream, not {self.stream!r}")
+        if not isinstance(self.slo, SLO):
+            raise _fail(f"query {self.name}", "slo must be a js.SLO(...)")
+        if self.stream.aggregate_op is None:
+            raise _fail(f"query {self.name}", "the output is not aggregated; end the query "
+                                              "with .window(...).group_by(...).agg(...)")
+
+    def plan(self) -> LogicalPlan:
+        return self.stream.plan
+
+    def explain(self) -> str:
+        return self.plan().render(f"query {self.name}  (slo: {self.slo})")

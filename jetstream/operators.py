@@ -1,0 +1,210 @@
+"""The operators of the logical graph: frozen nodes that carry their output schema.
+
+Each operator knows its semantic properties (``stateless``, ``keyed_by``, ``monotonic_in``,
+``decomposable``) so rewrites can reason about it without executing anything. Operators are
+changed with :func:`dataclasses.replace`, never in place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from jetstream.aggregates import Aggregate
+from jetstream.expr import Expr, Monotonicity
+from jetstream.schema import Schema
+from jetstream.windows import WindowSpec, format_duration
+
+__all__ = [
+    "Map",
+    "Operator",
+    "Select",
+    "Source",
+    "TopK",
+    "Union",
+    "Where",
+    "Window",
+    "WindowAggregate",
+    "WithColumn",
+]
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class Operator:
+    """Base of every logical operator; ``schema`` is the schema of its output."""
+
+    schema: Schema
+    kind: ClassVar[str]
+    #: Whether each output record depends on one input record only.
+    stateless: ClassVar[bool] = True
+
+    @property
+    def keyed_by(self) -> tuple[str, ...]:
+        """The group key this operator partitions its state by; () if it keeps none."""
+        return ()
+
+    def monotonic_in(self) -> dict[str, Monotonicity]:
+        """For each input column the output moves with, the direction it moves."""
+        return {}
+
+    def describe(self) -> str:
+        """One readable line: the operator and its arguments."""
+        return self.kind
+
+    def properties(self) -> list[str]:
+        props = ["stateless"] if self.stateless else ["stateful"]
+        if self.keyed_by:
+            props.append("keyed_by=" + ",".join(self.keyed_by))
+        props += [f"{m.value} in {c}" for c, m in sorted(self.monotonic_in().items())
+                  if m in (Monotonicity.INCREASING, Monotonicity.DECREASING)]
+        return props
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class Source(Operator):
+    name: str
+    kind: ClassVar[str] = "source"
+
+    def describe(self) -> str:
+        return f"source {self.name}"
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class Where(Operator):
+    """Keeps the records for which ``predicate`` is true (NULL counts as false)."""
+
+    predicate: Expr
+    kind: ClassVar[str] = "where"
+
+    def describe(self) -> str:
+        return f"where {self.predicate}"
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class Select(Operator):
+    columns: tuple[tuple[str, Expr], ...]
+    kind: ClassVar[str] = "select"
+
+    def monotonic_in(self) -> dict[str, Monotonicity]:
+        return _combined(expr for _, expr in self.columns)
+
+    def describe(self) -> str:
+        items = (name if str(expr) == name else f"{name} = {expr}" for name, expr in self.columns)
+        return "select " + ", ".join(items)
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class WithColumn(Operator):
+    name: str
+    expr: Expr
+    kind: ClassVar[str] = "with_column"
+
+    def monotonic_in(self) -> dict[str, Monotonicity]:
+        return _combined([self.expr])
+
+    def describe(self) -> str:
+        return f"with_column {self.name} = {self.expr}"
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class Map(Operator):
+    """An opaque Python function from one record (a dict) to one record.
+
+    ``monotonic`` is the user's promise that every output column is non-decreasing in the
+    input column of the same name; nothing else is known about ``fn``.
+    """
+
+    fn: Callable[[dict[str, Any]], Mapping[str, Any]]
+    label: str
+    monotonic: bool = False
+    kind: ClassVar[str] = "map"
+
+    def monotonic_in(self) -> dict[str, Monotonicity]:
+        if not self.monotonic:
+            return {}
+        return {name: Monotonicity.INCREASING for name in self.schema.names}
+
+    def describe(self) -> str:
+        return f"map {self.label}" + (" (monotonic)" if self.monotonic else "")
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class Union(Operator):
+    """The records of all inputs, in arrival order; inputs have the same schema."""
+
+    kind: ClassVar[str] = "union"
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class Window(Operator):
+    """Assigns each record to the event-time windows of ``spec``.
+
+    A window closes once the watermark (the largest event time seen, less ``watermark_ms``)
+    reaches its end; a record arriving for a closed window is late and dropped.
+    """
+
+    spec: WindowSpec
+    watermark_ms: int
+    time_column: str
+    kind: ClassVar[str] = "window"
+
+    def describe(self) -> str:
+        return (f"window {self.spec} on {self.time_column}, "
+                f"watermark {format_duration(self.watermark_ms)}")
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class WindowAggregate(Operator):
+    """Per window and group key, the named aggregates; output columns are keys then aggregates."""
+
+    keys: tuple[str, ...]
+    aggregates: tuple[tuple[str, Aggregate], ...]
+    kind: ClassVar[str] = "aggregate"
+    stateless: ClassVar[bool] = False
+
+    @property
+    def keyed_by(self) -> tuple[str, ...]:
+        return self.keys
+
+    @property
+    def decomposable(self) -> bool:
+        """Whether every aggregate can be split into partials and merges of bounded size."""
+        return all(agg.decomposable for _, agg in self.aggregates)
+
+    @property
+    def exact(self) -> bool:
+        return all(agg.exact for _, agg in self.aggregates)
+
+    def describe(self) -> str:
+        aggs = ", ".join(f"{name}={agg}" for name, agg in self.aggregates)
+        by = f" by {', '.join(self.keys)}" if self.keys else ""
+        return f"aggregate{by}: {aggs}"
+
+    def properties(self) -> list[str]:
+        return [*super().properties(),
+                "decomposable" if self.decomposable else "holistic"]
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class TopK(Operator):
+    """Per window, the ``k`` rows with the largest ``by``; ties go to the smaller ``tie_break``."""
+
+    k: int
+    by: str
+    tie_break: tuple[str, ...]
+    kind: ClassVar[str] = "top_k"
+    stateless: ClassVar[bool] = False
+
+    def describe(self) -> str:
+        return f"top_k {self.k} by {self.by}"
+
+
+def _combined(exprs: Any) -> dict[str, Monotonicity]:
+    """Per input column, the direction that every expression agrees on."""
+    result: dict[str, Monotonicity] = {}
+    for expr in exprs:
+        for column in expr.columns():
+            m = expr.monotonicity(column)
+            result[column] = m if column not in result else result[column].plus(m)
+    return result

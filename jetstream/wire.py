@@ -1,0 +1,77 @@
+"""Conversions between core objects and their ``jetstream.v1`` protobuf messages."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from jetstream.dsl import SLO
+from jetstream.errors import DataError
+from jetstream.results import WindowResult
+from jetstream.v1 import query_pb2 as pb
+
+__all__ = ["record_from_proto", "record_to_proto", "result_from_proto", "result_to_proto",
+           "slo_to_proto"]
+
+
+def _value_to_proto(value: Any) -> pb.Value:
+    if isinstance(value, bool):
+        return pb.Value(bool_value=value)
+    if isinstance(value, int):
+        return pb.Value(int_value=value)
+    if isinstance(value, float):
+        return pb.Value(float_value=value)
+    if isinstance(value, str):
+        return pb.Value(string_value=value)
+    if isinstance(value, list):
+        return pb.Value(list_value=pb.RecordList(records=[record_to_proto(r) for r in value]))
+    msg = f"cannot encode {value!r} ({type(value).__name__}) as a jetstream.v1.Value"
+    raise DataError(msg)
+
+
+def _value_from_proto(value: pb.Value) -> Any:
+    kind = value.WhichOneof("kind")
+    if kind is None:
+        return None
+    if kind == "list_value":
+        return [record_from_proto(r) for r in value.list_value.records]
+    return getattr(value, kind)
+
+
+def record_to_proto(record: Mapping[str, Any]) -> pb.Record:
+    """A record as a message; NULL columns are left out."""
+    return pb.Record(fields={k: _value_to_proto(v) for k, v in record.items() if v is not None})
+
+
+def record_from_proto(record: pb.Record, columns: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A record from a message; ``columns`` that are absent come back as None."""
+    out = {c: None for c in columns}
+    out.update({k: _value_from_proto(v) for k, v in record.fields.items()})
+    return out
+
+
+def result_to_proto(result: WindowResult) -> pb.WindowResult:
+    msg = pb.WindowResult(query=result.query, window_start_ms=result.window_start,
+                          window_end_ms=result.window_end, exact=result.exact,
+                          rows=[record_to_proto(r) for r in result.rows])
+    if result.error_bound is not None:
+        msg.error_bound = result.error_bound
+    return msg
+
+
+def result_from_proto(msg: pb.WindowResult) -> WindowResult:
+    return WindowResult(query=msg.query, window_start=msg.window_start_ms,
+                        window_end=msg.window_end_ms,
+                        rows=[record_from_proto(r) for r in msg.rows], exact=msg.exact,
+                        error_bound=msg.error_bound if msg.HasField("error_bound") else None)
+
+
+def slo_to_proto(slo: SLO) -> pb.SLO:
+    msg = pb.SLO()
+    if slo.max_latency_ms is not None:
+        msg.max_latency_ms = slo.max_latency_ms
+    if slo.max_error is not None:
+        msg.max_error = slo.max_error
+    if slo.max_wan_kbps is not None:
+        msg.max_wan_kbps = slo.max_wan_kbps
+    return msg
