@@ -1,0 +1,1 @@
+"""Tests: unit, property-based (hypothesis) and, as the system grows, integration tests."""

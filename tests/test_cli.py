@@ -1,0 +1,81 @@
+"""The ``jetstream`` command line: explain, local, demo, and its errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jetstream.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "cdn_topk.py"
+SAMPLE_LOGS = ROOT / "examples" / "logs"
+
+
+def test_explain_prints_the_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explain", str(EXAMPLE)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("query cdn-topk  (slo: max_latency=3s, max_error=0.01)")
+    assert "top_k 10 by requests" in out
+
+
+def test_local_runs_the_example_on_the_sample_logs(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    out_file = tmp_path / "out.jsonl"
+    assert main(["local", "--query", str(EXAMPLE), "--input", str(SAMPLE_LOGS),
+                 "--output", str(out_file)]) == 0
+    results = [json.loads(line) for line in out_file.read_text().splitlines()]
+    assert len(results) >= 3
+    for result in results:
+        assert set(result) == {"query", "window_start", "window_end", "rows", "exact",
+                               "error_bound"}
+        assert result["window_end"] - result["window_start"] == 10_000
+        assert len(result["rows"]) <= 10
+        requests = [row["requests"] for row in result["rows"]]
+        assert requests == sorted(requests, reverse=True)
+    report = capsys.readouterr().err
+    assert "0 late, 1 rejected" in report
+    assert "rejected 1: wrong field count" in report
+
+
+def test_bad_query_file_gets_a_clear_error(tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("import jetstream as js\n"
+                   "logs = js.source('l', schema=js.CDN_LOG_SCHEMA)\n"
+                   "query = js.Query('q', logs.where(js.col('stauts') < 1)"
+                   ".window(js.tumbling('1s')).agg(n=js.count()))\n")
+    assert main(["explain", str(bad)]) == 1
+    assert "where: unknown column 'stauts'" in capsys.readouterr().err
+
+    empty = tmp_path / "empty.py"
+    empty.write_text("x = 1\n")
+    assert main(["explain", str(empty)]) == 1
+    assert "must assign a js.Query to the name `query`, found nothing" in capsys.readouterr().err
+
+    broken = tmp_path / "broken.py"
+    broken.write_text("query = (\n")
+    assert main(["explain", str(broken)]) == 1
+    assert "syntax error" in capsys.readouterr().err
+
+    assert main(["explain", str(tmp_path / "missing.py")]) == 1
+    assert "no such query file" in capsys.readouterr().err
+
+    assert main(["local", "--query", str(EXAMPLE), "--input", str(tmp_path / "nope")]) == 1
+    assert "--input" in capsys.readouterr().err
+
+
+def test_console_script_help_and_demo_notice() -> None:
+    jetstream = Path(sys.executable).parent / "jetstream"
+    command = [str(jetstream)] if jetstream.exists() else [sys.executable, "-m", "jetstream"]
+    help_text = subprocess.run([*command, "--help"], capture_output=True, text=True, check=True)
+    for name in ("explain", "local", "demo"):
+        assert name in help_text.stdout
+    demo = subprocess.run([*command, "demo"], capture_output=True, text=True, check=True)
+    assert "not built yet" in demo.stdout
+    missing = subprocess.run([*command], capture_output=True, text=True)
+    assert missing.returncode == 2 and "COMMAND" in missing.stderr
