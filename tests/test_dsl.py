@@ -141,7 +141,8 @@ def test_plan_prints_readably(logs: js.Stream) -> None:
     (lambda s: windowed(s).group_by("nope"), "group_by: unknown column 'nope'"),
     (lambda s: windowed(s).group_by("domain").agg(n=js.sum("domain")),
      "agg n: sum needs a number, but domain is string"),
-    (lambda s: windowed(s).group_by("domain").agg(n=js.avg("nope")), "agg n: unknown column 'nope'"),
+    (lambda s: windowed(s).group_by("domain").agg(n=js.avg("nope")),
+     "agg n: unknown column 'nope'"),
     (lambda s: windowed(s).group_by("domain").agg(domain=js.count()),
      "agg domain: the name is already a group key"),
     (lambda s: windowed(s).group_by("domain").agg(), "agg: give at least one aggregate"),
@@ -193,7 +194,7 @@ def test_slo_parses_latency() -> None:
 
 
 def test_source_needs_a_schema() -> None:
-    with pytest.raises(js.PlanError, match="source x: schema must be a js.Schema"):
+    with pytest.raises(js.PlanError, match=r"source x: schema must be a js\.Schema"):
         js.source("x", schema={"ts": "int"})  # type: ignore[arg-type]
 
 
