@@ -36,6 +36,8 @@ __all__ = [
     "Min",
     "Quantile",
     "Sum",
+    "check_fraction",
+    "check_int",
 ]
 
 
@@ -237,6 +239,13 @@ class CountDistinct(Aggregate):
 
     def extract(self, acc: set[Any]) -> int:
         return len(acc)
+
+
+def check_int(value: int, low: int, high: int, what: str) -> None:
+    """Refuse a size parameter that is not an integer in ``[low, high]``."""
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        msg = f"{what} must be an integer between {low} and {high}, not {value!r}"
+        raise PlanError(msg)
 
 
 def check_fraction(q: float, what: str) -> None:

@@ -113,8 +113,7 @@ class Stream:
             raise _fail("select", f"column {dupes[0]!r} is selected twice")
         fields = {n: _typed(f"select {n}", e, self.schema) for n, e in items}
         time = self.schema.event_time
-        keeps_time = time in fields and any(n == time and isinstance(e, Col) and e.name == time
-                                            for n, e in items)
+        keeps_time = any(isinstance(e, Col) and n == e.name == time for n, e in items)
         schema = Schema.of(fields, time if keeps_time else None)
         return self._then(Select(schema=schema, columns=tuple(items)))
 

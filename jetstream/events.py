@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jetstream.schema import Schema
+from jetstream.schema import DataType, Schema
 
 __all__ = ["Rejected", "Rejects", "csv_files", "read_streams"]
 
@@ -102,7 +102,8 @@ def _check_record(record: Any, schema: Schema) -> dict[str, Any] | str:
         value = record[f.name]
         if not f.dtype.accepts(value):
             return f"ill-typed field: {f.name} should be {f.dtype.value}, got {value!r}"
-        out[f.name] = value
+        # A float column holds floats, so that 1 and 1.0 are one value to every aggregate.
+        out[f.name] = float(value) if f.dtype is DataType.FLOAT else value
     return out
 
 

@@ -9,6 +9,8 @@ comparison, as in PySpark, so an expression has no truth value (``and``/``or`` r
 from __future__ import annotations
 
 import enum
+import math
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
@@ -179,7 +181,9 @@ class Expr:
 
     def isin(self, *values: Any) -> Expr:
         """True where the value is one of ``values`` (a list or separate arguments)."""
-        if len(values) == 1 and isinstance(values[0], list | tuple | set | frozenset):
+        if len(values) == 1 and isinstance(values[0], set | frozenset):
+            values = tuple(sorted(values[0], key=lambda v: (type(v).__name__, v)))
+        elif len(values) == 1 and isinstance(values[0], list | tuple):
             values = tuple(values[0])
         return IsIn(self, tuple(values))
 
@@ -197,6 +201,11 @@ class Expr:
         # Python's & binds tighter than <, so show every compound condition in parentheses.
         simple = type(child) is type(self) or child.precedence >= Expr.precedence
         return str(child) if simple else f"({child})"
+
+
+def _typed_values(values: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Values with their types, so that 1, 1.0 and True are told apart."""
+    return tuple((type(v).__name__, v) for v in values)
 
 
 def lift(value: object) -> Expr:
@@ -251,6 +260,12 @@ class Lit(Expr):
         if not any(isinstance(self.value, t) for t, _ in _LITERAL_TYPES):
             msg = f"lit: {self.value!r} is not a bool, int, float or str"
             raise PlanError(msg)
+        if isinstance(self.value, float) and not math.isfinite(self.value):
+            msg = f"lit: {self.value!r} is not a finite number"
+            raise PlanError(msg)
+
+    def _key(self) -> tuple[Any, ...]:
+        return _typed_values((self.value,))
 
     def dtype(self, schema: Schema) -> DataType:
         return next(d for t, d in _LITERAL_TYPES if isinstance(self.value, t))
@@ -379,7 +394,10 @@ class Compare(Expr):
         return Monotonicity.CONSTANT if both_constant else Monotonicity.NONE
 
     def __str__(self) -> str:
-        return f"{self._wrap(self.left)} {self.op} {self._wrap(self.right)}"
+        # Comparisons do not chain here as they do in Python: bracket a nested one.
+        left, right = (f"({c})" if c.precedence <= self.precedence else str(c)
+                       for c in (self.left, self.right))
+        return f"{left} {self.op} {right}"
 
 
 @dataclass(frozen=True, eq=False)
@@ -468,19 +486,36 @@ class IsIn(Expr):
         v = self.operand.evaluate(row)
         return None if v is None else v in self.values
 
+    def _key(self) -> tuple[Any, ...]:
+        return self.operand._key(), _typed_values(self.values)
+
     def __str__(self) -> str:
         return f"{self._wrap(self.operand)}.isin({', '.join(map(repr, self.values))})"
 
 
-def _url_domain(url: str) -> str:
-    rest = url.split("://", 1)[1] if "://" in url else url
-    for stop in "/?#":
-        rest = rest.split(stop, 1)[0]
-    host = rest.rsplit("@", 1)[-1].split(":", 1)[0]
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def _url_domain(url: str) -> str | None:
+    """The host of a URL, lower-cased; NULL for a bare path, which has no host."""
+    if m := _SCHEME.match(url):
+        rest = url[m.end():]
+    elif url.startswith("//"):  # scheme-relative
+        rest = url[2:]
+    elif url.startswith("/"):
+        return None
+    else:  # "example.com/path": a host without a scheme
+        rest = url
+    host = re.split(r"[/?#]", rest, maxsplit=1)[0].rsplit("@", 1)[-1]
+    if host.startswith("[") and "]" in host:  # an IPv6 literal keeps its colons
+        host = host[: host.index("]") + 1]
+    else:
+        host = host.split(":", 1)[0]
     return host.lower()
 
 
-_FUNCTIONS: dict[str, Callable[[str], str]] = {"lower": str.lower, "url_domain": _url_domain}
+_FUNCTIONS: dict[str, Callable[[str], str | None]] = {"lower": str.lower,
+                                                      "url_domain": _url_domain}
 
 
 @dataclass(frozen=True, eq=False)

@@ -31,7 +31,7 @@ from jetstream.operators import (
 )
 from jetstream.plan import LogicalPlan
 from jetstream.results import WindowResult
-from jetstream.schema import Schema
+from jetstream.schema import DataType, Schema
 
 __all__ = ["LocalRun", "RunStats", "run_local"]
 
@@ -248,7 +248,8 @@ def _transform(op: Operator, row: Row) -> Row:
         if missing:
             msg = f"map {op.label}: the function returned {out!r}, which lacks {missing[0]!r}"
             raise DataError(msg)
-        return {name: out[name] for name in op.schema.names}
+        return {f.name: float(out[f.name]) if f.dtype is DataType.FLOAT and out[f.name] is not None
+                else out[f.name] for f in op.schema}
     msg = f"{op.kind} cannot run record by record"
     raise PlanError(msg)
 

@@ -6,6 +6,7 @@ import datetime as dt
 import math
 import re
 from dataclasses import dataclass
+from decimal import Decimal
 
 from jetstream.errors import PlanError
 
@@ -20,10 +21,11 @@ def parse_duration(value: str | dt.timedelta, what: str = "duration") -> int:
 
     Bare numbers are refused: seconds or milliseconds would be a guess.
     """
+    ms: float | Decimal
     if isinstance(value, dt.timedelta):
         ms = value / dt.timedelta(milliseconds=1)
     elif isinstance(value, str) and (m := _DURATION.match(value)):
-        ms = float(m.group(1)) * _UNITS_MS[m.group(2)]
+        ms = Decimal(m.group(1)) * _UNITS_MS[m.group(2)]  # exact: "1.001s" is 1001 ms
     else:
         msg = (f"{what}: {value!r} is not a duration; write it with a unit, "
                "e.g. '500ms', '10s', '1m', '1h'")

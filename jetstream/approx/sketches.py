@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import datasketches as ds
 
-from jetstream.aggregates import Aggregate, AggregateKind, check_fraction
+from jetstream.aggregates import Aggregate, AggregateKind, check_fraction, check_int
 from jetstream.errors import PlanError
 from jetstream.schema import DataType
 
@@ -31,9 +31,7 @@ class ApproxCountDistinct(Aggregate):
     kind: ClassVar[AggregateKind] = AggregateKind.APPROXIMATE
 
     def __post_init__(self) -> None:
-        if not 4 <= self.lg_k <= 21:
-            msg = f"{self.name}: lg_k must be between 4 and 21, not {self.lg_k}"
-            raise PlanError(msg)
+        check_int(self.lg_k, 4, 21, f"{self.name}: lg_k")
 
     def _result_type(self, input_type: DataType) -> DataType:
         if input_type is DataType.LIST:
@@ -77,9 +75,7 @@ class ApproxQuantile(Aggregate):
 
     def __post_init__(self) -> None:
         check_fraction(self.q, self.name)
-        if not 8 <= self.k <= 65535:
-            msg = f"{self.name}: k must be between 8 and 65535, not {self.k}"
-            raise PlanError(msg)
+        check_int(self.k, 8, 65535, f"{self.name}: k")
 
     def _result_type(self, input_type: DataType) -> DataType:
         self._need_numeric(input_type)
@@ -98,7 +94,8 @@ class ApproxQuantile(Aggregate):
         return acc
 
     def extract(self, acc: ds.kll_doubles_sketch) -> float | None:
-        return None if acc.is_empty() else float(acc.get_quantile(self.q))
+        # inclusive: the smallest value whose rank is >= q, as Quantile defines it
+        return None if acc.is_empty() else float(acc.get_quantile(self.q, True))
 
     def error_bound(self, acc: ds.kll_doubles_sketch) -> float:
         return float(acc.normalized_rank_error(False)) if acc.is_estimation_mode() else 0.0
@@ -121,12 +118,10 @@ class TopKItems(Aggregate):
     kind: ClassVar[AggregateKind] = AggregateKind.APPROXIMATE
 
     def __post_init__(self) -> None:
-        if not isinstance(self.k, int) or self.k < 1:
+        if not isinstance(self.k, int) or isinstance(self.k, bool) or self.k < 1:
             msg = f"{self.name}: k must be a positive integer, not {self.k!r}"
             raise PlanError(msg)
-        if not 3 <= self.lg_max_k <= 26:
-            msg = f"{self.name}: lg_max_k must be between 3 and 26, not {self.lg_max_k}"
-            raise PlanError(msg)
+        check_int(self.lg_max_k, 3, 26, f"{self.name}: lg_max_k")
 
     def _result_type(self, input_type: DataType) -> DataType:
         if input_type is DataType.LIST:
