@@ -132,24 +132,60 @@ class Count(Aggregate):
         return acc + other
 
 
+def _add_exactly(partials: list[float], x: float) -> None:
+    """Add ``x`` to ``partials`` (Shewchuk): they stay non-overlapping and sum exactly.
+
+    So a float sum does not depend on the order of its terms or on how they were split over
+    sites: ``math.fsum(partials)`` is the correctly rounded total either way.
+    """
+    i = 0
+    for y in partials:
+        if abs(x) < abs(y):
+            x, y = y, x
+        hi = x + y
+        lo = y - (hi - x)
+        if lo:
+            partials[i] = lo
+            i += 1
+        x = hi
+    partials[i:] = [x]
+
+
 @dataclass(frozen=True, eq=False)
 class Sum(Aggregate):
+    """The exact total: integers as integers, floats as exact partial sums (see above).
+
+    The accumulator is ``[values seen, integer total, float partials]``.
+    """
+
     name: ClassVar[str] = "sum"
     kind: ClassVar[AggregateKind] = AggregateKind.DISTRIBUTIVE
 
     def _result_type(self, input_type: DataType) -> DataType:
         return self._need_numeric(input_type)
 
-    def create(self) -> Any:
-        return None
+    def create(self) -> list[Any]:
+        return [0, 0, []]
 
-    def add(self, acc: Any, value: Any) -> Any:
-        return value if acc is None else acc + value
+    def add(self, acc: list[Any], value: Any) -> list[Any]:
+        acc[0] += 1
+        if isinstance(value, float):
+            _add_exactly(acc[2], value)
+        else:
+            acc[1] += value
+        return acc
 
-    def merge(self, acc: Any, other: Any) -> Any:
-        if acc is None or other is None:
-            return other if acc is None else acc
-        return acc + other
+    def merge(self, acc: list[Any], other: list[Any]) -> list[Any]:
+        acc[0] += other[0]
+        acc[1] += other[1]
+        for x in other[2]:
+            _add_exactly(acc[2], x)
+        return acc
+
+    def extract(self, acc: list[Any]) -> Any:
+        if not acc[0]:
+            return None
+        return math.fsum([*acc[2], acc[1]]) if acc[2] else acc[1]
 
 
 class _Extreme(Aggregate):
@@ -186,8 +222,8 @@ class Max(_Extreme):
 
 
 @dataclass(frozen=True, eq=False)
-class Avg(Aggregate):
-    """The mean, carried as [sum, count] so partials merge exactly."""
+class Avg(Sum):
+    """The mean: the exact sum and the count travel together, so partials merge exactly."""
 
     name: ClassVar[str] = "avg"
     kind: ClassVar[AggregateKind] = AggregateKind.ALGEBRAIC
@@ -196,21 +232,9 @@ class Avg(Aggregate):
         self._need_numeric(input_type)
         return DataType.FLOAT
 
-    def create(self) -> list[Any]:
-        return [0, 0]
-
-    def add(self, acc: list[Any], value: Any) -> list[Any]:
-        acc[0] += value
-        acc[1] += 1
-        return acc
-
-    def merge(self, acc: list[Any], other: list[Any]) -> list[Any]:
-        acc[0] += other[0]
-        acc[1] += other[1]
-        return acc
-
     def extract(self, acc: list[Any]) -> float | None:
-        return acc[0] / acc[1] if acc[1] else None
+        total = super().extract(acc)
+        return None if total is None else total / acc[0]
 
 
 @dataclass(frozen=True, eq=False)

@@ -8,7 +8,7 @@ starts running.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,24 +119,29 @@ class Stream:
 
     def map(self, fn: Callable[[dict[str, Any]], Mapping[str, Any]], *,
             schema: Schema | Mapping[str, DataType] | None = None,
-            monotonic: bool = False, name: str | None = None) -> Stream:
+            monotonic: bool = False, changes: Iterable[str] | None = None,
+            name: str | None = None) -> Stream:
         """Apply an opaque Python function to each record (a dict), giving one record.
 
-        ``schema`` is the output schema (default: unchanged). ``monotonic=True`` promises that
-        each output column is non-decreasing in the input column of the same name.
+        ``schema`` is the output schema (default: unchanged). Two promises let the rewriter
+        move filters past the function: ``changes`` names the only columns it may set (default:
+        any), and ``monotonic=True`` says each output column is non-decreasing in the input
+        column of the same name.
         """
         label = name or str(getattr(fn, "__name__", "function"))
         step = f"map {label}"
         if not callable(fn):
             raise _fail(step, f"{fn!r} is not callable")
-        if schema is None:
-            out = self.schema
-        elif isinstance(schema, Schema):
-            out = schema
-        else:
-            event_time = self.schema.event_time if self.schema.event_time in schema else None
-            out = Schema.of(dict(schema), event_time)
-        return self._then(Map(schema=out, fn=fn, label=label, monotonic=bool(monotonic)))
+        fields = dict(self.schema.fields_by_name() if schema is None else
+                      {f.name: f.dtype for f in schema} if isinstance(schema, Schema) else schema)
+        # Event time comes from the sources, so a map can keep the time column but not add one.
+        event_time = self.schema.event_time if self.schema.event_time in fields else None
+        out = Schema.of(fields, event_time)
+        changed = None if changes is None else frozenset(changes)
+        if changed is not None and (unknown := sorted(changed - set(out.names))):
+            raise _fail(step, f"changes names unknown column {unknown[0]!r}")
+        return self._then(Map(schema=out, fn=fn, label=label, monotonic=bool(monotonic),
+                              changes=changed))
 
     def union(self, *others: Stream) -> Stream:
         """All records of this stream and of ``others`` (same columns, same windowing)."""
@@ -155,28 +160,23 @@ class Stream:
         return self._then(Union(schema=self.schema), *others)
 
     # -- windows and aggregates -------------------------------------------------------------
-    def window(self, spec: WindowSpec, watermark: str | dt.timedelta = "0s",
-               on: str | None = None) -> Stream:
+    def window(self, spec: WindowSpec, watermark: str | dt.timedelta = "0s") -> Stream:
         """Group the stream into event-time windows (``js.tumbling`` or ``js.sliding``).
 
-        ``watermark`` is how long to wait for out-of-order records before a window closes;
-        ``on`` names the event time column (default: the schema's, ``ts`` for CDN logs).
+        Records are assigned by the schema's event time column (``ts`` for CDN logs).
+        ``watermark`` is how long to wait for out-of-order records: a stream's watermark is
+        the largest event time its source has produced, less this delay, and a window closes
+        for that stream once the watermark reaches the window's end.
         """
         if not isinstance(spec, WindowSpec):
             raise _fail("window", f"expected js.tumbling(...) or js.sliding(...), not {spec!r}")
         if self.window_op is not None:
             raise _fail("window", f"the stream is already windowed by {self.window_op.spec}")
-        time = on or self.schema.event_time
+        time = self.schema.event_time
         if time is None:
-            raise _fail("window", "the input has no event time column; name one with on=...")
-        if time not in self.schema:
-            raise _fail("window", f"unknown event time column {time!r}; the input has "
-                                  f"{', '.join(self.schema.names)}")
-        if self.schema.dtype(time) is not DataType.INT:
-            raise _fail("window", f"event time column {time!r} must be int epoch milliseconds")
+            raise _fail("window", "the input has no event time column; keep the source's "
+                                  "event time column (e.g. ts) in select and map")
         watermark_ms = parse_duration(watermark, "window watermark")
-        if watermark_ms < 0:
-            raise _fail("window", f"the watermark must not be negative, not {watermark!r}")
         return self._then(Window(schema=self.schema, spec=spec, watermark_ms=watermark_ms,
                                  time_column=time))
 

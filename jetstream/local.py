@@ -1,15 +1,17 @@
 """The reference executor: a query's logical plan run in one Python process, as the oracle.
 
-Records arrive one at a time and flow through the stateless steps to the windows; each
-window node keeps a watermark (the largest event time it has seen, less the allowed lateness)
-and drops a record from any window that has already closed, counting it as late. When the
-input ends every window closes, the aggregates are extracted, and the steps after them run
-once per window. Nothing here is clever: the distributed path must give the same answer.
+Records flow one at a time through the record steps to the windows and aggregates. Each input
+stream (a source's records, or one site folder of an input directory) has its own watermark:
+the largest event time it has produced, less the window's delay; a record that arrives for a
+window its stream has already closed is late, dropped from that window and counted. Because
+lateness is decided per stream, the order in which separate streams interleave does not
+matter, and neither does where a filter sits. When the input ends every window closes, the
+aggregates are extracted, and the steps after them run once per window. Nothing here is
+clever: every rewrite and the distributed path must give the same answer.
 """
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +20,7 @@ from jetstream.dsl import Query
 from jetstream.errors import DataError, PlanError
 from jetstream.events import EventInput, Rejects, read_streams
 from jetstream.operators import (
+    KeyPartition,
     Map,
     Operator,
     Select,
@@ -31,12 +34,13 @@ from jetstream.operators import (
 )
 from jetstream.plan import LogicalPlan
 from jetstream.results import WindowResult
-from jetstream.schema import DataType, Schema
+from jetstream.schema import DataType
 
 __all__ = ["LocalRun", "RunStats", "run_local"]
 
 Row = dict[str, Any]
 WindowBounds = tuple[int, int]
+StreamId = tuple[int, int]  # (source node, stream number)
 
 
 @dataclass
@@ -72,13 +76,11 @@ def run_local(query: Query,
     Parameters
     ----------
     query
-        The query to run (as written, or as rewritten by the optimizer).
+        The query to run (as written, or as rewritten by :func:`jetstream.optimize`).
     events
-        Records as dicts (field -> value), or the path of a CSV file or a directory of them
-        in the source's schema; for a query with several sources, a dict from source name to
-        such an input. Separate streams (sources, and the site folders of a directory) are
-        taken to arrive concurrently, advancing together in event time; within a stream,
-        records arrive in the order given, so its out-of-order records can be late.
+        Records as dicts (field -> value), or the path of a CSV file or of a directory of them
+        (``DIR/<site>/*.csv``: one stream per folder) in the source's schema; for a query with
+        several sources, a dict from source name to such an input.
 
     Returns
     -------
@@ -95,25 +97,20 @@ def run_local(query: Query,
     plan = query.plan()
     stats = RunStats()
     executor = _Executor(plan, stats)
-    for node, record in _arrivals(plan, events, stats):
+    for stream, record in _arrivals(plan, events, stats.rejects):
         stats.records_in += 1
-        executor.arrive(node, record, None)
+        executor.read(stream, record)
     return LocalRun(executor.finish(query.name), stats)
 
 
 def _arrivals(plan: LogicalPlan, events: EventInput | Mapping[str, EventInput],
-              stats: RunStats) -> Iterator[tuple[int, Row]]:
-    """(source node, record) in arrival order; each source's records are checked first."""
+              rejects: Rejects) -> Iterator[tuple[StreamId, Row]]:
+    """(stream, record) for every record that fits its source's schema, stream by stream."""
     by_name: dict[str, list[int]] = {}
     for node in plan.topological():
         op = plan.op(node)
         if isinstance(op, Source):
             by_name.setdefault(op.name, []).append(node)
-    schemas = {name: plan.op(nodes[0]).schema for name, nodes in by_name.items()}
-    for name, nodes in by_name.items():
-        if any(plan.op(n).schema != schemas[name] for n in nodes):
-            msg = f"run_local: the sources named {name!r} have different schemas"
-            raise PlanError(msg)
     if isinstance(events, Mapping):
         unknown = sorted(set(events) - set(by_name))
         if unknown:
@@ -127,67 +124,69 @@ def _arrivals(plan: LogicalPlan, events: EventInput | Mapping[str, EventInput],
         msg = (f"run_local: the query reads sources {', '.join(sorted(by_name))}; pass events "
                "as a dict {source name: events}")
         raise PlanError(msg)
-    streams = [((name, record) for record in stream)
-               for name, feed in feeds.items()
-               for stream in read_streams(feed, schemas[name], stats.rejects)]
-    for name, record in heapq.merge(*streams, key=lambda item: _event_time(schemas, item)):
-        for node in by_name[name]:
-            yield node, record
-
-
-def _event_time(schemas: Mapping[str, Schema], item: tuple[str, Row]) -> int:
-    """Concurrent streams are taken to advance together in event time."""
-    name, record = item
-    time = schemas[name].event_time
-    return record[time] if time is not None else 0
+    for name, feed in feeds.items():
+        nodes = by_name[name]
+        schema = plan.op(nodes[0]).schema
+        if any(plan.op(n).schema != schema for n in nodes):
+            msg = f"run_local: the sources named {name!r} have different schemas"
+            raise PlanError(msg)
+        # A source used twice in one plan reads the same streams.
+        for number, stream in enumerate(read_streams(feed, schema, rejects)):
+            for record in stream:
+                for node in nodes:
+                    yield (node, number), record
 
 
 class _Executor:
     def __init__(self, plan: LogicalPlan, stats: RunStats) -> None:
         self.plan = plan
         self.stats = stats
-        self.max_event_time: dict[int, int] = {}
+        self.latest: dict[StreamId, int] = {}  # the largest event time each stream produced
         self.groups: dict[int, dict[tuple[WindowBounds, tuple[Any, ...]], list[Any]]] = {}
 
     # -- records, one at a time -------------------------------------------------------------
-    def arrive(self, node: int, row: Row, window: WindowBounds | None) -> None:
+    def read(self, stream: StreamId, record: Row) -> None:
+        node = stream[0]
+        time = self.plan.op(node).schema.event_time
+        if time is not None:
+            self.latest[stream] = max(self.latest.get(stream, record[time]), record[time])
+        self.arrive(node, record, None, stream)
+
+    def arrive(self, node: int, row: Row, window: WindowBounds | None, stream: StreamId) -> None:
         op = self.plan.op(node)
         if isinstance(op, WindowAggregate):
             assert window is not None, "the DSL puts a window before every aggregate"
             self._accumulate(node, op, row, window)
             return
-        for out_row, out_window in self._step(node, op, row, window):
+        for out_row, out_window in self._step(op, row, window, stream):
             for successor in self.plan.graph.successors(node):
-                self.arrive(successor, out_row, out_window)
+                self.arrive(successor, out_row, out_window, stream)
 
-    def _step(self, node: int, op: Operator, row: Row,
-              window: WindowBounds | None) -> Iterator[tuple[Row, WindowBounds | None]]:
+    def _step(self, op: Operator, row: Row, window: WindowBounds | None,
+              stream: StreamId) -> Iterator[tuple[Row, WindowBounds | None]]:
         if isinstance(op, Window):
-            for bounds in self._open_windows(node, op, row):
+            for bounds in self._open_windows(op, row, stream):
                 yield row, bounds
         elif isinstance(op, Source | Union):
             yield row, window
-        elif isinstance(op, Where):
-            if op.predicate.evaluate(row) is True:
+        elif isinstance(op, Where | KeyPartition):
+            if op.keeps(row):
                 yield row, window
         else:
             yield _transform(op, row), window
 
-    def _open_windows(self, node: int, op: Window, row: Row) -> list[WindowBounds]:
+    def _open_windows(self, op: Window, row: Row, stream: StreamId) -> list[WindowBounds]:
         ts = row[op.time_column]
         if ts is None:
             self.stats.rejects.add(f"window {op.spec}", "missing event time", row)
             return []
         windows = op.spec.windows_of(ts)
-        seen = self.max_event_time.get(node)
-        if seen is None:
-            open_windows = windows
-        else:
-            watermark = seen - op.watermark_ms
-            open_windows = [w for w in windows if w[1] > watermark]
+        if stream not in self.latest:
+            return windows
+        watermark = self.latest[stream] - op.watermark_ms
+        open_windows = [w for w in windows if w[1] > watermark]
         if len(open_windows) < len(windows):
             self.stats.late_records += 1
-        self.max_event_time[node] = ts if seen is None else max(seen, ts)
         return open_windows
 
     def _accumulate(self, node: int, op: WindowAggregate, row: Row,
@@ -207,24 +206,42 @@ class _Executor:
         batches: dict[int, dict[WindowBounds, _Batch]] = {}
         for node in self.plan.topological():
             op = self.plan.op(node)
-            if isinstance(op, WindowAggregate):
-                batches[node] = self._extract(node, op)
+            if isinstance(op, WindowAggregate) and op.phase.reads_records:
+                batches[node] = _output(op, self.groups.get(node, {}))
             elif (inputs := self.plan.inputs(node)) and all(i in batches for i in inputs):
                 batches[node] = _window_step(op, [batches[i] for i in inputs])
-        return [WindowResult(query, start, end, b.rows, b.exact,
-                             b.error_bound)
+        return [WindowResult(query, start, end, b.rows, b.exact, b.error_bound)
                 for (start, end), b in sorted(batches[self.plan.sink].items())]
 
-    def _extract(self, node: int, op: WindowAggregate) -> dict[WindowBounds, _Batch]:
-        out: dict[WindowBounds, _Batch] = {}
-        for (window, key), accs in sorted(self.groups.get(node, {}).items(), key=_group_order):
-            batch = out.setdefault(window, _Batch([], op.exact, 0.0))
-            row = dict(zip(op.keys, key, strict=True))
-            for (name, agg), acc in zip(op.aggregates, accs, strict=True):
+
+def _output(op: WindowAggregate, groups: Mapping[tuple[WindowBounds, tuple[Any, ...]], list[Any]]
+            ) -> dict[WindowBounds, _Batch]:
+    """Each window's rows from an aggregate's accumulators: values, or compacted partials."""
+    out: dict[WindowBounds, _Batch] = {}
+    for (window, key), accs in sorted(groups.items(), key=_group_order):
+        batch = out.setdefault(window, _Batch([], op.exact, 0.0))
+        row = dict(zip(op.keys, key, strict=True))
+        for (name, agg), acc in zip(op.aggregates, accs, strict=True):
+            if op.phase.extracts:
                 row[name] = agg.extract(acc)
                 batch.error_bound = max(batch.error_bound, agg.error_bound(acc))
-            batch.rows.append(row)
-        return out
+            else:
+                row[name] = agg.compact(acc)
+        batch.rows.append(row)
+    return out
+
+
+def _merge(op: WindowAggregate, batches: Mapping[WindowBounds, _Batch]
+           ) -> dict[tuple[WindowBounds, tuple[Any, ...]], list[Any]]:
+    """Partial rows merged per window and key, into fresh accumulators."""
+    groups: dict[tuple[WindowBounds, tuple[Any, ...]], list[Any]] = {}
+    for window, batch in batches.items():
+        for row in batch.rows:
+            key = tuple(row[k] for k in op.keys)
+            accs = groups.setdefault((window, key), [agg.create() for _, agg in op.aggregates])
+            for i, (name, agg) in enumerate(op.aggregates):
+                accs[i] = agg.merge(accs[i], row[name])
+    return groups
 
 
 def _group_order(item: tuple[tuple[WindowBounds, tuple[Any, ...]], Any]) -> Any:
@@ -248,6 +265,7 @@ def _transform(op: Operator, row: Row) -> Row:
         if missing:
             msg = f"map {op.label}: the function returned {out!r}, which lacks {missing[0]!r}"
             raise DataError(msg)
+        # A float column holds floats, whatever number the function returned.
         return {f.name: float(out[f.name]) if f.dtype is DataType.FLOAT and out[f.name] is not None
                 else out[f.name] for f in op.schema}
     msg = f"{op.kind} cannot run record by record"
@@ -267,13 +285,16 @@ def _window_step(op: Operator, inputs: list[dict[WindowBounds, _Batch]]
                 merged.error_bound = max(merged.error_bound, b.error_bound)
         return out
     (batches,) = inputs
+    if isinstance(op, WindowAggregate):  # a merge or final step over partials
+        merged = _output(op, _merge(op, batches))
+        return {window: merged.get(window, _Batch([], op.exact, 0.0)) for window in batches}
     return {window: _Batch(_rows_step(op, b.rows), b.exact, b.error_bound)
             for window, b in batches.items()}
 
 
 def _rows_step(op: Operator, rows: list[Row]) -> list[Row]:
-    if isinstance(op, Where):
-        return [r for r in rows if op.predicate.evaluate(r) is True]
+    if isinstance(op, Where | KeyPartition):
+        return [r for r in rows if op.keeps(r)]
     if isinstance(op, TopK):
         ranked = sorted(rows, key=lambda r: tuple((r[c] is None, r[c]) for c in op.tie_break))
         # Python's sort is stable also in reverse, so ties keep the tie-break order.

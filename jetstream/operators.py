@@ -7,18 +7,24 @@ changed with :func:`dataclasses.replace`, never in place.
 
 from __future__ import annotations
 
+import bisect
+import enum
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from jetstream.aggregates import Aggregate
-from jetstream.expr import Expr, Monotonicity
+from jetstream.errors import PlanError
+from jetstream.expr import Col, Expr, Monotonicity
 from jetstream.schema import Schema
 from jetstream.windows import WindowSpec, format_duration
 
 __all__ = [
+    "KeyPartition",
     "Map",
     "Operator",
+    "Phase",
     "Select",
     "Source",
     "TopK",
@@ -43,6 +49,11 @@ class Operator:
     def keyed_by(self) -> tuple[str, ...]:
         """The group key this operator partitions its state by; () if it keeps none."""
         return ()
+
+    @property
+    def writes(self) -> frozenset[str] | None:
+        """The columns whose values this operator may set or change; None: it may change any."""
+        return frozenset()
 
     def monotonic_in(self) -> dict[str, Monotonicity]:
         """For each input column the output moves with, the direction it moves."""
@@ -77,6 +88,9 @@ class Where(Operator):
     predicate: Expr
     kind: ClassVar[str] = "where"
 
+    def keeps(self, row: Mapping[str, Any]) -> bool:
+        return self.predicate.evaluate(row) is True
+
     def describe(self) -> str:
         return f"where {self.predicate}"
 
@@ -85,6 +99,11 @@ class Where(Operator):
 class Select(Operator):
     columns: tuple[tuple[str, Expr], ...]
     kind: ClassVar[str] = "select"
+
+    @property
+    def writes(self) -> frozenset[str] | None:
+        return frozenset(name for name, expr in self.columns
+                         if not (isinstance(expr, Col) and expr.name == name))
 
     def monotonic_in(self) -> dict[str, Monotonicity]:
         return _combined(expr for _, expr in self.columns)
@@ -100,6 +119,10 @@ class WithColumn(Operator):
     expr: Expr
     kind: ClassVar[str] = "with_column"
 
+    @property
+    def writes(self) -> frozenset[str] | None:
+        return frozenset((self.name,))
+
     def monotonic_in(self) -> dict[str, Monotonicity]:
         return _combined([self.expr])
 
@@ -112,13 +135,19 @@ class Map(Operator):
     """An opaque Python function from one record (a dict) to one record.
 
     ``monotonic`` is the user's promise that every output column is non-decreasing in the
-    input column of the same name; nothing else is known about ``fn``.
+    input column of the same name; ``changes``, that it sets no column outside that set
+    (None: it may set any). Nothing else is known about ``fn``.
     """
 
     fn: Callable[[dict[str, Any]], Mapping[str, Any]]
     label: str
     monotonic: bool = False
+    changes: frozenset[str] | None = None
     kind: ClassVar[str] = "map"
+
+    @property
+    def writes(self) -> frozenset[str] | None:
+        return self.changes
 
     def monotonic_in(self) -> dict[str, Monotonicity]:
         if not self.monotonic:
@@ -126,7 +155,10 @@ class Map(Operator):
         return {name: Monotonicity.INCREASING for name in self.schema.names}
 
     def describe(self) -> str:
-        return f"map {self.label}" + (" (monotonic)" if self.monotonic else "")
+        notes = (["monotonic"] if self.monotonic else []) + (
+            [f"changes {', '.join(sorted(self.changes)) or 'nothing'}"]
+            if self.changes is not None else [])
+        return f"map {self.label}" + (f" ({'; '.join(notes)})" if notes else "")
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -154,18 +186,44 @@ class Window(Operator):
                 f"watermark {format_duration(self.watermark_ms)}")
 
 
+class Phase(enum.Enum):
+    """Which part of an aggregate's life a node runs (see :mod:`jetstream.aggregates`)."""
+
+    COMPLETE = "complete"  # records in, values out: create, add, extract
+    PARTIAL = "partial"  # records in, accumulators out: create, add, compact
+    MERGE = "merge"  # accumulators in, accumulators out: merge, compact
+    FINAL = "final"  # accumulators in, values out: merge, extract
+
+    @property
+    def reads_records(self) -> bool:
+        return self in (Phase.COMPLETE, Phase.PARTIAL)
+
+    @property
+    def extracts(self) -> bool:
+        return self in (Phase.COMPLETE, Phase.FINAL)
+
+
 @dataclass(frozen=True, eq=False, kw_only=True)
 class WindowAggregate(Operator):
-    """Per window and group key, the named aggregates; output columns are keys then aggregates."""
+    """Per window and group key, the named aggregates; output columns are keys then aggregates.
+
+    ``phase`` splits one aggregate over sites: partials at the sources, merges on the way up,
+    a final step that extracts the values (a complete aggregate does all of it in one place).
+    """
 
     keys: tuple[str, ...]
     aggregates: tuple[tuple[str, Aggregate], ...]
+    phase: Phase = Phase.COMPLETE
     kind: ClassVar[str] = "aggregate"
     stateless: ClassVar[bool] = False
 
     @property
     def keyed_by(self) -> tuple[str, ...]:
         return self.keys
+
+    @property
+    def writes(self) -> frozenset[str] | None:
+        return None
 
     @property
     def decomposable(self) -> bool:
@@ -179,11 +237,54 @@ class WindowAggregate(Operator):
     def describe(self) -> str:
         aggs = ", ".join(f"{name}={agg}" for name, agg in self.aggregates)
         by = f" by {', '.join(self.keys)}" if self.keys else ""
-        return f"aggregate{by}: {aggs}"
+        phase = "" if self.phase is Phase.COMPLETE else f"{self.phase.value} "
+        return f"{phase}aggregate{by}: {aggs}"
 
     def properties(self) -> list[str]:
         return [*super().properties(),
                 "decomposable" if self.decomposable else "holistic"]
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class KeyPartition(Operator):
+    """Keeps the rows whose group key falls in partition ``index`` of ``count`` (an exchange).
+
+    By hash of the key, or, given ``bounds`` (``count - 1`` ascending split points on the
+    first key), by range: partition i holds keys in ``[bounds[i-1], bounds[i])``. The
+    partitions of one exchange are disjoint and together hold every row.
+    """
+
+    keys: tuple[str, ...]
+    index: int
+    count: int
+    bounds: tuple[Any, ...] | None = None
+    kind: ClassVar[str] = "partition"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.index < self.count:
+            msg = f"partition: index {self.index} is not in 0..{self.count - 1}"
+            raise PlanError(msg)
+        if self.bounds is not None and (len(self.bounds) != self.count - 1
+                                        or list(self.bounds) != sorted(self.bounds)):
+            msg = f"partition: {self.count} ranges need {self.count - 1} ascending bounds"
+            raise PlanError(msg)
+
+    def partition_of(self, row: Mapping[str, Any]) -> int:
+        if self.bounds is not None:
+            return bisect.bisect_right(self.bounds, row[self.keys[0]])
+        # A stable hash: Python's own hash of a str changes from process to process.
+        key = repr(tuple(row[k] for k in self.keys)).encode()
+        return zlib.crc32(key) % self.count
+
+    def keeps(self, row: Mapping[str, Any]) -> bool:
+        return self.partition_of(row) == self.index
+
+    def same_exchange(self, other: KeyPartition) -> bool:
+        return (self.keys, self.count, self.bounds) == (other.keys, other.count, other.bounds)
+
+    def describe(self) -> str:
+        scheme = "range" if self.bounds is not None else "hash"
+        return f"partition {self.index + 1}/{self.count} by {scheme}({', '.join(self.keys)})"
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)

@@ -22,13 +22,15 @@ class DataType(enum.Enum):
     BOOL = "bool"
     #: A list of records, e.g. the items of a ``top_k`` aggregate; not comparable.
     LIST = "list"
+    #: The accumulator of a partial aggregate; only a merge or final aggregate reads it.
+    PARTIAL = "partial"
 
     @property
     def is_numeric(self) -> bool:
         return self in (DataType.INT, DataType.FLOAT)
 
     def comparable_with(self, other: DataType) -> bool:
-        if self is DataType.LIST or other is DataType.LIST:
+        if {self, other} & {DataType.LIST, DataType.PARTIAL}:
             return False
         return self is other or (self.is_numeric and other.is_numeric)
 
@@ -43,7 +45,9 @@ class DataType(enum.Enum):
         if self is DataType.FLOAT:
             return (isinstance(value, int | float) and not isinstance(value, bool)
                     and math.isfinite(value))
-        return isinstance(value, list)
+        if self is DataType.LIST:
+            return isinstance(value, list)
+        return False
 
     def parse(self, text: str) -> Any:
         """Parse a CSV cell; raises ValueError with a readable reason."""
@@ -113,6 +117,9 @@ class Schema:
 
     def __iter__(self) -> Iterator[Field]:
         return iter(self.fields)
+
+    def fields_by_name(self) -> dict[str, DataType]:
+        return {f.name: f.dtype for f in self.fields}
 
     def dtype(self, name: str) -> DataType:
         for f in self.fields:
