@@ -286,8 +286,8 @@ def _window_step(op: Operator, inputs: list[dict[WindowBounds, _Batch]]
         return out
     (batches,) = inputs
     if isinstance(op, WindowAggregate):  # a merge or final step over partials
-        merged = _output(op, _merge(op, batches))
-        return {window: merged.get(window, _Batch([], op.exact, 0.0)) for window in batches}
+        values = _output(op, _merge(op, batches))
+        return {window: values.get(window, _Batch([], op.exact, 0.0)) for window in batches}
     return {window: _Batch(_rows_step(op, b.rows), b.exact, b.error_bound)
             for window, b in batches.items()}
 
