@@ -42,6 +42,7 @@ from jetstream.functions import (
 from jetstream.local import LocalRun, RunStats, run_local
 from jetstream.plan import LogicalPlan
 from jetstream.results import WindowResult
+from jetstream.rewrite import explain, optimize
 from jetstream.schema import CDN_LOG_SCHEMA, DataType, Field, Schema
 from jetstream.windows import sliding, tumbling
 
@@ -76,9 +77,11 @@ __all__ = [
     "col",
     "count",
     "count_distinct",
+    "explain",
     "lit",
     "max",
     "min",
+    "optimize",
     "quantile",
     "run_local",
     "sliding",

@@ -60,6 +60,8 @@ class Aggregate:
     expr: Expr | None
     name: ClassVar[str]
     kind: ClassVar[AggregateKind]
+    #: What a partial of this aggregate carries, for explain.
+    partial: ClassVar[str]
 
     @property
     def exact(self) -> bool:
@@ -115,6 +117,7 @@ class Count(Aggregate):
 
     expr: Expr | None = None
     name: ClassVar[str] = "count"
+    partial: ClassVar[str] = "a count"
     kind: ClassVar[AggregateKind] = AggregateKind.DISTRIBUTIVE
 
     def result_type(self, schema: Schema) -> DataType:
@@ -159,6 +162,7 @@ class Sum(Aggregate):
     """
 
     name: ClassVar[str] = "sum"
+    partial: ClassVar[str] = "an exact sum"
     kind: ClassVar[AggregateKind] = AggregateKind.DISTRIBUTIVE
 
     def _result_type(self, input_type: DataType) -> DataType:
@@ -210,6 +214,7 @@ class _Extreme(Aggregate):
 @dataclass(frozen=True, eq=False)
 class Min(_Extreme):
     name: ClassVar[str] = "min"
+    partial: ClassVar[str] = "a minimum"
     kind: ClassVar[AggregateKind] = AggregateKind.DISTRIBUTIVE
     pick: ClassVar[Any] = min
 
@@ -217,6 +222,7 @@ class Min(_Extreme):
 @dataclass(frozen=True, eq=False)
 class Max(_Extreme):
     name: ClassVar[str] = "max"
+    partial: ClassVar[str] = "a maximum"
     kind: ClassVar[AggregateKind] = AggregateKind.DISTRIBUTIVE
     pick: ClassVar[Any] = max
 
@@ -226,6 +232,7 @@ class Avg(Sum):
     """The mean: the exact sum and the count travel together, so partials merge exactly."""
 
     name: ClassVar[str] = "avg"
+    partial: ClassVar[str] = "a sum and a count"
     kind: ClassVar[AggregateKind] = AggregateKind.ALGEBRAIC
 
     def _result_type(self, input_type: DataType) -> DataType:
@@ -242,6 +249,7 @@ class CountDistinct(Aggregate):
     """The exact number of distinct values: holistic, its partial is the set of values."""
 
     name: ClassVar[str] = "count_distinct"
+    partial: ClassVar[str] = "the set of values"
     kind: ClassVar[AggregateKind] = AggregateKind.HOLISTIC
 
     def _result_type(self, input_type: DataType) -> DataType:
@@ -288,6 +296,7 @@ class Quantile(Aggregate):
 
     q: float = 0.5
     name: ClassVar[str] = "quantile"
+    partial: ClassVar[str] = "every value"
     kind: ClassVar[AggregateKind] = AggregateKind.HOLISTIC
 
     def __post_init__(self) -> None:

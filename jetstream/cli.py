@@ -14,6 +14,7 @@ from jetstream import __version__
 from jetstream.dsl import Query
 from jetstream.errors import JetstreamError, PlanError
 from jetstream.local import LocalRun, run_local
+from jetstream.rewrite import explain
 
 __all__ = ["load_query", "main"]
 
@@ -41,7 +42,7 @@ def load_query(path: str | Path) -> Query:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    print(load_query(args.query).explain())
+    print(explain(load_query(args.query), partitions=args.partitions))
     return 0
 
 
@@ -90,9 +91,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    explain = commands.add_parser("explain", help="print a query's logical plan")
-    explain.add_argument("query", metavar="QUERY.py", help="a Python file that defines `query`")
-    explain.set_defaults(run=_explain)
+    explain_cmd = commands.add_parser(
+        "explain", help="show a query's plan, how the rewriter changes it, and why",
+        description="Print the logical plan, each rewrite rule that fired (or why it "
+                    "declined), and the rewritten plan.")
+    explain_cmd.add_argument("query", metavar="QUERY.py",
+                             help="a Python file that defines `query`")
+    explain_cmd.add_argument("--partitions", type=int, default=1, metavar="N",
+                             help="spread merges over N key partitions (default: 1)")
+    explain_cmd.set_defaults(run=_explain)
 
     local = commands.add_parser(
         "local", help="run a query with the reference executor (one process, exact)",

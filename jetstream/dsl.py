@@ -140,6 +140,9 @@ class Stream:
         changed = None if changes is None else frozenset(changes)
         if changed is not None and (unknown := sorted(changed - set(out.names))):
             raise _fail(step, f"changes names unknown column {unknown[0]!r}")
+        if changed is not None and (added := sorted(set(out.names) - set(self.schema.names)
+                                                    - changed)):
+            raise _fail(step, f"the function adds column {added[0]!r}, so changes must name it")
         return self._then(Map(schema=out, fn=fn, label=label, monotonic=bool(monotonic),
                               changes=changed))
 
@@ -321,5 +324,6 @@ class Query:
     def plan(self) -> LogicalPlan:
         return self.stream.plan
 
-    def explain(self) -> str:
+    def describe(self) -> str:
+        """The query's logical plan as written, under its name and SLO."""
         return self.plan().render(f"query {self.name}  (slo: {self.slo})")

@@ -210,8 +210,9 @@ class _Executor:
                 batches[node] = _output(op, self.groups.get(node, {}))
             elif (inputs := self.plan.inputs(node)) and all(i in batches for i in inputs):
                 batches[node] = _window_step(op, [batches[i] for i in inputs])
+        # A window is reported when it has rows, wherever the filters that emptied it sit.
         return [WindowResult(query, start, end, b.rows, b.exact, b.error_bound)
-                for (start, end), b in sorted(batches[self.plan.sink].items())]
+                for (start, end), b in sorted(batches[self.plan.sink].items()) if b.rows]
 
 
 def _output(op: WindowAggregate, groups: Mapping[tuple[WindowBounds, tuple[Any, ...]], list[Any]]

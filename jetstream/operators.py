@@ -86,13 +86,15 @@ class Where(Operator):
     """Keeps the records for which ``predicate`` is true (NULL counts as false)."""
 
     predicate: Expr
+    #: A conservative copy kept in place above a relaxed filter the rewriter pushed down.
+    pinned: bool = False
     kind: ClassVar[str] = "where"
 
     def keeps(self, row: Mapping[str, Any]) -> bool:
         return self.predicate.evaluate(row) is True
 
     def describe(self) -> str:
-        return f"where {self.predicate}"
+        return f"where {self.predicate}" + (" (exact check, kept)" if self.pinned else "")
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -294,11 +296,13 @@ class TopK(Operator):
     k: int
     by: str
     tie_break: tuple[str, ...]
+    #: A partial top_k on one input of a union; the final one stays above the union.
+    per_input: bool = False
     kind: ClassVar[str] = "top_k"
     stateless: ClassVar[bool] = False
 
     def describe(self) -> str:
-        return f"top_k {self.k} by {self.by}"
+        return f"top_k {self.k} by {self.by}" + (" (partial)" if self.per_input else "")
 
 
 def _combined(exprs: Any) -> dict[str, Monotonicity]:

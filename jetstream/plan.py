@@ -14,9 +14,14 @@ import networkx as nx
 
 from jetstream.operators import Operator, Source, Window, WindowAggregate
 
-__all__ = ["LogicalPlan"]
+__all__ = ["LogicalPlan", "new_node_id"]
 
 _node_ids = itertools.count(1)
+
+
+def new_node_id() -> int:
+    """A node id no plan uses yet."""
+    return next(_node_ids)
 
 
 @dataclass(frozen=True, eq=False)
@@ -27,14 +32,14 @@ class LogicalPlan:
     @classmethod
     def leaf(cls, op: Operator) -> LogicalPlan:
         graph = nx.DiGraph()
-        node = next(_node_ids)
+        node = new_node_id()
         graph.add_node(node, op=op)
         return cls(graph, node)
 
     def then(self, op: Operator, *others: LogicalPlan) -> LogicalPlan:
         """A new plan whose output is ``op`` fed by this plan's output, then by ``others``'."""
         graph = nx.compose_all([self.graph, *(o.graph for o in others)])
-        node = next(_node_ids)
+        node = new_node_id()
         graph.add_node(node, op=op)
         for port, upstream in enumerate([self, *others]):
             graph.add_edge(upstream.sink, node, port=port)

@@ -123,7 +123,7 @@ def test_plan_prints_readably(logs: js.Stream) -> None:
     assert any(line.startswith("#5 aggregate by domain: n=count() <- #4 [stateful; keyed_by=domain;"
                                " decomposable]") for line in lines)
     assert "-> (domain:string, n:int)" in lines
-    assert q.explain().startswith("query q  (slo: none)")
+    assert q.describe().startswith("query q  (slo: none)")
 
 
 # -- refusals: each names the step and the column --------------------------------------------
@@ -161,6 +161,9 @@ def test_plan_prints_readably(logs: js.Stream) -> None:
      "window: the input has no event time column"),
     (lambda s: s.map(lambda r: r, changes=["nope"], name="f"),
      "map f: changes names unknown column 'nope'"),
+    (lambda s: s.map(lambda r: r, schema={"ts": js.DataType.INT, "n": js.DataType.INT},
+                     changes=[], name="f"),
+     "map f: the function adds column 'n', so changes must name it"),
     (lambda s: s.window("10s"), "window: expected js.tumbling"),
     (lambda s: s.union(s.select("ts")), "union: the inputs differ in columns"),
     (lambda s: s.union(windowed(s)), "union: the inputs are windowed or aggregated differently"),

@@ -28,6 +28,7 @@ class ApproxCountDistinct(Aggregate):
 
     lg_k: int = 12
     name: ClassVar[str] = "approx_count_distinct"
+    partial: ClassVar[str] = "an HLL sketch"
     kind: ClassVar[AggregateKind] = AggregateKind.APPROXIMATE
 
     def __post_init__(self) -> None:
@@ -71,6 +72,7 @@ class ApproxQuantile(Aggregate):
     q: float = 0.5
     k: int = 200
     name: ClassVar[str] = "approx_quantile"
+    partial: ClassVar[str] = "a KLL sketch"
     kind: ClassVar[AggregateKind] = AggregateKind.APPROXIMATE
 
     def __post_init__(self) -> None:
@@ -115,6 +117,7 @@ class TopKItems(Aggregate):
     k: int = 10
     lg_max_k: int = 10
     name: ClassVar[str] = "top_k"
+    partial: ClassVar[str] = "a frequent-items sketch"
     kind: ClassVar[AggregateKind] = AggregateKind.APPROXIMATE
 
     def __post_init__(self) -> None:

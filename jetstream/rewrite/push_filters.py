@@ -1,0 +1,158 @@
+"""Filter pushback: move every ``where`` as close to the sources as its meaning allows.
+
+The facts it relies on, for a filter σp:
+
+- σp(A ∪ B) = σp(A) ∪ σp(B): a copy goes onto each input of a union.
+- σp(f(R)) = f(σp'(R)) for a record-to-record step f, where p' is p with f's expressions
+  substituted for the columns f sets (``with_column kb = bytes / 1024`` then ``kb > 10``
+  becomes ``bytes / 1024 > 10``). When f is monotonic in the column, p' is then solved for
+  it (``bytes > 10240``); where that inverse is not exact (floating point, multiplication)
+  the solved filter is relaxed and the original stays above as an exact check.
+- Window assignment is per record and watermarks come from the sources, so a filter
+  commutes with ``window`` and with a key-partition exchange.
+- A filter that reads only group keys removes whole groups, the same ones before or after the
+  aggregate, so it moves below it.
+
+It is NOT safe, and the rule declines: past an opaque ``map`` that may change a column the
+filter reads (declare ``changes=`` to tell), past ``top_k`` (the rows in the top k depend on
+every row), past an aggregate when the filter reads an aggregate value (HAVING), or past a
+step that also feeds another branch.
+
+Before: ``source -> with_column kb = bytes / 1024 -> where kb > 10``
+After:  ``source -> where bytes / 1024 > 10 -> with_column kb = bytes / 1024``
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import networkx as nx
+
+from jetstream.expr import Expr
+from jetstream.operators import (
+    KeyPartition,
+    Map,
+    Operator,
+    Select,
+    Source,
+    TopK,
+    Union,
+    Where,
+    Window,
+    WindowAggregate,
+    WithColumn,
+)
+from jetstream.plan import LogicalPlan
+from jetstream.rewrite.context import RewriteContext
+from jetstream.rewrite.edit import bypass, input_of, insert_below, op, plan_of, replace
+from jetstream.rewrite.solve import solve
+
+__all__ = ["push_filters"]
+
+RULE = "push_filters"
+
+
+def push_filters(plan: LogicalPlan, context: RewriteContext) -> LogicalPlan:
+    """The plan with every filter pushed as far toward the sources as is sound."""
+    graph = plan.graph.copy()
+    while any(_push(graph, node, context) for node in nx.lexicographical_topological_sort(graph)
+              if _movable(op(graph, node))):
+        pass  # each push changes the graph; start again from the sources
+    return plan_of(graph)
+
+
+def _movable(operator: Operator) -> bool:
+    return isinstance(operator, Where) and not operator.pinned
+
+
+def _push(graph: nx.DiGraph, node: int, context: RewriteContext) -> bool:
+    """Move the filter at ``node`` one step down; whether it moved."""
+    where = op(graph, node)
+    assert isinstance(where, Where)
+    below_node = input_of(graph, node)
+    below = op(graph, below_node)
+    text = f"`{where.describe()}`"
+    if isinstance(below, Source):
+        return False
+    if graph.out_degree(below_node) > 1:
+        context.declined(RULE, f"{text} stays above `{below.describe()}`, which also feeds "
+                               "another step")
+        return False
+    if isinstance(below, Where) and not below.pinned:
+        replace(graph, below_node, dataclasses.replace(below,
+                                                       predicate=below.predicate & where.predicate))
+        bypass(graph, node)
+        context.fired(RULE, f"merged {text} into `{below.describe()}`")
+        return True
+    if isinstance(below, Union):
+        bypass(graph, node)
+        ports = sorted(p for _, _, p in graph.in_edges(below_node, data="port"))
+        for port in ports:
+            schema = op(graph, input_of(graph, below_node, port)).schema
+            insert_below(graph, below_node, port, dataclasses.replace(where, schema=schema))
+        context.fired(RULE, f"copied {text} onto each of the {len(ports)} inputs of the union")
+        return True
+    reads = where.predicate.columns()
+    if isinstance(below, Window | KeyPartition | Where) or (
+            isinstance(below, WindowAggregate) and reads <= set(below.keys)):
+        _swap(graph, node, below_node, where.predicate)
+        context.fired(RULE, f"moved {text} below `{below.describe()}`")
+        return True
+    if isinstance(below, WithColumn | Select):
+        _through_map(graph, node, below_node, context)
+        return True
+    if isinstance(below, Map):
+        if below.writes is not None and not reads & below.writes:
+            _swap(graph, node, below_node, where.predicate)
+            context.fired(RULE, f"moved {text} below `{below.describe()}`, which does not "
+                                "change the columns it reads")
+            return True
+        why = ("may change any column; declare changes=[...] to let filters pass"
+               if below.writes is None else
+               f"changes {', '.join(sorted(reads & below.writes))}, which the filter reads")
+        if below.monotonic:
+            why += " (it is monotonic, but its inverse is unknown)"
+        context.declined(RULE, f"{text} stays above `{below.describe()}`: the function {why}")
+    elif isinstance(below, WindowAggregate):
+        values = ", ".join(sorted(reads - set(below.keys)))
+        context.declined(RULE, f"{text} stays above `{below.describe()}`: it reads aggregate "
+                               f"values ({values}), so it is a HAVING filter")
+    elif isinstance(below, TopK):
+        context.declined(RULE, f"{text} stays above `{below.describe()}`: which rows are in "
+                               "the top k depends on every row")
+    return False
+
+
+def _swap(graph: nx.DiGraph, node: int, below_node: int, predicate: Expr) -> None:
+    """Move the filter at ``node`` below its input, now testing ``predicate``."""
+    where = op(graph, node)
+    assert isinstance(where, Where)
+    schema = op(graph, input_of(graph, below_node)).schema
+    bypass(graph, node)
+    insert_below(graph, below_node, 0,
+                 dataclasses.replace(where, schema=schema, predicate=predicate))
+
+
+def _through_map(graph: nx.DiGraph, node: int, below_node: int, context: RewriteContext) -> None:
+    where, below = op(graph, node), op(graph, below_node)
+    assert isinstance(where, Where) and isinstance(below, WithColumn | Select)
+    columns = {below.name: below.expr} if isinstance(below, WithColumn) else dict(below.columns)
+    predicate = where.predicate.substitute(columns)
+    writes = below.writes or frozenset()
+    solved = solve(predicate, op(graph, input_of(graph, below_node)).schema) if (
+        where.predicate.columns() & writes) else None
+    exact = solved is None or solved[1]
+    if solved is not None:
+        predicate = solved[0]
+    text = f"moved `{where.describe()}` below `{below.describe()}`"
+    if exact:
+        _swap(graph, node, below_node, predicate)
+        context.fired(RULE, text + ("" if predicate.same_as(where.predicate) else
+                                    f" as `where {predicate}`"))
+        return
+    # The solved filter is relaxed: push it, and keep the original above as the exact check.
+    schema = op(graph, input_of(graph, below_node)).schema
+    insert_below(graph, below_node, 0,
+                 dataclasses.replace(where, schema=schema, predicate=predicate))
+    replace(graph, node, dataclasses.replace(where, pinned=True))
+    context.fired(RULE, f"{text} as `where {predicate}` (relaxed; the exact check stays above)")
