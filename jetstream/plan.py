@@ -85,8 +85,11 @@ class LogicalPlan:
             return op
         return next((u for u in self.upstream(node) if isinstance(u, WindowAggregate)), None)
 
-    def render(self, title: str | None = None) -> str:
-        """The plan as text, one operator a line, numbered inputs first."""
+    def render(self, title: str | None = None, *, detail: bool = True) -> str:
+        """The plan as text, one operator a line, numbered inputs first.
+
+        ``detail`` adds each operator's properties and each change of schema.
+        """
         order = self.topological()
         number = {node: i for i, node in enumerate(order, 1)}
         lines = [title] if title else []
@@ -97,9 +100,10 @@ class LogicalPlan:
             line = f"  #{number[node]} {op.describe()}"
             if fed_by:
                 line += f"  <- {fed_by}"
-            line += f"  [{'; '.join(op.properties())}]"
+            if detail:
+                line += f"  [{'; '.join(op.properties())}]"
             lines.append(line)
-            if op.schema != shown_schema:
+            if detail and op.schema != shown_schema:
                 lines.append(f"       -> {op.schema}")
                 shown_schema = op.schema
         return "\n".join(lines)

@@ -28,7 +28,7 @@ import dataclasses
 
 import networkx as nx
 
-from jetstream.expr import Expr
+from jetstream.expr import And, Expr
 from jetstream.operators import (
     KeyPartition,
     Map,
@@ -43,8 +43,16 @@ from jetstream.operators import (
     WithColumn,
 )
 from jetstream.plan import LogicalPlan
-from jetstream.rewrite.context import RewriteContext
-from jetstream.rewrite.edit import bypass, input_of, insert_below, op, plan_of, replace
+from jetstream.rewrite.context import Note, RewriteContext
+from jetstream.rewrite.edit import (
+    bypass,
+    input_of,
+    insert_above,
+    insert_below,
+    op,
+    plan_of,
+    replace,
+)
 from jetstream.rewrite.solve import solve
 
 __all__ = ["push_filters"]
@@ -55,9 +63,12 @@ RULE = "push_filters"
 def push_filters(plan: LogicalPlan, context: RewriteContext) -> LogicalPlan:
     """The plan with every filter pushed as far toward the sources as is sound."""
     graph = plan.graph.copy()
+    _split_conjunctions(graph)  # so that each condition goes as far as it can on its own
     while any(_push(graph, node, context) for node in nx.lexicographical_topological_sort(graph)
               if _movable(op(graph, node))):
         pass  # each push changes the graph; start again from the sources
+    _merge_adjacent(graph)
+    _condense(context)
     return plan_of(graph)
 
 
@@ -65,11 +76,63 @@ def _movable(operator: Operator) -> bool:
     return isinstance(operator, Where) and not operator.pinned
 
 
+def _split_conjunctions(graph: nx.DiGraph) -> None:
+    for node in list(graph):
+        where = op(graph, node)
+        if not isinstance(where, Where) or where.pinned or not isinstance(where.predicate, And):
+            continue
+        first, *rest = _conjuncts(where.predicate)
+        replace(graph, node, dataclasses.replace(where, predicate=first))
+        for condition in rest:
+            node = insert_above(graph, node, dataclasses.replace(where, predicate=condition))
+
+
+def _condense(context: RewriteContext) -> None:
+    """One note for a filter's run of plain moves: "moved `p` below `a`, `b`, `c`"."""
+    condensed: list[Note] = []
+    for note in context.notes:
+        last = condensed[-1] if condensed else None
+        head, _, step = note.text.partition(" below ")
+        if (last is not None and note.rule == last.rule == RULE and note.fired and last.fired
+                and head.startswith("moved ") and last.text.startswith(head + " below ")
+                and " as " not in note.text + last.text and ", which" not in note.text):
+            condensed[-1] = dataclasses.replace(last, text=f"{last.text}, {step}")
+        else:
+            condensed.append(note)
+    context.notes[:] = condensed
+
+
+def _conjuncts(predicate: Expr) -> list[Expr]:
+    if isinstance(predicate, And):
+        return _conjuncts(predicate.left) + _conjuncts(predicate.right)
+    return [predicate]
+
+
+def _merge_adjacent(graph: nx.DiGraph) -> None:
+    """Join a filter that sits right on another into one condition, for a readable plan."""
+    for node in list(nx.lexicographical_topological_sort(graph)):
+        where = op(graph, node)
+        below_node = input_of(graph, node) if _movable(where) else None
+        if below_node is None or graph.out_degree(below_node) != 1:
+            continue
+        below = op(graph, below_node)
+        if isinstance(below, Where) and _movable(below):
+            assert isinstance(where, Where)
+            replace(graph, below_node,
+                    dataclasses.replace(below, predicate=below.predicate & where.predicate))
+            bypass(graph, node)
+
+
 def _push(graph: nx.DiGraph, node: int, context: RewriteContext) -> bool:
-    """Move the filter at ``node`` one step down; whether it moved."""
+    """Move the filter at ``node`` below the next step that is not a filter; whether it moved.
+
+    Filters commute with each other, so the ones on the way are passed over.
+    """
     where = op(graph, node)
     assert isinstance(where, Where)
     below_node = input_of(graph, node)
+    while isinstance(op(graph, below_node), Where) and graph.out_degree(below_node) == 1:
+        below_node = input_of(graph, below_node)
     below = op(graph, below_node)
     text = f"`{where.describe()}`"
     if isinstance(below, Source):
@@ -78,12 +141,6 @@ def _push(graph: nx.DiGraph, node: int, context: RewriteContext) -> bool:
         context.declined(RULE, f"{text} stays above `{below.describe()}`, which also feeds "
                                "another step")
         return False
-    if isinstance(below, Where) and not below.pinned:
-        replace(graph, below_node, dataclasses.replace(below,
-                                                       predicate=below.predicate & where.predicate))
-        bypass(graph, node)
-        context.fired(RULE, f"merged {text} into `{below.describe()}`")
-        return True
     if isinstance(below, Union):
         bypass(graph, node)
         ports = sorted(p for _, _, p in graph.in_edges(below_node, data="port"))
@@ -93,7 +150,7 @@ def _push(graph: nx.DiGraph, node: int, context: RewriteContext) -> bool:
         context.fired(RULE, f"copied {text} onto each of the {len(ports)} inputs of the union")
         return True
     reads = where.predicate.columns()
-    if isinstance(below, Window | KeyPartition | Where) or (
+    if isinstance(below, Window | KeyPartition) or (
             isinstance(below, WindowAggregate) and reads <= set(below.keys)):
         _swap(graph, node, below_node, where.predicate)
         context.fired(RULE, f"moved {text} below `{below.describe()}`")

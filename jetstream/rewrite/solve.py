@@ -8,6 +8,8 @@ drops a record the original keeps, and the caller keeps the original above it.
 
 from __future__ import annotations
 
+import math
+
 from jetstream.expr import And, Arith, Col, Compare, Expr, Lit, Neg
 from jetstream.schema import DataType, Schema
 
@@ -76,5 +78,12 @@ def solve(predicate: Expr, schema: Schema) -> tuple[Expr, bool] | None:
     if op in ("==", "!="):
         return None  # an inexact equality cannot be relaxed into a comparison
     slack = abs(t) * _SLACK + _SLACK
-    relaxed = t + slack if op in ("<", "<=") else t - slack
-    return Compare("<=" if op in ("<", "<=") else ">=", side, Lit(float(relaxed))), False
+    if op in ("<", "<="):
+        op, bound = "<=", t + slack
+        if schema.dtype(side.name) is DataType.INT:
+            bound = math.floor(bound)  # the same integers pass; the plan reads better
+    else:
+        op, bound = ">=", t - slack
+        if schema.dtype(side.name) is DataType.INT:
+            bound = math.ceil(bound)
+    return Compare(op, side, Lit(bound)), False
