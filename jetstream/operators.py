@@ -285,8 +285,12 @@ class KeyPartition(Operator):
         return (self.keys, self.count, self.bounds) == (other.keys, other.count, other.bounds)
 
     def describe(self) -> str:
-        scheme = "range" if self.bounds is not None else "hash"
-        return f"partition {self.index + 1}/{self.count} by {scheme}({', '.join(self.keys)})"
+        keys = ", ".join(self.keys)
+        if self.bounds is None:
+            return f"partition {self.index + 1}/{self.count} by hash({keys})"
+        ends = [None, *self.bounds, None]
+        low, high = (repr(e) if e is not None else "" for e in ends[self.index:self.index + 2])
+        return f"partition {self.index + 1}/{self.count} by range({keys}) [{low}, {high})"
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
