@@ -9,18 +9,27 @@ from pathlib import Path
 
 import pytest
 
-from jetstream.cli import main
+import jetstream as js
+from jetstream.cli import load_query, main
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "cdn_topk.py"
 SAMPLE_LOGS = ROOT / "examples" / "logs"
 
 
-def test_explain_prints_the_plan(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["explain", str(EXAMPLE)]) == 0
+def test_explain_prints_the_plan_and_the_rewrites(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explain", str(EXAMPLE), "--partitions", "2"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("query cdn-topk  (slo: max_latency=3s, max_error=0.01)")
-    assert "top_k 10 by requests" in out
+    assert "\nlogical plan\n" in out and "\nrewrites\n" in out and "\nrewritten plan\n" in out
+    assert "split_aggregates  split `aggregate by domain" in out
+    assert "top_k 10 by requests (partial)" in out
+
+
+def test_optimized_example_gives_the_same_results(tmp_path: Path) -> None:
+    query = load_query(EXAMPLE)
+    optimized = js.optimize(query, partitions=3)
+    assert js.run_local(optimized, SAMPLE_LOGS) == js.run_local(query, SAMPLE_LOGS)
 
 
 def test_local_runs_the_example_on_the_sample_logs(tmp_path: Path,
