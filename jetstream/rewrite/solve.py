@@ -17,7 +17,9 @@ __all__ = ["solve"]
 
 _FLIP = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "==", "!=": "!="}
 
-#: How far a relaxed threshold moves, relative to its size: far beyond double rounding error.
+#: A relative error far beyond what a few double roundings can cause (about 1e-16 each).
+_EPS = 1e-9
+#: The least a relaxed threshold moves.
 _SLACK = 1e-9
 
 
@@ -26,6 +28,50 @@ def _number(expr: Expr) -> int | float | None:
             expr.value, bool):
         return expr.value
     return None
+
+
+def _peel(op: str, side: Expr, t: int | float
+          ) -> tuple[str, Col, int | float, float, bool] | None:
+    """Undo ``side``'s steps one by one.
+
+    Returns (op, column, threshold, error, integral). The error bounds how far the true
+    boundary can sit from the threshold when ``side`` is evaluated in floating point: each
+    step rounds by a relative amount, and adding a large constant can absorb the column's
+    contribution altogether. ``integral``: only integer additions and subtractions, which
+    are exact on an integer column.
+    """
+    err, integral = _EPS * abs(t), isinstance(t, int)
+    while not isinstance(side, Col):
+        if isinstance(side, Neg):
+            op, t, side = _FLIP[op], -t, side.operand
+            continue
+        if not isinstance(side, Arith):
+            return None
+        before = t
+        c: int | float
+        c_right, c_left = _number(side.right), _number(side.left)
+        if side.op == "+" and c_right is not None:
+            t, side, c = t - c_right, side.left, c_right
+        elif side.op == "+" and c_left is not None:
+            t, side, c = t - c_left, side.right, c_left
+        elif side.op == "-" and c_right is not None:
+            t, side, c = t + c_right, side.left, c_right
+        elif side.op == "-" and c_left is not None:  # c - e op t  <=>  e flip(op) c - t
+            op, t, side, c = _FLIP[op], c_left - t, side.right, c_left
+        elif side.op in "*/" and (factor := c_right if c_right is not None else
+                                  c_left if side.op == "*" else None):
+            c = factor
+            scale = 1 / abs(c) if side.op == "*" else abs(c)
+            t = t / c if side.op == "*" else t * c
+            op = _FLIP[op] if c < 0 else op
+            side = side.left if c_right is not None else side.right
+            err, integral = (err + _EPS * abs(before)) * scale + _EPS * abs(t), False
+            continue
+        else:
+            return None
+        err += _EPS * (abs(before) + abs(c) + abs(t))
+        integral = integral and isinstance(c, int)
+    return op, side, t, err, integral
 
 
 def solve(predicate: Expr, schema: Schema) -> tuple[Expr, bool] | None:
@@ -48,42 +94,24 @@ def solve(predicate: Expr, schema: Schema) -> tuple[Expr, bool] | None:
         op, side, threshold = _FLIP[op], predicate.right, _number(predicate.left)
     if threshold is None or isinstance(side, Col):
         return None
-    exact = isinstance(threshold, int)
-    t: int | float = threshold
-    while not isinstance(side, Col):
-        if isinstance(side, Neg):
-            op, t, side = _FLIP[op], -t, side.operand
-            continue
-        if not isinstance(side, Arith):
-            return None
-        c_right, c_left = _number(side.right), _number(side.left)
-        if side.op == "+" and c_right is not None:
-            t, side = t - c_right, side.left
-        elif side.op == "+" and c_left is not None:
-            t, side = t - c_left, side.right
-        elif side.op == "-" and c_right is not None:
-            t, side = t + c_right, side.left
-        elif side.op == "-" and c_left is not None:  # c - e op t  <=>  e flip(op) c - t
-            op, t, side = _FLIP[op], c_left - t, side.right
-        elif side.op in "*/" and (c := c_right if c_right is not None else
-                                  c_left if side.op == "*" else None):
-            t = t / c if side.op == "*" else t * c
-            op, exact = (_FLIP[op] if c < 0 else op), False
-            side = side.left if c_right is not None else side.right
-        else:
-            return None
-        exact = exact and isinstance(t, int)
-    if exact and schema.dtype(side.name) is DataType.INT:
-        return Compare(op, side, Lit(t)), True
-    if op in ("==", "!="):
+    try:
+        solved = _peel(op, side, threshold)
+    except (OverflowError, ZeroDivisionError):
+        return None
+    if solved is None:
+        return None
+    op, column, t, err, integral = solved
+    if integral and schema.dtype(column.name) is DataType.INT:
+        return Compare(op, column, Lit(t)), True
+    if op in ("==", "!=") or not math.isfinite(t + err):
         return None  # an inexact equality cannot be relaxed into a comparison
-    slack = abs(t) * _SLACK + _SLACK
+    slack = err + _SLACK
     if op in ("<", "<="):
         op, bound = "<=", t + slack
-        if schema.dtype(side.name) is DataType.INT:
+        if schema.dtype(column.name) is DataType.INT:
             bound = math.floor(bound)  # the same integers pass; the plan reads better
     else:
         op, bound = ">=", t - slack
-        if schema.dtype(side.name) is DataType.INT:
+        if schema.dtype(column.name) is DataType.INT:
             bound = math.ceil(bound)
-    return Compare(op, side, Lit(bound)), False
+    return Compare(op, column, Lit(bound)), False
