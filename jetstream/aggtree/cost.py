@@ -1,0 +1,68 @@
+"""The planner's cost model: how many bytes a query's partials put on a link.
+
+Deliberately simple and stated: a partial aggregate of one window holds one row per group
+key the window saw (at most ``SourceLoad.distinct_keys``, at most one per event), each row
+as large as its key and its aggregates' accumulators; a merge of several children's partials
+holds every key of the largest child plus ``NEW_KEY_SHARE`` of the others' (sites of a CDN
+see mostly the same domains). A stream that cannot be split ships its raw records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from jetstream.aggregates import Aggregate, AggregateKind, Avg, Count, Max, Min, Sum
+from jetstream.aggtree.topology import SourceLoad
+from jetstream.approx.sketches import ApproxCountDistinct, ApproxQuantile, TopKItems
+
+__all__ = ["KEY_BYTES", "NEW_KEY_SHARE", "Load", "accumulator_bytes"]
+
+#: Bytes a group key column takes in a partial row.
+KEY_BYTES = 32
+#: Of the keys a second child brings to a merge, the share the first child did not have.
+NEW_KEY_SHARE = 0.5
+
+
+def accumulator_bytes(aggregate: Aggregate) -> int:
+    """The size of one aggregate's compacted accumulator on the wire, roughly."""
+    if isinstance(aggregate, Count | Min | Max):
+        return 8
+    if isinstance(aggregate, Avg):
+        return 24
+    if isinstance(aggregate, Sum):
+        return 16
+    if isinstance(aggregate, ApproxCountDistinct):
+        return 2 ** (aggregate.lg_k - 1) + 40  # HLL_4: half a byte a bucket
+    if isinstance(aggregate, ApproxQuantile):
+        return 8 * 3 * aggregate.k  # KLL keeps about 3k items once past its first level
+    if isinstance(aggregate, TopKItems):
+        return 3 * 2 ** aggregate.lg_max_k * 16  # items and counts, 3/4 of 2**lg_max_k full
+    if aggregate.kind is AggregateKind.HOLISTIC:
+        msg = f"{aggregate} is holistic: its partial has no fixed size"
+        raise ValueError(msg)
+    return 16
+
+
+@dataclass(frozen=True)
+class Load:
+    """What one site sends its parent per window: partial rows, or raw records."""
+
+    keys: float = 0.0  # partial rows per window
+    raw_bytes_per_s: float = 0.0  # records that could not be aggregated on the way
+
+    def bytes_per_s(self, row_bytes: int, every_s: float) -> float:
+        return self.keys * row_bytes / every_s + self.raw_bytes_per_s
+
+    @staticmethod
+    def of_source(source: SourceLoad, window_s: float, split: bool) -> Load:
+        if not split:
+            return Load(raw_bytes_per_s=source.events_per_s * source.bytes_per_event)
+        return Load(keys=min(float(source.distinct_keys), source.events_per_s * window_s))
+
+    @staticmethod
+    def merged(loads: Iterable[Load]) -> Load:
+        loads = list(loads)
+        keys = sorted((load.keys for load in loads), reverse=True)
+        merged_keys = keys[0] + NEW_KEY_SHARE * sum(keys[1:]) if keys else 0.0
+        return Load(merged_keys, sum(load.raw_bytes_per_s for load in loads))
