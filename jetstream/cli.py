@@ -4,45 +4,82 @@ from __future__ import annotations
 
 import argparse
 import json
-import runpy
+import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
 from jetstream import __version__
-from jetstream.dsl import Query
+from jetstream.aggtree.loader import load_topology
+from jetstream.aggtree.planner import plan_query
+from jetstream.control.client import DEFAULT_CONTROLLER, ControllerClient
+from jetstream.control.daemons import run_controller, run_site
+from jetstream.control.status_view import print_status, status_dict
 from jetstream.errors import JetstreamError, PlanError
 from jetstream.local import LocalRun, run_local
+from jetstream.queryfile import load_query
 from jetstream.rewrite import explain
 
-__all__ = ["load_query", "main"]
+__all__ = ["main"]
 
-
-def load_query(path: str | Path) -> Query:
-    """The ``query`` a Python module defines; raises PlanError naming what is wrong."""
-    p = Path(path)
-    if not p.is_file():
-        msg = f"{p}: no such query file"
-        raise PlanError(msg)
-    try:
-        namespace = runpy.run_path(str(p), run_name="jetstream_query")
-    except JetstreamError as e:
-        msg = f"{p}: {e}"
-        raise PlanError(msg) from None
-    except SyntaxError as e:
-        msg = f"{p}:{e.lineno}: syntax error: {e.msg}"
-        raise PlanError(msg) from None
-    query = namespace.get("query")
-    if not isinstance(query, Query):
-        found = "nothing" if query is None else f"a {type(query).__name__}"
-        msg = f"{p}: the module must assign a js.Query to the name `query`, found {found}"
-        raise PlanError(msg)
-    return query
+#: The topology ``jetstream controller`` runs when given none: everything on this machine.
+DEFAULT_TOPOLOGY = Path(__file__).resolve().parent.parent / "topologies" / "local-3dc.yaml"
 
 
 def _explain(args: argparse.Namespace) -> int:
-    print(explain(load_query(args.query), partitions=args.partitions))
+    if args.controller:
+        print(ControllerClient(args.controller).explain(args.query))
+        return 0
+    query = load_query(args.query)
+    print(explain(query, partitions=args.partitions))
+    if args.topology:
+        print()
+        print(plan_query(query, load_topology(args.topology)).render())
+    return 0
+
+
+def _controller(args: argparse.Namespace) -> int:
+    topology = load_topology(args.topology)
+    print(f"jetstream controller: {topology.name} ({len(topology.sites)} sites, root "
+          f"{topology.root}) on {args.host}:{args.port}; Ctrl-C stops", file=sys.stderr)
+    run_controller(topology, args.port, host=args.host,
+                   heartbeat_interval_s=args.heartbeat_interval,
+                   heartbeat_timeout_s=args.heartbeat_timeout)
+    return 0
+
+
+def _site(args: argparse.Namespace) -> int:
+    print(f"jetstream site {args.name}: registering with {args.controller}; Ctrl-C stops",
+          file=sys.stderr)
+    run_site(args.name, args.controller, port=args.port, host=args.host)
+    return 0
+
+
+def _submit(args: argparse.Namespace) -> int:
+    response = ControllerClient(args.controller).submit(args.query)
+    print(f"submitted {response.query}\n{response.plan}")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    status = ControllerClient(args.controller).status()
+    if args.json:
+        print(json.dumps(status_dict(status), indent=2))
+    else:
+        print_status(status)
+    return 0
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    ControllerClient(args.controller).cancel(args.name)
+    print(f"cancelled {args.name}")
+    return 0
+
+
+def _results(args: argparse.Namespace) -> int:
+    for result in ControllerClient(args.controller).results(args.name, args.timeout):
+        print(json.dumps(result.to_dict()), flush=True)
     return 0
 
 
@@ -94,12 +131,56 @@ def _parser() -> argparse.ArgumentParser:
     explain_cmd = commands.add_parser(
         "explain", help="show a query's plan, how the rewriter changes it, and why",
         description="Print the logical plan, each rewrite rule that fired (or why it "
-                    "declined), and the rewritten plan.")
+                    "declined), and the rewritten plan; with --topology, also where each part "
+                    "would run.")
     explain_cmd.add_argument("query", metavar="QUERY.py",
                              help="a Python file that defines `query`")
     explain_cmd.add_argument("--partitions", type=int, default=1, metavar="N",
                              help="spread merges over N key partitions (default: 1)")
+    explain_cmd.add_argument("--topology", metavar="T.yaml",
+                             help="also show the physical plan on this topology")
+    explain_cmd.add_argument("--controller", metavar="HOST:PORT",
+                             help="ask a running controller instead (its live topology)")
     explain_cmd.set_defaults(run=_explain)
+
+    controller = commands.add_parser("controller", help="run the global controller")
+    controller.add_argument("--topology", default=str(DEFAULT_TOPOLOGY), metavar="T.yaml",
+                            help="sites, servers and links (default: the embedded local-3dc)")
+    controller.add_argument("--port", type=int, default=7070)
+    controller.add_argument("--host", default="127.0.0.1")
+    controller.add_argument("--heartbeat-interval", type=float, default=2.0, metavar="S",
+                            help="how often sites report (default: 2s)")
+    controller.add_argument("--heartbeat-timeout", type=float, default=6.0, metavar="S",
+                            help="a site silent this long is dead (default: 6s)")
+    controller.set_defaults(run=_controller)
+
+    site = commands.add_parser("site", help="run a site controller")
+    site.add_argument("--name", required=True, help="the site's name in the topology")
+    site.add_argument("--controller", default=DEFAULT_CONTROLLER, metavar="HOST:PORT")
+    site.add_argument("--port", type=int, default=0, help="listen port (default: any free)")
+    site.add_argument("--host", default="127.0.0.1")
+    site.set_defaults(run=_site)
+
+    submit = commands.add_parser("submit", help="submit a query to the controller")
+    submit.add_argument("query", metavar="QUERY.py")
+    submit.add_argument("--controller", default=DEFAULT_CONTROLLER, metavar="HOST:PORT")
+    submit.set_defaults(run=_submit)
+
+    status = commands.add_parser("status", help="sites, queries, trees and link utilisation")
+    status.add_argument("--controller", default=DEFAULT_CONTROLLER, metavar="HOST:PORT")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.set_defaults(run=_status)
+
+    cancel = commands.add_parser("cancel", help="stop a running query everywhere")
+    cancel.add_argument("name", help="the query's name")
+    cancel.add_argument("--controller", default=DEFAULT_CONTROLLER, metavar="HOST:PORT")
+    cancel.set_defaults(run=_cancel)
+
+    results = commands.add_parser("results", help="stream a query's results as JSON lines")
+    results.add_argument("name", help="the query's name")
+    results.add_argument("--controller", default=DEFAULT_CONTROLLER, metavar="HOST:PORT")
+    results.add_argument("--timeout", type=float, metavar="S", help="stop after S seconds")
+    results.set_defaults(run=_results)
 
     local = commands.add_parser(
         "local", help="run a query with the reference executor (one process, exact)",
@@ -119,9 +200,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command in ("controller", "site"):
+        logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         code: int = args.run(args)
-    except JetstreamError as e:
+    except (JetstreamError, OSError) as e:
         print(f"jetstream {args.command}: error: {e}", file=sys.stderr)
         return 1
     return code

@@ -44,6 +44,7 @@ EXHAUSTIVE_LIMIT = 4096
 class Fragment:
     """What one site runs for one query."""
 
+    query: str
     site: str
     sources: tuple[str, ...] = ()  # the local stage reads these sources, if any
     children: tuple[str, ...] = ()  # sites whose partials it merges
@@ -190,7 +191,7 @@ def plan_query(query: Query, topology: Topology, *, max_fan_in: int = 32) -> Phy
                           utilisation=rate * 8 / link.bandwidth_bps)
     if not feasible:
         _raise_infeasible(tree, topology, max_fan_in)
-    fragments = _fragments(tree, topology, leaves, sources, loads, row_bytes, every_s, split,
+    fragments = _fragments(query.name, tree, topology, sources, loads, every_s, split,
                            ranked=any(isinstance(op, TopK) for op in ops))
     return PhysicalPlan(query, topology, tree, fragments, split, raw, row_bytes)
 
@@ -255,9 +256,9 @@ def _raise_infeasible(tree: nx.DiGraph, topology: Topology, max_fan_in: int) -> 
     raise PlacementError(msg)
 
 
-def _fragments(tree: nx.DiGraph, topology: Topology, leaves: Mapping[str, Site],
-               sources: list[str], loads: Mapping[str, Load], row_bytes: int, every_s: float,
-               split: bool, ranked: bool) -> dict[str, Fragment]:
+def _fragments(query: str, tree: nx.DiGraph, topology: Topology, sources: list[str],
+               loads: Mapping[str, Load], every_s: float, split: bool, ranked: bool
+               ) -> dict[str, Fragment]:
     fragments = {}
     for name in tree.nodes:
         site = topology.site(name)
@@ -265,6 +266,7 @@ def _fragments(tree: nx.DiGraph, topology: Topology, leaves: Mapping[str, Site],
         final = name == topology.root
         incoming_rows = sum(loads[c].keys for c in children) / every_s if children else 0.0
         fragments[name] = Fragment(
+            query=query,
             site=name,
             sources=tuple(s for s in sources if site.source(s) is not None),
             children=children,

@@ -1,0 +1,77 @@
+"""The CLI's remote calls to the global controller, each with a deadline."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from jetstream.errors import ControlPlaneError
+from jetstream.results import WindowResult
+from jetstream.v1 import control_pb2 as pb
+from jetstream.v1 import control_pb2_grpc as rpc
+from jetstream.v1 import query_pb2
+from jetstream.wire import result_from_proto
+
+__all__ = ["DEFAULT_CONTROLLER", "ControllerClient"]
+
+#: Where the CLI looks for the global controller unless told otherwise.
+DEFAULT_CONTROLLER = os.environ.get("JETSTREAM_CONTROLLER", "127.0.0.1:7070")
+
+
+class ControllerClient:
+    def __init__(self, address: str = DEFAULT_CONTROLLER, timeout_s: float = 10.0) -> None:
+        self.address, self.timeout_s = address, timeout_s
+        self._channel = grpc.insecure_channel(address)
+        self._stub = rpc.GlobalControllerStub(self._channel)
+
+    def _call(self, method: str, request: object) -> Any:
+        try:
+            return getattr(self._stub, method)(request, timeout=self.timeout_s)
+        except grpc.RpcError as e:
+            raise self._error(e) from None
+
+    def _error(self, e: grpc.RpcError) -> ControlPlaneError:
+        if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            return ControlPlaneError(f"cannot reach the controller at {self.address} "
+                                     f"({e.code().name}); is `jetstream controller` running?")
+        return ControlPlaneError(str(e.details()))
+
+    @staticmethod
+    def _spec(path: str | Path) -> query_pb2.QuerySpec:
+        p = Path(path)
+        if not p.is_file():
+            msg = f"{p}: no such query file"
+            raise ControlPlaneError(msg)
+        return query_pb2.QuerySpec(name=str(p), python_source=p.read_text(encoding="utf-8"))
+
+    def submit(self, path: str | Path) -> pb.SubmitQueryResponse:
+        response: pb.SubmitQueryResponse = self._call(
+            "SubmitQuery", pb.SubmitQueryRequest(query=self._spec(path)))
+        return response
+
+    def explain(self, path: str | Path) -> str:
+        response: pb.ExplainResponse = self._call(
+            "Explain", pb.ExplainRequest(query=self._spec(path)))
+        return str(response.text)
+
+    def status(self) -> pb.StatusResponse:
+        response: pb.StatusResponse = self._call("Status", pb.StatusRequest())
+        return response
+
+    def cancel(self, query: str) -> None:
+        self._call("CancelQuery", pb.CancelQueryRequest(query=query))
+
+    def results(self, query: str, timeout_s: float | None = None) -> Iterator[WindowResult]:
+        """The query's results as they arrive, until it is cancelled or ``timeout_s`` passes."""
+        stream = self._stub.StreamResults(pb.StreamResultsRequest(query=query),
+                                          timeout=timeout_s or 7 * 24 * 3600.0)
+        try:
+            for message in stream:
+                yield result_from_proto(message)
+        except grpc.RpcError as e:
+            if e.code() is not grpc.StatusCode.DEADLINE_EXCEEDED or timeout_s is None:
+                raise self._error(e) from None

@@ -1,0 +1,152 @@
+"""The long-running processes: ``jetstream controller`` and ``jetstream site``."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Callable
+
+import grpc
+
+from jetstream.aggtree.planner import Fragment
+from jetstream.aggtree.topology import Topology
+from jetstream.control.global_controller import GlobalController, QueryState
+from jetstream.control.server import start_server
+from jetstream.control.servicers import GlobalControllerServicer, SiteControllerServicer
+from jetstream.control.site_controller import SiteController
+from jetstream.control.wire import fragment_to_proto, server_from_proto
+from jetstream.errors import ControlPlaneError
+from jetstream.v1 import control_pb2 as pb
+from jetstream.v1 import control_pb2_grpc as rpc
+
+__all__ = ["CALL_TIMEOUT_S", "run_controller", "run_site"]
+
+log = logging.getLogger(__name__)
+
+#: The deadline of every unary control-plane call.
+CALL_TIMEOUT_S = 5.0
+
+
+class _SiteClients:
+    """One channel per site controller, for deploying and stopping fragments."""
+
+    def __init__(self) -> None:
+        self._stubs: dict[str, rpc.SiteControllerStub] = {}
+        self._lock = threading.Lock()
+        self.addresses: Callable[[str], str] = lambda site: ""
+
+    def _stub(self, address: str) -> rpc.SiteControllerStub:
+        with self._lock:
+            if address not in self._stubs:
+                self._stubs[address] = rpc.SiteControllerStub(grpc.insecure_channel(address))
+            return self._stubs[address]
+
+    def deploy(self, address: str, fragment: Fragment, state: QueryState) -> list[tuple[str, str]]:
+        parent = self.addresses(fragment.parent) if fragment.parent else ""
+        request = pb.DeployFragmentRequest(fragment=fragment_to_proto(
+            fragment, state.source, state.version, parent))
+        try:
+            response = self._stub(address).DeployFragment(request, timeout=CALL_TIMEOUT_S)
+        except grpc.RpcError as e:
+            msg = f"site at {address}: {e.code().name}: {e.details()}"
+            raise ControlPlaneError(msg) from None
+        return [(p.piece, p.server) for p in response.placements]
+
+    def stop(self, address: str, query: str) -> None:
+        try:
+            self._stub(address).StopFragment(pb.StopFragmentRequest(query=query),
+                                             timeout=CALL_TIMEOUT_S)
+        except grpc.RpcError as e:
+            msg = f"site at {address}: {e.code().name}: {e.details()}"
+            raise ControlPlaneError(msg) from None
+
+
+def _until_signalled(stop: threading.Event) -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+
+
+def run_controller(topology: Topology, port: int, *, host: str = "127.0.0.1",
+                   heartbeat_interval_s: float = 2.0, heartbeat_timeout_s: float = 6.0,
+                   ready: Callable[[int], None] | None = None,
+                   stop: threading.Event | None = None) -> None:
+    """Serve the global controller until SIGINT/SIGTERM (or ``stop``)."""
+    clients = _SiteClients()
+    controller = GlobalController(topology, clients.deploy, clients.stop,
+                                  heartbeat_timeout_s=heartbeat_timeout_s)
+    clients.addresses = lambda site: controller.sites[site].address or ""
+    servicer = GlobalControllerServicer(controller, heartbeat_interval_s)
+    server, bound = start_server([(rpc.add_GlobalControllerServicer_to_server, servicer,
+                                   "jetstream.v1.GlobalController")], port, host)
+    stop = stop or threading.Event()
+    log.info("global controller for %s listening on %s:%d", topology.name, host, bound)
+    if ready:
+        ready(bound)
+
+    def watch() -> None:
+        while not stop.wait(min(1.0, heartbeat_timeout_s / 3)):
+            controller.check_liveness()
+
+    threading.Thread(target=watch, name="liveness", daemon=True).start()
+    if threading.current_thread() is threading.main_thread():
+        _until_signalled(stop)
+    else:
+        stop.wait()
+    server.stop(grace=1.0).wait()
+
+
+def run_site(name: str, controller_address: str, *, port: int = 0, host: str = "127.0.0.1",
+             ready: Callable[[int], None] | None = None,
+             stop: threading.Event | None = None) -> None:
+    """Serve a site controller: register, then send heartbeats until told to stop."""
+    servicer = SiteControllerServicer()
+    server, bound = start_server([(rpc.add_SiteControllerServicer_to_server, servicer,
+                                   "jetstream.v1.SiteController")], port, host)
+    stop = stop or threading.Event()
+    controller = rpc.GlobalControllerStub(grpc.insecure_channel(controller_address))
+    address = f"{host}:{bound}"
+    if ready:
+        ready(bound)
+
+    def register() -> float:
+        response = controller.RegisterSite(pb.RegisterSiteRequest(site=name, address=address),
+                                           timeout=CALL_TIMEOUT_S)
+        servers = [server_from_proto(s) for s in response.servers]
+        if servicer.controller is None:
+            servicer.controller = SiteController(name, servers)
+        log.info("site %s registered with %s (%s, %d servers)", name, controller_address,
+                 response.topology, len(servers))
+        return float(response.heartbeat_interval_s) or 2.0
+
+    def beat() -> None:
+        interval, registered, backoff = 2.0, False, 0.5
+        while not stop.is_set():
+            try:
+                if not registered:
+                    interval, registered = register(), True
+                local = servicer.controller
+                running = local.running() if local else []
+                response = controller.Heartbeat(pb.HeartbeatRequest(site=name, running=running),
+                                                timeout=CALL_TIMEOUT_S)
+                for query in set(running) - set(response.queries):
+                    assert local is not None
+                    local.stop(query)  # the controller no longer wants it here
+                backoff = 0.5
+            except grpc.RpcError as e:
+                if e.code() is grpc.StatusCode.FAILED_PRECONDITION:
+                    registered = False  # e.g. the controller restarted and forgot us
+                log.warning("site %s: controller at %s: %s: %s", name, controller_address,
+                            e.code().name, e.details())
+                stop.wait(backoff)
+                backoff = min(backoff * 2, 10.0)
+                continue
+            stop.wait(interval)
+
+    threading.Thread(target=beat, name="heartbeat", daemon=True).start()
+    if threading.current_thread() is threading.main_thread():
+        _until_signalled(stop)
+    else:
+        stop.wait()
+    server.stop(grace=1.0).wait()

@@ -1,0 +1,285 @@
+"""The global controller: plans each query over the topology and hands every site its part.
+
+It knows the topology, which site controllers have registered and when each last sent a
+heartbeat, and every running query with its physical plan. It re-plans a query when a site
+stops sending heartbeats (or comes back), or when a link's measured bandwidth moves by more
+than ``REPLAN_BANDWIDTH_CHANGE``. It holds no query semantics of its own: rewriting and
+planning are :mod:`jetstream.rewrite` and :mod:`jetstream.aggtree`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from jetstream.aggtree.planner import Fragment, PhysicalPlan, plan_query
+from jetstream.aggtree.topology import Link, Topology
+from jetstream.dsl import Query
+from jetstream.errors import ControlPlaneError, JetstreamError, PlacementError
+from jetstream.operators import Source
+from jetstream.queryfile import query_from_source
+from jetstream.results import WindowResult
+from jetstream.rewrite import explain
+
+__all__ = ["REPLAN_BANDWIDTH_CHANGE", "GlobalController", "QueryState", "SiteState"]
+
+log = logging.getLogger(__name__)
+
+#: A measured bandwidth this far (relative) from the planned one triggers a re-plan.
+REPLAN_BANDWIDTH_CHANGE = 0.25
+
+#: Deploys one fragment to the site controller at an address; returns (piece, server) pairs.
+Deployer = Callable[[str, Fragment, "QueryState"], list[tuple[str, str]]]
+Stopper = Callable[[str, str], None]
+
+
+@dataclass
+class SiteState:
+    name: str
+    address: str | None = None
+    last_seen: float | None = None
+    alive: bool = False
+    placements: list[tuple[str, str, str]] = field(default_factory=list)  # query, piece, server
+
+
+@dataclass
+class QueryState:
+    name: str
+    source: str
+    query: Query
+    plan: PhysicalPlan | None = None
+    state: str = "running"  # running | degraded | cancelled
+    detail: str = ""
+    replans: int = 0
+    version: int = 0
+    deployed: set[str] = field(default_factory=set)  # sites that hold the current fragment
+
+
+class ResultsHub:
+    """Window results per query, to every subscriber (StreamResults) as they arrive."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Condition()
+        self._results: dict[str, list[WindowResult]] = {}
+        self._closed: set[str] = set()
+
+    def publish(self, result: WindowResult) -> None:
+        with self._lock:
+            self._results.setdefault(result.query, []).append(result)
+            self._lock.notify_all()
+
+    def close(self, query: str) -> None:
+        with self._lock:
+            self._closed.add(query)
+            self._lock.notify_all()
+
+    def follow(self, query: str, stop: Callable[[], bool]) -> Iterator[WindowResult]:
+        """Every result of ``query``, past and future, until it closes or ``stop()``."""
+        seen = 0
+
+        def ready() -> bool:
+            return len(self._results.get(query, ())) > seen or query in self._closed or stop()
+
+        while True:
+            with self._lock:
+                self._lock.wait_for(ready, timeout=0.5)
+                fresh = self._results.get(query, [])[seen:]
+                done = query in self._closed or stop()
+            yield from fresh
+            seen += len(fresh)
+            if done and not fresh:
+                return
+
+
+class GlobalController:
+    """The control plane's brain; thread-safe, driven by the gRPC servicer and a clock."""
+
+    def __init__(self, topology: Topology, deploy: Deployer, stop: Stopper, *,
+                 heartbeat_timeout_s: float = 6.0, clock: Callable[[], float] = time.monotonic):
+        self.topology = topology
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.results = ResultsHub()
+        self._deploy, self._stop, self.clock = deploy, stop, clock
+        self.lock = threading.RLock()
+        self.sites = {s.name: SiteState(s.name) for s in topology.sites}
+        self.queries: dict[str, QueryState] = {}
+        self.measured: dict[frozenset[str], float] = {}  # link ends -> measured bits/s
+
+    # -- sites ------------------------------------------------------------------------------
+    def register_site(self, name: str, address: str) -> None:
+        with self.lock:
+            site = self._site(name)
+            came_back = not site.alive
+            site.address, site.last_seen, site.alive = address, self.clock(), True
+            site.placements.clear()
+            log.info("site %s registered at %s", name, address)
+            for query in self.queries.values():
+                query.deployed.discard(name)  # a fresh controller holds nothing yet
+            self._replan_all(f"site {name} joined" if came_back else "")
+
+    def heartbeat(self, name: str, links: dict[str, float]) -> list[str]:
+        """Record that ``name`` is alive and what it measured; the queries it should run."""
+        with self.lock:
+            site = self._site(name)
+            if site.address is None:
+                msg = f"site {name} sent a heartbeat before registering"
+                raise ControlPlaneError(msg)
+            site.last_seen = self.clock()
+            changed = [peer for peer, bps in links.items() if self._bandwidth_moved(name, peer,
+                                                                                   bps)]
+            if not site.alive:
+                site.alive = True
+                self._replan_all(f"site {name} is back")
+            elif changed:
+                self._replan_all(f"measured bandwidth of {name}-{changed[0]} changed")
+            for query in self.queries.values():  # retry what could not be deployed before
+                if (query.state != "cancelled" and query.plan is not None
+                        and name in query.plan.fragments and name not in query.deployed):
+                    self._deploy_all(query)
+            return sorted(q.name for q in self.queries.values()
+                          if q.state != "cancelled" and name in q.deployed)
+
+    def check_liveness(self) -> list[str]:
+        """Mark sites whose heartbeats stopped as dead, re-plan; the sites newly dead."""
+        with self.lock:
+            now = self.clock()
+            dead = [s.name for s in self.sites.values() if s.alive and s.last_seen is not None
+                    and now - s.last_seen > self.heartbeat_timeout_s]
+            for name in dead:
+                log.warning("site %s missed its heartbeats; re-planning", name)
+                self.sites[name].alive = False
+                self.sites[name].placements.clear()
+            if dead:
+                self._replan_all(f"site {', '.join(dead)} stopped sending heartbeats")
+            return dead
+
+    def _bandwidth_moved(self, site: str, peer: str, bps: float) -> bool:
+        try:
+            planned = self.topology.link(site, peer).bandwidth_bps
+        except PlacementError:
+            return False
+        ends = frozenset((site, peer))
+        before = self.measured.get(ends, planned)
+        self.measured[ends] = bps
+        return abs(bps - before) > REPLAN_BANDWIDTH_CHANGE * before
+
+    def effective_topology(self) -> Topology:
+        """The topology as it stands: dead sites left out, measured bandwidths in."""
+        dead = {s.name for s in self.sites.values() if s.address is not None and not s.alive}
+        links = tuple(dataclasses.replace(link, bandwidth_bps=self.measured.get(link.ends,
+                                                                                link.bandwidth_bps))
+                      for link in self.topology.links if not link.ends & dead)
+        sites = tuple(s for s in self.topology.sites if s.name not in dead)
+        return dataclasses.replace(self.topology, sites=sites, links=links)
+
+    # -- queries ----------------------------------------------------------------------------
+    def submit(self, source: str, origin: str = "<submitted>") -> QueryState:
+        query = query_from_source(source, origin)
+        with self.lock:
+            existing = self.queries.get(query.name)
+            if existing is not None and existing.state != "cancelled":
+                msg = f"query {query.name} is already running; cancel it first"
+                raise ControlPlaneError(msg)
+            plan = plan_query(query, self.effective_topology())  # refuse what cannot be placed
+            state = self.queries[query.name] = QueryState(query.name, source, query, plan)
+            self._deploy_all(state)
+            return state
+
+    def explain(self, source: str, origin: str = "<explain>") -> str:
+        query = query_from_source(source, origin)
+        plan = plan_query(query, self.effective_topology())
+        return f"{explain(query)}\n\n{plan.render()}"
+
+    def cancel(self, name: str) -> None:
+        with self.lock:
+            state = self._query(name)
+            for site in sorted(state.deployed):
+                self._stop_on(site, name)
+            state.state, state.deployed = "cancelled", set()
+            self.results.close(name)
+
+    def _replan_all(self, reason: str) -> None:
+        for state in self.queries.values():
+            if state.state == "cancelled":
+                continue
+            if reason:
+                self._replan(state, reason)
+            else:
+                self._deploy_all(state)
+
+    def _replan(self, state: QueryState, reason: str) -> None:
+        try:
+            plan = plan_query(state.query, self.effective_topology())
+        except JetstreamError as e:
+            state.state, state.detail = "degraded", f"{reason}; cannot re-plan: {e}"
+            log.error("query %s: %s", state.name, state.detail)
+            return
+        state.plan, state.replans, state.detail = plan, state.replans + 1, reason
+        missing = sorted(self._source_sites(state.query) - set(plan.fragments))
+        state.state = "degraded" if missing else "running"
+        if missing:
+            state.detail += f"; no data from {', '.join(missing)}"
+        for site in sorted(state.deployed - set(plan.fragments)):
+            self._stop_on(site, state.name)
+        state.deployed &= set(plan.fragments)
+        state.version += 1
+        log.info("query %s re-planned (%s)", state.name, reason)
+        self._deploy_all(state, force=True)
+
+    def _deploy_all(self, state: QueryState, force: bool = False) -> None:
+        assert state.plan is not None
+        for name, fragment in state.plan.fragments.items():
+            site = self.sites[name]
+            if not site.alive or site.address is None or (name in state.deployed and not force):
+                continue  # deployed when the site registers
+            try:
+                placements = self._deploy(site.address, fragment, state)
+            except ControlPlaneError as e:
+                log.warning("deploying %s to %s failed: %s", state.name, name, e)
+                continue
+            site.placements = [p for p in site.placements if p[0] != state.name] + [
+                (state.name, piece, server) for piece, server in placements]
+            state.deployed.add(name)
+
+    def _stop_on(self, site: str, query: str) -> None:
+        state = self.sites[site]
+        state.placements = [p for p in state.placements if p[0] != query]
+        if state.alive and state.address is not None:
+            try:
+                self._stop(state.address, query)
+            except ControlPlaneError as e:
+                log.warning("stopping %s on %s failed: %s", query, site, e)
+
+    def _source_sites(self, query: Query) -> set[str]:
+        plan = query.plan()
+        names = {op.name for op in map(plan.op, plan.topological()) if isinstance(op, Source)}
+        return {site.name for name in names for site in self.topology.sites_with(name)}
+
+    def _site(self, name: str) -> SiteState:
+        if name not in self.sites:
+            msg = (f"no site named {name!r} in topology {self.topology.name}; "
+                   f"its sites are {', '.join(self.sites)}")
+            raise ControlPlaneError(msg)
+        return self.sites[name]
+
+    def _query(self, name: str) -> QueryState:
+        if name not in self.queries:
+            msg = f"no query named {name!r}"
+            raise ControlPlaneError(msg)
+        return self.queries[name]
+
+    def link_load(self) -> list[tuple[Link, float]]:
+        """Every link with the bytes/s the running queries plan to put on it."""
+        load: dict[frozenset[str], float] = {}
+        for state in self.queries.values():
+            if state.plan is None or state.state == "cancelled":
+                continue
+            for child, parent, rate in state.plan.tree.edges(data="bytes_per_s"):
+                ends = frozenset((child, parent))
+                load[ends] = load.get(ends, 0.0) + rate
+        topology = self.effective_topology()
+        return [(link, load.get(link.ends, 0.0)) for link in topology.links]

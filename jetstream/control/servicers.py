@@ -1,0 +1,150 @@
+"""The gRPC servicers: each decodes a request, calls a plain controller method, encodes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import NoReturn
+
+import grpc
+
+from jetstream.control.global_controller import GlobalController
+from jetstream.control.site_controller import SiteController
+from jetstream.control.wire import fragment_from_proto, server_to_proto
+from jetstream.errors import ControlPlaneError, JetstreamError, PlacementError, PlanError
+from jetstream.v1 import control_pb2 as pb
+from jetstream.v1 import control_pb2_grpc as rpc
+from jetstream.v1 import query_pb2
+from jetstream.wire import result_to_proto
+
+__all__ = ["GlobalControllerServicer", "SiteControllerServicer"]
+
+_CODES = {PlanError: grpc.StatusCode.INVALID_ARGUMENT,
+          PlacementError: grpc.StatusCode.FAILED_PRECONDITION,
+          ControlPlaneError: grpc.StatusCode.FAILED_PRECONDITION}
+
+
+def _abort(context: grpc.ServicerContext, error: JetstreamError) -> NoReturn:
+    code = next((c for t, c in _CODES.items() if isinstance(error, t)),
+                grpc.StatusCode.INTERNAL)
+    context.abort(code, str(error))
+    raise AssertionError("abort returns only by raising")
+
+
+class GlobalControllerServicer(rpc.GlobalControllerServicer):
+    def __init__(self, controller: GlobalController, heartbeat_interval_s: float) -> None:
+        self.controller = controller
+        self.heartbeat_interval_s = heartbeat_interval_s
+
+    def SubmitQuery(self, request: pb.SubmitQueryRequest,
+                    context: grpc.ServicerContext) -> pb.SubmitQueryResponse:
+        try:
+            state = self.controller.submit(request.query.python_source,
+                                           request.query.name or "<submitted>")
+        except JetstreamError as e:
+            _abort(context, e)
+        assert state.plan is not None
+        return pb.SubmitQueryResponse(query=state.name, plan=state.plan.render())
+
+    def Explain(self, request: pb.ExplainRequest,
+                context: grpc.ServicerContext) -> pb.ExplainResponse:
+        try:
+            return pb.ExplainResponse(text=self.controller.explain(
+                request.query.python_source, request.query.name or "<explain>"))
+        except JetstreamError as e:
+            _abort(context, e)
+
+    def Status(self, request: pb.StatusRequest,
+               context: grpc.ServicerContext) -> pb.StatusResponse:
+        return status_to_proto(self.controller)
+
+    def CancelQuery(self, request: pb.CancelQueryRequest,
+                    context: grpc.ServicerContext) -> pb.CancelQueryResponse:
+        try:
+            self.controller.cancel(request.query)
+        except JetstreamError as e:
+            _abort(context, e)
+        return pb.CancelQueryResponse()
+
+    def StreamResults(self, request: pb.StreamResultsRequest,
+                      context: grpc.ServicerContext) -> Iterator[query_pb2.WindowResult]:
+        if request.query not in self.controller.queries:
+            _abort(context, ControlPlaneError(f"no query named {request.query!r}"))
+        for result in self.controller.results.follow(request.query,
+                                                      stop=lambda: not context.is_active()):
+            yield result_to_proto(result)
+
+    def RegisterSite(self, request: pb.RegisterSiteRequest,
+                     context: grpc.ServicerContext) -> pb.RegisterSiteResponse:
+        try:
+            self.controller.register_site(request.site, request.address)
+            site = self.controller.topology.site(request.site)
+        except JetstreamError as e:
+            _abort(context, e)
+        return pb.RegisterSiteResponse(
+            topology=self.controller.topology.name, kind=site.kind.value,
+            heartbeat_interval_s=self.heartbeat_interval_s,
+            servers=[server_to_proto(s) for s in site.servers])
+
+    def Heartbeat(self, request: pb.HeartbeatRequest,
+                  context: grpc.ServicerContext) -> pb.HeartbeatResponse:
+        try:
+            queries = self.controller.heartbeat(
+                request.site, {m.peer: m.bandwidth_bps for m in request.links})
+        except JetstreamError as e:
+            _abort(context, e)
+        return pb.HeartbeatResponse(queries=queries)
+
+
+def status_to_proto(controller: GlobalController) -> pb.StatusResponse:
+    """The controller's view: sites, queries with their trees, and planned link load."""
+    with controller.lock:
+        now = controller.clock()
+        sites = [pb.SiteStatus(
+            name=s.name, kind=controller.topology.site(s.name).kind.value,
+            address=s.address or "", alive=s.alive,
+            seconds_since_heartbeat=-1.0 if s.last_seen is None else now - s.last_seen,
+            placements=[pb.Placement(query=q, piece=p, server=srv)
+                        for q, p, srv in s.placements])
+            for s in controller.sites.values()]
+        queries = [pb.QueryStatus(
+            name=q.name, state=q.state, detail=q.detail, replans=q.replans,
+            plan=q.plan.render() if q.plan else "",
+            parents={f.site: f.parent for f in q.plan.fragments.values() if f.parent}
+            if q.plan else {})
+            for q in controller.queries.values()]
+        links = [pb.LinkStatus(a=link.a, b=link.b, bandwidth_bps=link.bandwidth_bps,
+                               planned_bytes_per_s=load,
+                               utilisation=load * 8 / link.bandwidth_bps)
+                 for link, load in controller.link_load()]
+    return pb.StatusResponse(topology=controller.topology.name, root=controller.topology.root,
+                             sites=sites, queries=queries, links=links)
+
+
+class SiteControllerServicer(rpc.SiteControllerServicer):
+    """Serves a site controller that exists once the site has registered."""
+
+    def __init__(self) -> None:
+        self.controller: SiteController | None = None
+
+    def _ready(self, context: grpc.ServicerContext) -> SiteController:
+        if self.controller is None:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the site has not registered yet")
+        assert self.controller is not None
+        return self.controller
+
+    def DeployFragment(self, request: pb.DeployFragmentRequest,
+                       context: grpc.ServicerContext) -> pb.DeployFragmentResponse:
+        controller = self._ready(context)
+        try:
+            pieces = controller.deploy(fragment_from_proto(request.fragment, controller.site),
+                                       request.fragment.version)
+        except JetstreamError as e:
+            _abort(context, e)
+        return pb.DeployFragmentResponse(placements=[
+            pb.Placement(query=p.query, piece=p.name, server=p.server) for p in pieces])
+
+    def StopFragment(self, request: pb.StopFragmentRequest,
+                     context: grpc.ServicerContext) -> pb.StopFragmentResponse:
+        self._ready(context).stop(request.query)
+        return pb.StopFragmentResponse()
+

@@ -1,0 +1,85 @@
+"""The site controller: places its site's fragment of each query on the site's own servers.
+
+The global controller decides which site does what; the site controller decides which of its
+servers runs which piece: the local stage on the server with the most cores, merge and final
+partitions spread over the servers from the largest down. The pieces themselves (the Spark
+local stage, the aggregators) are started here once the data plane exists.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from jetstream.aggtree.planner import Fragment
+from jetstream.aggtree.topology import Server
+from jetstream.errors import ControlPlaneError
+
+__all__ = ["Piece", "SiteController"]
+
+
+@dataclass(frozen=True)
+class Piece:
+    query: str
+    name: str  # "local stage", "merge 1/2", "final 2/4"
+    server: str
+
+
+@dataclass
+class _Deployment:
+    fragment: Fragment
+    version: int
+    pieces: list[Piece] = field(default_factory=list)
+
+
+class SiteController:
+    def __init__(self, site: str, servers: list[Server]) -> None:
+        if not servers:
+            msg = f"site {site} has no servers to run anything on"
+            raise ControlPlaneError(msg)
+        self.site = site
+        self.servers = sorted(servers, key=lambda s: (-s.cores, s.name))
+        self._lock = threading.Lock()
+        self._deployments: dict[str, _Deployment] = {}
+
+    def deploy(self, fragment: Fragment, version: int) -> list[Piece]:
+        """Place (or re-place, for a newer version) a fragment; the pieces and their servers."""
+        if fragment.site != self.site:
+            msg = f"site {self.site} was sent the fragment of site {fragment.site}"
+            raise ControlPlaneError(msg)
+        with self._lock:
+            current = self._deployments.get(fragment.query)
+            if current is not None and current.version > version:
+                msg = (f"site {self.site} runs version {current.version} of {fragment.query}; "
+                       f"refusing the older version {version}")
+                raise ControlPlaneError(msg)
+            pieces = self._place(fragment)
+            self._deployments[fragment.query] = _Deployment(fragment, version, pieces)
+            return pieces
+
+    def stop(self, query: str) -> bool:
+        """Stop a query's pieces here; whether it was running."""
+        with self._lock:
+            return self._deployments.pop(query, None) is not None
+
+    def running(self) -> list[str]:
+        with self._lock:
+            return sorted(self._deployments)
+
+    def pieces(self) -> list[Piece]:
+        with self._lock:
+            return [p for d in self._deployments.values() for p in d.pieces]
+
+    def _place(self, fragment: Fragment) -> list[Piece]:
+        query = fragment.query
+        pieces = []
+        if fragment.sources:
+            pieces.append(Piece(query, "local stage", self.servers[0].name))
+        role = "final" if fragment.final else "merge" if fragment.children else None
+        if role is not None:
+            for i in range(fragment.partitions):
+                server = self.servers[i % len(self.servers)].name
+                label = f"{role} {i + 1}/{fragment.partitions}" if fragment.partitions > 1 else role
+                pieces.append(Piece(query, label, server))
+        return pieces
+

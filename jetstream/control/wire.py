@@ -1,0 +1,33 @@
+"""Conversions between control-plane objects and their ``jetstream.v1`` messages."""
+
+from __future__ import annotations
+
+from jetstream.aggtree.planner import Fragment
+from jetstream.aggtree.topology import Server
+from jetstream.v1 import control_pb2 as pb
+from jetstream.v1 import query_pb2
+
+__all__ = ["fragment_from_proto", "fragment_to_proto", "server_from_proto", "server_to_proto"]
+
+
+def fragment_to_proto(fragment: Fragment, source: str, version: int,
+                      parent_address: str = "") -> pb.Fragment:
+    return pb.Fragment(query=fragment.query,
+                       spec=query_pb2.QuerySpec(name=fragment.query, python_source=source),
+                       sources=fragment.sources, children=fragment.children,
+                       parent=fragment.parent or "", parent_address=parent_address,
+                       partitions=fragment.partitions, final=fragment.final, version=version)
+
+
+def fragment_from_proto(msg: pb.Fragment, site: str) -> Fragment:
+    return Fragment(query=msg.query, site=site, sources=tuple(msg.sources),
+                    children=tuple(msg.children), parent=msg.parent or None,
+                    partitions=max(msg.partitions, 1), final=msg.final)
+
+
+def server_to_proto(server: Server) -> pb.Server:
+    return pb.Server(name=server.name, cores=server.cores, memory_gb=server.memory_gb)
+
+
+def server_from_proto(msg: pb.Server) -> Server:
+    return Server(msg.name, msg.cores, msg.memory_gb)

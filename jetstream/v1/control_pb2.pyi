@@ -1,0 +1,229 @@
+from jetstream.v1 import query_pb2 as _query_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class SubmitQueryRequest(_message.Message):
+    __slots__ = ("query",)
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    query: _query_pb2.QuerySpec
+    def __init__(self, query: _Optional[_Union[_query_pb2.QuerySpec, _Mapping]] = ...) -> None: ...
+
+class SubmitQueryResponse(_message.Message):
+    __slots__ = ("query", "plan")
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    query: str
+    plan: str
+    def __init__(self, query: _Optional[str] = ..., plan: _Optional[str] = ...) -> None: ...
+
+class ExplainRequest(_message.Message):
+    __slots__ = ("query",)
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    query: _query_pb2.QuerySpec
+    def __init__(self, query: _Optional[_Union[_query_pb2.QuerySpec, _Mapping]] = ...) -> None: ...
+
+class ExplainResponse(_message.Message):
+    __slots__ = ("text",)
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    def __init__(self, text: _Optional[str] = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SiteStatus(_message.Message):
+    __slots__ = ("name", "kind", "address", "alive", "seconds_since_heartbeat", "placements")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    ALIVE_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_SINCE_HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENTS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    kind: str
+    address: str
+    alive: bool
+    seconds_since_heartbeat: float
+    placements: _containers.RepeatedCompositeFieldContainer[Placement]
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., address: _Optional[str] = ..., alive: _Optional[bool] = ..., seconds_since_heartbeat: _Optional[float] = ..., placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ...) -> None: ...
+
+class Placement(_message.Message):
+    __slots__ = ("query", "piece", "server")
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    PIECE_FIELD_NUMBER: _ClassVar[int]
+    SERVER_FIELD_NUMBER: _ClassVar[int]
+    query: str
+    piece: str
+    server: str
+    def __init__(self, query: _Optional[str] = ..., piece: _Optional[str] = ..., server: _Optional[str] = ...) -> None: ...
+
+class LinkStatus(_message.Message):
+    __slots__ = ("a", "b", "bandwidth_bps", "planned_bytes_per_s", "utilisation")
+    A_FIELD_NUMBER: _ClassVar[int]
+    B_FIELD_NUMBER: _ClassVar[int]
+    BANDWIDTH_BPS_FIELD_NUMBER: _ClassVar[int]
+    PLANNED_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    UTILISATION_FIELD_NUMBER: _ClassVar[int]
+    a: str
+    b: str
+    bandwidth_bps: float
+    planned_bytes_per_s: float
+    utilisation: float
+    def __init__(self, a: _Optional[str] = ..., b: _Optional[str] = ..., bandwidth_bps: _Optional[float] = ..., planned_bytes_per_s: _Optional[float] = ..., utilisation: _Optional[float] = ...) -> None: ...
+
+class QueryStatus(_message.Message):
+    __slots__ = ("name", "state", "detail", "plan", "replans", "parents")
+    class ParentsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    REPLANS_FIELD_NUMBER: _ClassVar[int]
+    PARENTS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    state: str
+    detail: str
+    plan: str
+    replans: int
+    parents: _containers.ScalarMap[str, str]
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., detail: _Optional[str] = ..., plan: _Optional[str] = ..., replans: _Optional[int] = ..., parents: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class StatusResponse(_message.Message):
+    __slots__ = ("topology", "root", "sites", "queries", "links")
+    TOPOLOGY_FIELD_NUMBER: _ClassVar[int]
+    ROOT_FIELD_NUMBER: _ClassVar[int]
+    SITES_FIELD_NUMBER: _ClassVar[int]
+    QUERIES_FIELD_NUMBER: _ClassVar[int]
+    LINKS_FIELD_NUMBER: _ClassVar[int]
+    topology: str
+    root: str
+    sites: _containers.RepeatedCompositeFieldContainer[SiteStatus]
+    queries: _containers.RepeatedCompositeFieldContainer[QueryStatus]
+    links: _containers.RepeatedCompositeFieldContainer[LinkStatus]
+    def __init__(self, topology: _Optional[str] = ..., root: _Optional[str] = ..., sites: _Optional[_Iterable[_Union[SiteStatus, _Mapping]]] = ..., queries: _Optional[_Iterable[_Union[QueryStatus, _Mapping]]] = ..., links: _Optional[_Iterable[_Union[LinkStatus, _Mapping]]] = ...) -> None: ...
+
+class CancelQueryRequest(_message.Message):
+    __slots__ = ("query",)
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    query: str
+    def __init__(self, query: _Optional[str] = ...) -> None: ...
+
+class CancelQueryResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StreamResultsRequest(_message.Message):
+    __slots__ = ("query",)
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    query: str
+    def __init__(self, query: _Optional[str] = ...) -> None: ...
+
+class RegisterSiteRequest(_message.Message):
+    __slots__ = ("site", "address")
+    SITE_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    site: str
+    address: str
+    def __init__(self, site: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
+
+class Server(_message.Message):
+    __slots__ = ("name", "cores", "memory_gb")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CORES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_GB_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    cores: int
+    memory_gb: float
+    def __init__(self, name: _Optional[str] = ..., cores: _Optional[int] = ..., memory_gb: _Optional[float] = ...) -> None: ...
+
+class RegisterSiteResponse(_message.Message):
+    __slots__ = ("topology", "heartbeat_interval_s", "servers", "kind")
+    TOPOLOGY_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    SERVERS_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    topology: str
+    heartbeat_interval_s: float
+    servers: _containers.RepeatedCompositeFieldContainer[Server]
+    kind: str
+    def __init__(self, topology: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., servers: _Optional[_Iterable[_Union[Server, _Mapping]]] = ..., kind: _Optional[str] = ...) -> None: ...
+
+class LinkMeasurement(_message.Message):
+    __slots__ = ("peer", "bandwidth_bps")
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    BANDWIDTH_BPS_FIELD_NUMBER: _ClassVar[int]
+    peer: str
+    bandwidth_bps: float
+    def __init__(self, peer: _Optional[str] = ..., bandwidth_bps: _Optional[float] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("site", "links", "running")
+    SITE_FIELD_NUMBER: _ClassVar[int]
+    LINKS_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    site: str
+    links: _containers.RepeatedCompositeFieldContainer[LinkMeasurement]
+    running: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, site: _Optional[str] = ..., links: _Optional[_Iterable[_Union[LinkMeasurement, _Mapping]]] = ..., running: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("queries",)
+    QUERIES_FIELD_NUMBER: _ClassVar[int]
+    queries: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, queries: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Fragment(_message.Message):
+    __slots__ = ("query", "spec", "sources", "children", "parent", "parent_address", "partitions", "final", "version")
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    SOURCES_FIELD_NUMBER: _ClassVar[int]
+    CHILDREN_FIELD_NUMBER: _ClassVar[int]
+    PARENT_FIELD_NUMBER: _ClassVar[int]
+    PARENT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    FINAL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    query: str
+    spec: _query_pb2.QuerySpec
+    sources: _containers.RepeatedScalarFieldContainer[str]
+    children: _containers.RepeatedScalarFieldContainer[str]
+    parent: str
+    parent_address: str
+    partitions: int
+    final: bool
+    version: int
+    def __init__(self, query: _Optional[str] = ..., spec: _Optional[_Union[_query_pb2.QuerySpec, _Mapping]] = ..., sources: _Optional[_Iterable[str]] = ..., children: _Optional[_Iterable[str]] = ..., parent: _Optional[str] = ..., parent_address: _Optional[str] = ..., partitions: _Optional[int] = ..., final: _Optional[bool] = ..., version: _Optional[int] = ...) -> None: ...
+
+class DeployFragmentRequest(_message.Message):
+    __slots__ = ("fragment",)
+    FRAGMENT_FIELD_NUMBER: _ClassVar[int]
+    fragment: Fragment
+    def __init__(self, fragment: _Optional[_Union[Fragment, _Mapping]] = ...) -> None: ...
+
+class DeployFragmentResponse(_message.Message):
+    __slots__ = ("placements",)
+    PLACEMENTS_FIELD_NUMBER: _ClassVar[int]
+    placements: _containers.RepeatedCompositeFieldContainer[Placement]
+    def __init__(self, placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ...) -> None: ...
+
+class StopFragmentRequest(_message.Message):
+    __slots__ = ("query",)
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    query: str
+    def __init__(self, query: _Optional[str] = ...) -> None: ...
+
+class StopFragmentResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

@@ -1,0 +1,67 @@
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class SummaryKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SUMMARY_KIND_UNSPECIFIED: _ClassVar[SummaryKind]
+    SUMMARY_KIND_EXACT: _ClassVar[SummaryKind]
+    SUMMARY_KIND_TRUNCATED_TOP: _ClassVar[SummaryKind]
+    SUMMARY_KIND_FREQUENT_ITEMS: _ClassVar[SummaryKind]
+    SUMMARY_KIND_HLL: _ClassVar[SummaryKind]
+    SUMMARY_KIND_KLL: _ClassVar[SummaryKind]
+SUMMARY_KIND_UNSPECIFIED: SummaryKind
+SUMMARY_KIND_EXACT: SummaryKind
+SUMMARY_KIND_TRUNCATED_TOP: SummaryKind
+SUMMARY_KIND_FREQUENT_ITEMS: SummaryKind
+SUMMARY_KIND_HLL: SummaryKind
+SUMMARY_KIND_KLL: SummaryKind
+
+class PartialBatch(_message.Message):
+    __slots__ = ("query", "window_start_ms", "window_end_ms", "origin", "partition", "attempt", "sequence", "kind", "level", "payload", "compressed", "events", "error_bound", "complete")
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_START_MS_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_END_MS_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    COMPRESSED_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_BOUND_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    query: str
+    window_start_ms: int
+    window_end_ms: int
+    origin: str
+    partition: int
+    attempt: int
+    sequence: int
+    kind: SummaryKind
+    level: int
+    payload: bytes
+    compressed: bool
+    events: int
+    error_bound: float
+    complete: bool
+    def __init__(self, query: _Optional[str] = ..., window_start_ms: _Optional[int] = ..., window_end_ms: _Optional[int] = ..., origin: _Optional[str] = ..., partition: _Optional[int] = ..., attempt: _Optional[int] = ..., sequence: _Optional[int] = ..., kind: _Optional[_Union[SummaryKind, str]] = ..., level: _Optional[int] = ..., payload: _Optional[bytes] = ..., compressed: _Optional[bool] = ..., events: _Optional[int] = ..., error_bound: _Optional[float] = ..., complete: _Optional[bool] = ...) -> None: ...
+
+class Ack(_message.Message):
+    __slots__ = ("query", "window_start_ms", "origin", "partition", "sequence")
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_START_MS_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    query: str
+    window_start_ms: int
+    origin: str
+    partition: int
+    sequence: int
+    def __init__(self, query: _Optional[str] = ..., window_start_ms: _Optional[int] = ..., origin: _Optional[str] = ..., partition: _Optional[int] = ..., sequence: _Optional[int] = ...) -> None: ...
