@@ -1,15 +1,18 @@
 """The physical planner: which site runs which part of a query, and the aggregation tree.
 
-Objective, in order: (1) no link over its capacity, (2) the smallest utilisation of the
-most loaded link, (3) the fewest wide-area bytes per second in total. Every site that holds
-a source of the query runs the local stage (the record steps and the partial aggregate); its
-partials travel up an aggregation tree toward the root, merged at each site on the way; the
-root runs the final aggregate and the steps after it. A site's parent is a neighbour one hop
-closer to the root; among those the planner picks, for every site at once when the choices
-are few (exhaustively) and otherwise site by site from the leaves up (greedily), the
-assignment that best meets the objective, with at most ``max_fan_in`` children per site.
-Merges (and the root's final step) are spread over key partitions where one server is too
-small for the load, or the fan-in is large.
+Objective, in order: (1) no link over its capacity, (2) the smallest utilisation of the most
+loaded link, counting any utilisation up to ``COMFORTABLE_UTILISATION`` as equally good, (3)
+the shortest latency from the farthest source to the root, (4) the fewest wide-area bytes per
+second in total. So while links have room the tree follows the nearest, fastest paths (as the
+JetStream paper's Figure 1 draws it), and as they fill up it spreads the load.
+
+Every site that holds a source of the query runs the local stage (the record steps and the
+partial aggregate); its partials travel up an aggregation tree toward the root, merged at each
+site on the way; the root runs the final aggregate and the steps after it. A site's parent is
+a neighbour one hop closer to the root; the planner picks every site's parent at once when the
+choices are few (exhaustively) and otherwise site by site from the leaves up (greedily), with
+at most ``max_fan_in`` children per site. Merges (and the root's final step) are spread over
+key partitions where one server is too small for the load or the fan-in is large.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ __all__ = ["MERGE_ROWS_PER_CORE", "Fragment", "PhysicalPlan", "plan_query"]
 MERGE_ROWS_PER_CORE = 50_000
 #: Above this many children a merge is spread over key partitions when the site can.
 SPLIT_FAN_IN = 16
+#: Utilisation below this leaves a link enough headroom that latency decides the tree.
+COMFORTABLE_UTILISATION = 0.5
 #: Exhaustive search over parent choices up to this many combinations.
 EXHAUSTIVE_LIMIT = 4096
 
@@ -166,21 +171,26 @@ def plan_query(query: Query, topology: Topology, *, max_fan_in: int = 32) -> Phy
     candidates = {s: sorted(n for n in graph.neighbors(s) if hops[n] == hops[s] - 1)
                   for s in _on_the_way(graph, hops, leaves)}
 
-    def cost(parents: Mapping[str, str]) -> tuple[bool, float, float, dict[str, Load]]:
+    def cost(parents: Mapping[str, str]) -> Cost:
         loads = _loads(parents, own, hops)
-        over = util = total = 0.0
-        for child, parent in parents.items():
-            if child not in loads:
-                continue
-            rate = loads[child].bytes_per_s(row_bytes, every_s)
-            u = rate * 8 / graph.edges[child, parent]["bandwidth_bps"]
-            over, util, total = max(over, u), max(util, u), total + rate
+        util = total = 0.0
+        delay: dict[str, float] = {topology.root: 0.0}
+        for child in sorted(parents, key=lambda s: hops[s]):  # the root's neighbours first
+            parent = parents[child]
+            delay[child] = delay.get(parent, 0.0) + graph.edges[child, parent]["latency_ms"]
+            if child in loads:
+                rate = loads[child].bytes_per_s(row_bytes, every_s)
+                util = max(util, rate * 8 / graph.edges[child, parent]["bandwidth_bps"])
+                total += rate
         fan_in = max(Counter(p for c, p in parents.items() if c in loads).values(), default=0)
-        feasible = over <= 1.0 and fan_in <= max_fan_in
-        return feasible, util, total, loads
+        feasible = util <= 1.0 and fan_in <= max_fan_in
+        slowest = max((delay[s] for s in leaves if s in delay), default=0.0)
+        key = (not feasible, round(max(util, COMFORTABLE_UTILISATION), 9), slowest, round(total))
+        return Cost(key, loads)
 
     parents = _choose(candidates, cost)
-    feasible, _, _, loads = cost(parents)
+    chosen = cost(parents)
+    feasible, loads = not chosen.key[0], chosen.loads
     tree = nx.DiGraph()
     tree.add_node(topology.root)
     for child, parent in parents.items():
@@ -221,15 +231,18 @@ def _loads(parents: Mapping[str, str], own: Mapping[str, Load], hops: Mapping[st
     return out
 
 
-Cost = Callable[[Mapping[str, str]], tuple[bool, float, float, dict[str, Load]]]
+@dataclass(frozen=True)
+class Cost:
+    key: tuple[bool, float, float, float]  # smaller is better; key[0]: infeasible
+    loads: dict[str, Load]
 
 
-def _choose(candidates: Mapping[str, list[str]], cost: Cost) -> dict[str, str]:
+def _choose(candidates: Mapping[str, list[str]],
+            cost: Callable[[Mapping[str, str]], Cost]) -> dict[str, str]:
     """The parent of every site: exhaustively when the choices are few, else leaves-up."""
 
-    def key(parents: dict[str, str]) -> tuple[bool, float, float]:
-        feasible, util, total, _ = cost(parents)
-        return (not feasible, round(util, 9), round(total, 3))
+    def key(parents: dict[str, str]) -> tuple[bool, float, float, float]:
+        return cost(parents).key
 
     sites = list(candidates)
     if math.prod(len(c) for c in candidates.values()) <= EXHAUSTIVE_LIMIT:
