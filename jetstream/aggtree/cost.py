@@ -55,10 +55,13 @@ class Load:
         return self.keys * row_bytes / every_s + self.raw_bytes_per_s
 
     @staticmethod
-    def of_source(source: SourceLoad, window_s: float, split: bool) -> Load:
+    def of_source(source: SourceLoad, window_s: float, split: bool, grouped: bool = True
+                  ) -> Load:
+        """A source's load: raw records if not ``split``, one row a window if not ``grouped``."""
         if not split:
             return Load(raw_bytes_per_s=source.events_per_s * source.bytes_per_event)
-        return Load(keys=min(float(source.distinct_keys), source.events_per_s * window_s))
+        keys = float(source.distinct_keys) if grouped else 1.0
+        return Load(keys=min(keys, source.events_per_s * window_s))
 
     @staticmethod
     def merged(loads: Iterable[Load]) -> Load:

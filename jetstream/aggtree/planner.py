@@ -156,7 +156,7 @@ def plan_query(query: Query, topology: Topology, *, max_fan_in: int = 32) -> Phy
         msg = (f"query {query.name}: no site of {topology.name} holds source "
                f"{', '.join(sources)}; list it under a site's sources")
         raise PlacementError(msg)
-    own = {name: Load.merged(Load.of_source(load, window_s, split)
+    own = {name: Load.merged(Load.of_source(load, window_s, split, bool(aggregate.keys))
                              for load in site.sources if load.name in sources)
            for name, site in leaves.items()}
     raw = sum(load.events_per_s * load.bytes_per_event

@@ -1,0 +1,201 @@
+"""The physical planner on the shipped topologies, its refusals, and its properties."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import networkx as nx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import jetstream as js
+from jetstream import col
+from jetstream.aggtree.cost import Load
+from jetstream.aggtree.generate import generate_topology
+from jetstream.aggtree.loader import load_topology, parse_topology
+from jetstream.aggtree.planner import plan_query
+from jetstream.aggtree.topology import Link, Server, Site, SiteKind, SourceLoad, Topology
+from jetstream.queryfile import load_query
+
+ROOT = Path(__file__).resolve().parent.parent
+TOPK = load_query(ROOT / "examples" / "cdn_topk.py")
+LOGS = js.source("cdn_logs", schema=js.CDN_LOG_SCHEMA)
+
+
+def topology(name: str) -> Topology:
+    return load_topology(ROOT / "topologies" / f"{name}.yaml")
+
+
+def parents(plan: object) -> dict[str, str]:
+    return {f.site: f.parent for f in plan.fragments.values() if f.parent}  # type: ignore[attr-defined]
+
+
+def test_figure_1_comes_out_as_the_paper_draws_it() -> None:
+    plan = plan_query(TOPK, topology("cdn-3dc"))
+    assert parents(plan) == {"PoP1": "DC1", "PoP2": "DC1", "PoP3": "DC1", "PoP4": "DC2",
+                             "PoP5": "DC2", "PoP6": "DC2", "DC1": "DC3", "DC2": "DC3"}
+    fragments = plan.fragments
+    assert all(fragments[f"PoP{i}"].sources == ("cdn_logs",) for i in range(1, 7))
+    assert fragments["DC1"].children == ("PoP1", "PoP2", "PoP3")
+    assert fragments["DC3"].final and fragments["DC3"].partitions == 4  # the split final top-k
+    assert plan.split
+    # Partials are a small fraction of the raw logs they replace.
+    assert plan.wan_bytes_per_s < plan.raw_bytes_per_s / 5
+    assert 0 < plan.max_utilisation < 0.5
+    text = plan.render()
+    assert text.startswith("physical plan on cdn-3dc (root DC3)")
+    assert "DC3: final over 4 partitions" in text
+
+
+def test_local_topology_sends_both_sites_to_the_root() -> None:
+    plan = plan_query(TOPK, topology("local-3dc"))
+    assert parents(plan) == {"sfo": "ams", "sin": "ams"}
+    assert plan.fragments["ams"].roles[:2] == ["local stage", "final"]
+    assert plan.depth() == 1
+
+
+def test_raw_records_do_not_fit_where_partials_do() -> None:
+    # An exact distinct count cannot be split: every record would go to the root.
+    query = js.Query("users", LOGS.window(js.tumbling("10s")).group_by("domain")
+                     .agg(users=js.count_distinct("client_ip")))
+    with pytest.raises(js.PlacementError, match=r"link DC\d-DC3 is over capacity"):
+        plan_query(query, topology("cdn-3dc"))
+
+
+def test_a_thin_link_is_named() -> None:
+    thin = parse_topology("""
+name: thin
+root: dc
+sites:
+  - {name: pop, kind: pop, servers: [{name: p, cores: 2, memory_gb: 4}],
+     sources: [{name: cdn_logs, events_per_s: 5000, distinct_keys: 50000}]}
+  - {name: dc, kind: datacenter, servers: [{name: d, cores: 8, memory_gb: 16}]}
+links:
+  - {between: [pop, dc], bandwidth: 100kbit, latency: 10ms}
+""")
+    with pytest.raises(js.PlacementError, match="link pop-dc is over capacity: the query needs "
+                                                r"\d.*of partials and the link has 100.0 kbit/s"):
+        plan_query(TOPK, thin)
+
+
+def test_query_without_sources_on_the_topology() -> None:
+    other = js.Query("q", js.source("app_logs", schema=js.CDN_LOG_SCHEMA)
+                     .window(js.tumbling("1s")).agg(n=js.count()))
+    with pytest.raises(js.PlacementError, match="no site of cdn-3dc holds source app_logs"):
+        plan_query(other, topology("cdn-3dc"))
+
+
+def test_fan_in_limit() -> None:
+    with pytest.raises(js.PlacementError, match="more than the fan-in limit of 2"):
+        plan_query(TOPK, topology("cdn-3dc"), max_fan_in=2)
+
+
+def test_a_site_too_small_for_its_merge() -> None:
+    small = parse_topology("""
+name: small
+root: dc
+sites:
+  - {name: pop, kind: pop, servers: [{name: p, cores: 2, memory_gb: 4}],
+     sources: [{name: cdn_logs, events_per_s: 900000, distinct_keys: 9000000}]}
+  - {name: dc, kind: datacenter, servers: [{name: d, cores: 1, memory_gb: 2}]}
+links:
+  - {between: [pop, dc], bandwidth: 100gbit, latency: 10ms}
+""")
+    with pytest.raises(js.PlacementError, match="site dc is over capacity: merging"):
+        plan_query(TOPK, small)
+
+
+def test_filters_and_sliding_windows_are_planned() -> None:
+    query = js.Query("q", LOGS.where(col("status") >= 500)
+                     .window(js.sliding("1m", every="10s"), watermark="5s")
+                     .agg(n=js.count(), p=js.approx_quantile("latency_ms")))
+    plan = plan_query(query, topology("cdn-3dc"))
+    assert plan.split and set(parents(plan)) == {f"PoP{i}" for i in range(1, 7)} | {"DC1", "DC2"}
+
+
+# -- properties ------------------------------------------------------------------------------
+
+def assert_is_a_tree_to_the_root(plan: object, topo: Topology) -> None:
+    tree: nx.DiGraph = plan.tree  # type: ignore[attr-defined]
+    for site in tree:
+        assert tree.out_degree(site) == (0 if site == topo.root else 1)
+    for source_site in (s.name for s in topo.sites if s.sources):
+        paths = list(nx.all_simple_paths(tree, source_site, topo.root)) if (
+            source_site != topo.root) else [[topo.root]]
+        assert len(paths) == 1, f"{source_site} reaches the root {len(paths)} times"
+    for child, parent in tree.edges:
+        topo.link(child, parent)  # every hop is a real link
+        assert tree.edges[child, parent]["utilisation"] <= 1.0
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 32), st.integers(1, 6), st.integers(1, 3), st.integers(0, 10_000))
+def test_generated_topologies_plan_to_a_tree(pops: int, regions: int, continents: int,
+                                             seed: int) -> None:
+    regions, continents = min(regions, pops), min(continents, regions, pops)
+    topo = generate_topology(pops, regions, continents, seed)
+    assert_is_a_tree_to_the_root(plan_query(TOPK, topo), topo)
+
+
+@st.composite
+def small_meshes(draw: st.DrawFn) -> Topology:
+    """A root, two middle sites, and up to four leaves with one or two uplinks each."""
+    def server(name: str) -> tuple[Server, ...]:
+        return (Server(f"{name}-1", 8, 16),)
+
+    keys = st.integers(100, 20_000)
+    leaves = [f"leaf{i}" for i in range(draw(st.integers(1, 4)))]
+    sites = [Site("root", SiteKind.DATACENTER, server("root")),
+             Site("mid0", SiteKind.DATACENTER, server("mid0")),
+             Site("mid1", SiteKind.DATACENTER, server("mid1"))]
+    sites += [Site(name, SiteKind.POP, server(name),
+                   (SourceLoad("cdn_logs", 2000, 200, draw(keys)),)) for name in leaves]
+    bandwidth = st.sampled_from([1e5, 3e5, 1e6, 3e6, 1e7])
+    links = [Link("mid0", "root", draw(bandwidth), 10), Link("mid1", "root", draw(bandwidth), 10)]
+    for leaf in leaves:
+        ups = draw(st.sampled_from([["mid0"], ["mid1"], ["mid0", "mid1"]]))
+        links += [Link(leaf, up, draw(bandwidth), draw(st.integers(1, 50))) for up in ups]
+    return Topology("mesh", "root", tuple(sites), tuple(links))
+
+
+def feasible_by_brute_force(topo: Topology) -> bool:
+    """Whether some choice of uplinks keeps every link within its capacity."""
+    leaves = [s for s in topo.sites if s.sources]
+    ups = {leaf.name: [link for link in topo.links if leaf.name in link.ends] for leaf in leaves}
+    row_bytes = 32 + 8 + 16  # one key, a count and a sum: the example query's partial row
+    for choice in itertools.product(*ups.values()):
+        per_mid: dict[str, list[Load]] = {"mid0": [], "mid1": []}
+        ok = True
+        for leaf, link in zip(leaves, choice, strict=True):
+            load = Load.of_source(leaf.sources[0], 10.0, split=True)
+            ok &= load.bytes_per_s(row_bytes, 10.0) * 8 <= link.bandwidth_bps
+            per_mid[next(iter(link.ends - {leaf.name}))].append(load)
+        for mid, loads in per_mid.items():
+            if loads:
+                rate = Load.merged(loads).bytes_per_s(row_bytes, 10.0)
+                ok &= rate * 8 <= topo.link(mid, "root").bandwidth_bps
+        if ok:
+            return True
+    return False
+
+
+@settings(max_examples=150, deadline=None)
+@given(small_meshes())
+def test_no_link_over_capacity_when_a_feasible_plan_exists(topo: Topology) -> None:
+    try:
+        plan = plan_query(TOPK, topo)
+    except js.PlacementError as e:
+        assert "over capacity" in str(e)
+        assert not feasible_by_brute_force(topo)
+    else:
+        assert_is_a_tree_to_the_root(plan, topo)
+
+
+def test_planning_a_thousand_sites() -> None:
+    topo = generate_topology(950, 40, 5, 7)
+    assert len(topo.sites) == 996
+    plan = plan_query(TOPK, topo)
+    assert_is_a_tree_to_the_root(plan, topo)
+    assert plan.depth() == 3
