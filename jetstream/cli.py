@@ -24,7 +24,8 @@ from jetstream.rewrite import explain
 __all__ = ["main"]
 
 #: The topology ``jetstream controller`` runs when given none: everything on this machine.
-DEFAULT_TOPOLOGY = Path(__file__).resolve().parent.parent / "topologies" / "local-3dc.yaml"
+#: (``topologies/local-3dc.yaml`` links to it.)
+DEFAULT_TOPOLOGY = Path(__file__).resolve().parent / "aggtree" / "local-3dc.yaml"
 
 
 def _explain(args: argparse.Namespace) -> int:

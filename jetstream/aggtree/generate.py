@@ -1,8 +1,8 @@
 """Large CDN-like topologies for planner scale tests, and the YAML writer they are saved with.
 
 ``generate_topology(480, 16, 3, seed)`` is a four-level hierarchy: PoPs (where the logs are
-born) under regional datacenters under continental ones under one root. A quarter of the PoPs
-also have a thinner backup link to a second region of their continent, so the graph is not
+born) under regional datacenters under continental ones under one root. About a quarter of the
+PoPs also have a thinner backup link to a second region of their continent, so the graph is not
 already a tree and the planner has a choice to make. ``topologies/large-500.yaml`` is
 what :func:`generated_file` writes for it, byte for byte; regenerate it with::
 
@@ -29,7 +29,7 @@ from jetstream.windows import format_duration
 
 __all__ = ["generate_topology", "generated_file", "to_yaml"]
 
-_MBIT = 1_000_000
+_MBIT = 1e6
 _BACKUP_SHARE = 0.25  # of the PoPs, with a second, thinner uplink
 
 
@@ -73,9 +73,9 @@ def generate_topology(pops: int, regions: int, continents: int, seed: int, *,
     sites += [_datacenter(r, servers=rng.randint(2, 4), cores=rng.choice((8, 16)))
               for r in region_names]
     for pop in pop_names:
-        servers = tuple(Server(f"{pop}-{i}", cores, memory_gb=2.0 * cores)
-                        for i, cores in enumerate(
-                            [rng.choice((2, 4)) for _ in range(rng.randint(1, 2))], start=1))
+        cores = [rng.choice((2, 4)) for _ in range(rng.randint(1, 2))]
+        servers = tuple(Server(f"{pop}-{i}", n, memory_gb=2.0 * n)
+                        for i, n in enumerate(cores, start=1))
         source = SourceLoad("cdn_logs", events_per_s=float(rng.randrange(500, 5001, 100)),
                             bytes_per_event=rng.randrange(150, 301, 10),
                             distinct_keys=rng.randrange(1000, 20001, 500))

@@ -129,31 +129,45 @@ def _site(reader: _Reader, node: yaml.Node, path: str) -> tuple[Site, yaml.Node]
     fields = reader.fields(node, path, required=("name", "kind", "servers"),
                            optional=("sources", "spark_master"))
     name = reader.name(fields["name"], f"{path}.name")
-    kind = reader.choice(fields["kind"], f"{path}.kind", _KINDS)
+    kind = reader.kind(fields["kind"], f"{path}.kind")
+    servers = _servers(reader, fields["servers"], f"{path}.servers", name)
+    sources = (_sources(reader, fields["sources"], f"{path}.sources", name)
+               if "sources" in fields else ())
+    master = None
+    if "spark_master" in fields:
+        master = reader.string(fields["spark_master"], f"{path}.spark_master")
+        if not _SPARK_MASTER.match(master):
+            reader.fail(fields["spark_master"], f"{path}.spark_master",
+                        f"{master!r} is not a Spark master URL; e.g. 'local[2]', 'local[*]', "
+                        "'spark://host:7077', or leave it out for local[N]")
+    site = Site(name=name, kind=kind, servers=servers, sources=sources, spark_master=master)
+    return site, fields["name"]
 
-    server_nodes = reader.sequence(fields["servers"], f"{path}.servers")
-    if not server_nodes:
-        reader.fail(fields["servers"], f"{path}.servers",
-                    "expected at least one server to run the site's stage")
+
+def _servers(reader: _Reader, node: yaml.Node, path: str, site: str) -> tuple[Server, ...]:
+    nodes = reader.sequence(node, path)
+    if not nodes:
+        reader.fail(node, path, "expected at least one server to run the site's stage")
     servers: list[Server] = []
-    server_at: dict[str, yaml.Node] = {}
-    for i, server_node in enumerate(server_nodes):
-        here = f"{path}.servers[{i}]"
+    name_at: dict[str, yaml.Node] = {}
+    for i, server_node in enumerate(nodes):
+        here = f"{path}[{i}]"
         f = reader.fields(server_node, here, required=("name", "cores", "memory_gb"))
         server = Server(name=reader.name(f["name"], f"{here}.name"),
                         cores=reader.positive_int(f["cores"], f"{here}.cores"),
                         memory_gb=reader.positive_number(f["memory_gb"], f"{here}.memory_gb"))
-        reader.unique(server_at, server.name, f["name"], f"{here}.name", "server",
-                      within=f" in site {name}")
-        server_at[server.name] = f["name"]
+        reader.unique(name_at, server.name, f["name"], f"{here}.name", "server",
+                      within=f" in site {site}")
+        name_at[server.name] = f["name"]
         servers.append(server)
+    return tuple(servers)
 
+
+def _sources(reader: _Reader, node: yaml.Node, path: str, site: str) -> tuple[SourceLoad, ...]:
     sources: list[SourceLoad] = []
-    source_at: dict[str, yaml.Node] = {}
-    source_nodes = (reader.sequence(fields["sources"], f"{path}.sources")
-                    if "sources" in fields else [])
-    for i, source_node in enumerate(source_nodes):
-        here = f"{path}.sources[{i}]"
+    name_at: dict[str, yaml.Node] = {}
+    for i, source_node in enumerate(reader.sequence(node, path)):
+        here = f"{path}[{i}]"
         f = reader.fields(source_node, here, required=("name",),
                           optional=("events_per_s", "bytes_per_event", "distinct_keys"))
         # Only what the file sets: SourceLoad's defaults live in one place, the dataclass.
@@ -166,21 +180,11 @@ def _site(reader: _Reader, node: yaml.Node, path: str) -> tuple[Site, yaml.Node]
                 load[field] = reader.positive_int(f[field], f"{here}.{field}")
         source = dataclasses.replace(SourceLoad(name=reader.name(f["name"], f"{here}.name")),
                                      **load)
-        reader.unique(source_at, source.name, f["name"], f"{here}.name", "source",
-                      within=f" in site {name}")
-        source_at[source.name] = f["name"]
+        reader.unique(name_at, source.name, f["name"], f"{here}.name", "source",
+                      within=f" in site {site}")
+        name_at[source.name] = f["name"]
         sources.append(source)
-
-    master = None
-    if "spark_master" in fields:
-        master = reader.string(fields["spark_master"], f"{path}.spark_master")
-        if not _SPARK_MASTER.match(master):
-            reader.fail(fields["spark_master"], f"{path}.spark_master",
-                        f"{master!r} is not a Spark master URL; e.g. 'local[2]', 'local[*]', "
-                        "'spark://host:7077', or leave it out for local[N]")
-    site = Site(name=name, kind=kind, servers=tuple(servers), sources=tuple(sources),
-                spark_master=master)
-    return site, fields["name"]
+    return tuple(sources)
 
 
 def _link(reader: _Reader, node: yaml.Node, path: str, site_at: dict[str, yaml.Node]) -> Link:
@@ -340,13 +344,12 @@ class _Reader:
                       "'.' and '-', starting with a letter, digit or '_'")
         return name
 
-    def choice(self, node: yaml.Node, path: str, options: dict[str, SiteKind]) -> SiteKind:
+    def kind(self, node: yaml.Node, path: str) -> SiteKind:
         value = self.string(node, path)
-        if value not in options:
-            kinds = ", ".join(options)
-            self.fail(node, path, f"unknown kind {value!r}; expected one of {kinds}"
-                      f"{_did_you_mean(value, options)}")
-        return options[value]
+        if value not in _KINDS:
+            self.fail(node, path, f"unknown kind {value!r}; expected one of "
+                      f"{', '.join(_KINDS)}{_did_you_mean(value, _KINDS)}")
+        return _KINDS[value]
 
     def positive_int(self, node: yaml.Node, path: str) -> int:
         value = self.value(node, path)

@@ -183,14 +183,17 @@ def plan_query(query: Query, topology: Topology, *, max_fan_in: int = 32) -> Phy
                 util = max(util, rate * 8 / graph.edges[child, parent]["bandwidth_bps"])
                 total += rate
         fan_in = max(Counter(p for c, p in parents.items() if c in loads).values(), default=0)
-        feasible = util <= 1.0 and fan_in <= max_fan_in
+        # How far from feasible: graded, so that a search can tell it is getting closer.
+        overage = max(util - 1.0, 0.0) + max(fan_in - max_fan_in, 0)
         slowest = max((delay[s] for s in leaves if s in delay), default=0.0)
-        key = (not feasible, round(max(util, COMFORTABLE_UTILISATION), 9), slowest, round(total))
+        key = (round(overage, 9), round(max(util, COMFORTABLE_UTILISATION), 9), slowest,
+               round(total))
         return Cost(key, loads)
 
-    parents = _choose(candidates, cost)
+    parents = _choose(candidates, cost, nearest=lambda s: min(
+        candidates[s], key=lambda p: (graph.edges[s, p]["latency_ms"], p)))
     chosen = cost(parents)
-    feasible, loads = not chosen.key[0], chosen.loads
+    feasible, loads = chosen.key[0] == 0, chosen.loads
     tree = nx.DiGraph()
     tree.add_node(topology.root)
     for child, parent in parents.items():
@@ -233,15 +236,15 @@ def _loads(parents: Mapping[str, str], own: Mapping[str, Load], hops: Mapping[st
 
 @dataclass(frozen=True)
 class Cost:
-    key: tuple[bool, float, float, float]  # smaller is better; key[0]: infeasible
+    key: tuple[float, float, float, float]  # smaller is better; key[0] > 0: infeasible
     loads: dict[str, Load]
 
 
-def _choose(candidates: Mapping[str, list[str]],
-            cost: Callable[[Mapping[str, str]], Cost]) -> dict[str, str]:
+def _choose(candidates: Mapping[str, list[str]], cost: Callable[[Mapping[str, str]], Cost],
+            nearest: Callable[[str], str]) -> dict[str, str]:
     """The parent of every site: exhaustively when the choices are few, else leaves-up."""
 
-    def key(parents: dict[str, str]) -> tuple[bool, float, float, float]:
+    def key(parents: dict[str, str]) -> tuple[float, float, float, float]:
         return cost(parents).key
 
     sites = list(candidates)
@@ -249,7 +252,7 @@ def _choose(candidates: Mapping[str, list[str]],
         options = (dict(zip(sites, choice, strict=True))
                    for choice in itertools.product(*(candidates[s] for s in sites)))
         return min(options, key=key)
-    parents = {s: candidates[s][0] for s in sites}
+    parents = {s: nearest(s) for s in sites}
     for site in sites:  # leaves first: a site's load is known when its turn comes
         parents[site] = min(candidates[site], key=lambda p: key({**parents, site: p}))
     return parents
