@@ -163,6 +163,9 @@ def plan_query(query: Query, topology: Topology, *, max_fan_in: int = 32) -> Phy
               for site in leaves.values() for load in site.sources if load.name in sources)
 
     graph = topology.graph()
+    if topology.root not in graph:
+        msg = f"the root site {topology.root} is not available"
+        raise PlacementError(msg)
     hops = nx.single_source_shortest_path_length(graph, topology.root)
     unreachable = sorted(set(leaves) - set(hops))
     if unreachable:

@@ -87,7 +87,10 @@ def run_controller(topology: Topology, port: int, *, host: str = "127.0.0.1",
 
     def watch() -> None:
         while not stop.wait(min(1.0, heartbeat_timeout_s / 3)):
-            controller.check_liveness()
+            try:
+                controller.check_liveness()
+            except Exception:  # one bad re-plan must not stop all failure detection
+                log.exception("checking site liveness failed")
 
     threading.Thread(target=watch, name="liveness", daemon=True).start()
     if threading.current_thread() is threading.main_thread():

@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+import networkx as nx
+
 from jetstream.aggtree.planner import Fragment, PhysicalPlan, plan_query
 from jetstream.aggtree.topology import Link, Topology
 from jetstream.dsl import Query
@@ -72,6 +74,12 @@ class ResultsHub:
             self._results.setdefault(result.query, []).append(result)
             self._lock.notify_all()
 
+    def reset(self, query: str) -> None:
+        """Forget a finished run's results, for a new query of the same name."""
+        with self._lock:
+            self._results.pop(query, None)
+            self._closed.discard(query)
+
     def close(self, query: str) -> None:
         with self._lock:
             self._closed.add(query)
@@ -108,18 +116,19 @@ class GlobalController:
         self.sites = {s.name: SiteState(s.name) for s in topology.sites}
         self.queries: dict[str, QueryState] = {}
         self.measured: dict[frozenset[str], float] = {}  # link ends -> measured bits/s
+        self.planned_bandwidth: dict[frozenset[str], float] = {}  # what the plans assumed
 
     # -- sites ------------------------------------------------------------------------------
     def register_site(self, name: str, address: str) -> None:
         with self.lock:
             site = self._site(name)
-            came_back = not site.alive
+            came_back = site.address is not None and not site.alive  # it was declared dead
             site.address, site.last_seen, site.alive = address, self.clock(), True
             site.placements.clear()
             log.info("site %s registered at %s", name, address)
             for query in self.queries.values():
                 query.deployed.discard(name)  # a fresh controller holds nothing yet
-            self._replan_all(f"site {name} joined" if came_back else "")
+            self._replan_all(f"site {name} is back" if came_back else "")
 
     def heartbeat(self, name: str, links: dict[str, float]) -> list[str]:
         """Record that ``name`` is alive and what it measured; the queries it should run."""
@@ -158,23 +167,31 @@ class GlobalController:
             return dead
 
     def _bandwidth_moved(self, site: str, peer: str, bps: float) -> bool:
+        """Record a measurement; whether it is far from what the plans were made for."""
         try:
-            planned = self.topology.link(site, peer).bandwidth_bps
+            configured = self.topology.link(site, peer).bandwidth_bps
         except PlacementError:
-            return False
+            return False  # not a link of the topology
         ends = frozenset((site, peer))
-        before = self.measured.get(ends, planned)
         self.measured[ends] = bps
-        return abs(bps - before) > REPLAN_BANDWIDTH_CHANGE * before
+        planned = self.planned_bandwidth.get(ends, configured)
+        return abs(bps - planned) > REPLAN_BANDWIDTH_CHANGE * planned
 
     def effective_topology(self) -> Topology:
-        """The topology as it stands: dead sites left out, measured bandwidths in."""
+        """The topology as it stands: measured bandwidths in; dead sites, links measured at
+        zero, and the sites they cut off from the root left out."""
         dead = {s.name for s in self.sites.values() if s.address is not None and not s.alive}
-        links = tuple(dataclasses.replace(link, bandwidth_bps=self.measured.get(link.ends,
-                                                                                link.bandwidth_bps))
-                      for link in self.topology.links if not link.ends & dead)
-        sites = tuple(s for s in self.topology.sites if s.name not in dead)
-        return dataclasses.replace(self.topology, sites=sites, links=links)
+        links = [dataclasses.replace(link, bandwidth_bps=self.measured.get(link.ends,
+                                                                           link.bandwidth_bps))
+                 for link in self.topology.links if not link.ends & dead]
+        links = [link for link in links if link.bandwidth_bps > 0]
+        graph = nx.Graph([tuple(link.ends) for link in links])
+        graph.add_nodes_from(s.name for s in self.topology.sites if s.name not in dead)
+        reachable = (nx.node_connected_component(graph, self.topology.root)
+                     if self.topology.root in graph else set())
+        sites = tuple(s for s in self.topology.sites if s.name in reachable)
+        links = [link for link in links if link.ends <= reachable]
+        return dataclasses.replace(self.topology, sites=sites, links=tuple(links))
 
     # -- queries ----------------------------------------------------------------------------
     def submit(self, source: str, origin: str = "<submitted>") -> QueryState:
@@ -184,7 +201,9 @@ class GlobalController:
             if existing is not None and existing.state != "cancelled":
                 msg = f"query {query.name} is already running; cancel it first"
                 raise ControlPlaneError(msg)
+            self.planned_bandwidth.update(self.measured)
             plan = plan_query(query, self.effective_topology())  # refuse what cannot be placed
+            self.results.reset(query.name)
             state = self.queries[query.name] = QueryState(query.name, source, query, plan)
             self._deploy_all(state)
             return state
@@ -212,8 +231,10 @@ class GlobalController:
                 self._deploy_all(state)
 
     def _replan(self, state: QueryState, reason: str) -> None:
+        self.planned_bandwidth.update(self.measured)
+        topology = self.effective_topology()
         try:
-            plan = plan_query(state.query, self.effective_topology())
+            plan = plan_query(state.query, topology)
         except JetstreamError as e:
             state.state, state.detail = "degraded", f"{reason}; cannot re-plan: {e}"
             log.error("query %s: %s", state.name, state.detail)
@@ -223,9 +244,14 @@ class GlobalController:
         state.state = "degraded" if missing else "running"
         if missing:
             state.detail += f"; no data from {', '.join(missing)}"
+        # A site the new plan leaves out stops its part, unless it is only cut off from the
+        # root: then it goes on processing locally for when the partition heals.
+        reachable = {s.name for s in topology.sites}
         for site in sorted(state.deployed - set(plan.fragments)):
-            self._stop_on(site, state.name)
-        state.deployed &= set(plan.fragments)
+            if site in reachable:
+                self._stop_on(site, state.name)
+            if site in reachable or not self.sites[site].alive:
+                state.deployed.discard(site)
         state.version += 1
         log.info("query %s re-planned (%s)", state.name, reason)
         self._deploy_all(state, force=True)

@@ -1,0 +1,706 @@
+"""The control plane without processes: the global controller (fake sites, fake clock), site
+placement, the results hub, and the gRPC API served in-process."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from jetstream.aggtree.loader import load_topology
+from jetstream.aggtree.planner import Fragment
+from jetstream.aggtree.topology import Server, Topology
+from jetstream.control.client import ControllerClient
+from jetstream.control.global_controller import (
+    REPLAN_BANDWIDTH_CHANGE,
+    GlobalController,
+    QueryState,
+    ResultsHub,
+)
+from jetstream.control.server import start_server
+from jetstream.control.servicers import GlobalControllerServicer
+from jetstream.control.site_controller import Piece, SiteController
+from jetstream.errors import ControlPlaneError, PlanError
+from jetstream.results import WindowResult
+from jetstream.v1 import control_pb2 as pb
+from jetstream.v1 import control_pb2_grpc as rpc
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "cdn_topk.py"
+TOPOLOGY = ROOT / "topologies" / "local-3dc.yaml"
+SITES = ("ams", "sfo", "sin")
+QUERY = "cdn-topk"
+TIMEOUT_S = 6.0
+SERVICE = "jetstream.v1.GlobalController"
+
+# The example query with a typo in a column name: refused while it is built.
+BAD_QUERY = """\
+import jetstream as js
+logs = js.source("cdn_logs", schema=js.CDN_LOG_SCHEMA)
+query = js.Query("typo", logs.where(js.col("stauts") < 500)
+                 .window(js.tumbling("10s")).agg(n=js.count()))
+"""
+
+
+def address(site: str) -> str:
+    return f"{site}.test:7100"
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@dataclass
+class FakeSites:
+    """Stands in for the site controllers: records every deploy and stop; ``failing``
+    addresses refuse deploys the way an unreachable site does."""
+
+    deploys: list[tuple[str, Fragment, int]] = field(default_factory=list)
+    stops: list[tuple[str, str]] = field(default_factory=list)
+    failing: set[str] = field(default_factory=set)
+
+    def deploy(self, address: str, fragment: Fragment, state: QueryState
+               ) -> list[tuple[str, str]]:
+        if address in self.failing:
+            msg = f"site at {address}: UNAVAILABLE: connection refused"
+            raise ControlPlaneError(msg)
+        self.deploys.append((address, fragment, state.version))
+        pieces = [("local stage", f"{fragment.site}-1")] if fragment.sources else []
+        if fragment.final:
+            pieces.append(("final", f"{fragment.site}-1"))
+        return pieces
+
+    def stop(self, address: str, query: str) -> None:
+        self.stops.append((address, query))
+
+    def fragments_at(self, addr: str) -> list[Fragment]:
+        return [f for a, f, _ in self.deploys if a == addr]
+
+    def versions_at(self, addr: str) -> list[int]:
+        return [v for a, _, v in self.deploys if a == addr]
+
+
+@pytest.fixture(scope="module")
+def topology() -> Topology:
+    return load_topology(TOPOLOGY)
+
+
+@pytest.fixture(scope="module")
+def source() -> str:
+    return EXAMPLE.read_text(encoding="utf-8")
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def sites() -> FakeSites:
+    return FakeSites()
+
+
+@pytest.fixture
+def controller(topology: Topology, sites: FakeSites, clock: FakeClock) -> GlobalController:
+    return GlobalController(topology, sites.deploy, sites.stop, heartbeat_timeout_s=TIMEOUT_S,
+                            clock=clock)
+
+
+def register_all(controller: GlobalController) -> None:
+    for site in SITES:
+        controller.register_site(site, address(site))
+
+
+def beat(controller: GlobalController, *names: str) -> None:
+    for name in names:
+        controller.heartbeat(name, {})
+
+
+def kill_sfo(controller: GlobalController, clock: FakeClock) -> list[str]:
+    """Let sfo go silent past the timeout while ams and sin keep beating."""
+    clock.advance(TIMEOUT_S - 1)
+    beat(controller, "ams", "sin")
+    clock.advance(2)
+    return controller.check_liveness()
+
+
+# --- the global controller: deploying ------------------------------------------------------
+
+
+def test_submit_deploys_each_alive_site_its_fragment(controller: GlobalController,
+                                                     sites: FakeSites, source: str) -> None:
+    register_all(controller)
+    state = controller.submit(source)
+    assert (state.name, state.state, state.replans, state.detail) == (QUERY, "running", 0, "")
+    assert state.plan is not None
+    assert sorted(state.plan.fragments) == list(SITES)
+    for site in SITES:
+        assert sites.fragments_at(address(site)) == [state.plan.fragments[site]]
+    root = state.plan.fragments["ams"]
+    assert root.final and root.children == ("sfo", "sin") and root.parent is None
+    assert state.plan.fragments["sfo"].parent == "ams"
+    assert state.deployed == set(SITES)
+    assert controller.sites["ams"].placements == [(QUERY, "local stage", "ams-1"),
+                                                  (QUERY, "final", "ams-1")]
+    assert controller.heartbeat("sin", {}) == [QUERY]
+    assert sites.stops == []
+
+
+def test_a_site_that_registers_late_gets_its_fragment_then(
+        controller: GlobalController, sites: FakeSites, source: str) -> None:
+    controller.register_site("ams", address("ams"))
+    state = controller.submit(source)
+    assert state.plan is not None
+    # Sites not heard from yet are planned for: they only have to show up.
+    assert sorted(state.plan.fragments) == list(SITES)
+    assert [a for a, _, _ in sites.deploys] == [address("ams")]
+    assert state.deployed == {"ams"}
+
+    controller.register_site("sfo", address("sfo"))
+    assert [f.site for f in sites.fragments_at(address("sfo"))] == ["sfo"]
+    assert sites.fragments_at(address("sin")) == []
+    controller.register_site("sin", address("sin"))
+    assert [f.site for f in sites.fragments_at(address("sin"))] == ["sin"]
+    assert state.deployed == set(SITES)
+    assert state.state == "running"
+    assert controller.heartbeat("sin", {}) == [QUERY]
+
+
+def test_a_first_registration_is_not_a_replan(controller: GlobalController, sites: FakeSites,
+                                              source: str) -> None:
+    controller.register_site("ams", address("ams"))
+    state = controller.submit(source)
+    controller.register_site("sfo", address("sfo"))
+    assert (state.replans, state.version, state.detail) == (0, 0, "")
+    assert len(sites.fragments_at(address("ams"))) == 1  # ams's plan did not change
+
+
+def test_a_failed_deploy_is_retried_on_the_sites_next_heartbeat(
+        controller: GlobalController, sites: FakeSites, source: str) -> None:
+    register_all(controller)
+    sites.failing.add(address("sfo"))
+    state = controller.submit(source)
+    assert state.deployed == {"ams", "sin"}  # one bad site does not stop the others
+    assert controller.sites["sfo"].placements == []
+    assert controller.heartbeat("sfo", {}) == []  # still failing: nothing to run yet
+    assert state.deployed == {"ams", "sin"}
+
+    sites.failing.clear()
+    assert controller.heartbeat("sfo", {}) == [QUERY]
+    assert state.plan is not None
+    assert sites.fragments_at(address("sfo")) == [state.plan.fragments["sfo"]]
+    assert controller.sites["sfo"].placements == [(QUERY, "local stage", "sfo-1")]
+    assert state.deployed == set(SITES)
+    assert len(sites.fragments_at(address("ams"))) == 1  # the others are not redeployed
+
+
+# --- the global controller: liveness -------------------------------------------------------
+
+
+def test_a_silent_site_is_declared_dead_and_the_query_replanned_without_it(
+        controller: GlobalController, sites: FakeSites, clock: FakeClock, source: str) -> None:
+    register_all(controller)
+    state = controller.submit(source)
+    clock.advance(TIMEOUT_S - 1)
+    assert controller.check_liveness() == []  # not yet: ams and sin beat, sfo is merely late
+    beat(controller, "ams", "sin")
+    clock.advance(2)
+    assert controller.check_liveness() == ["sfo"]
+
+    assert controller.sites["sfo"].alive is False
+    assert controller.sites["sfo"].placements == []
+    assert (state.state, state.replans, state.version) == ("degraded", 1, 1)
+    assert "sfo" in state.detail
+    assert state.plan is not None
+    assert sorted(state.plan.fragments) == ["ams", "sin"]
+    assert "sfo" not in state.plan.tree
+    assert state.plan.fragments["ams"].children == ("sin",)
+    assert state.deployed == {"ams", "sin"}
+    # The survivors get the new plan; the dead site is not called at all.
+    assert sites.fragments_at(address("ams"))[-1] == state.plan.fragments["ams"]
+    assert sites.versions_at(address("ams")) == [0, 1]
+    assert sites.versions_at(address("sin")) == [0, 1]
+    assert sites.versions_at(address("sfo")) == [0]
+    assert not [s for s in sites.stops if s[0] == address("sfo")]
+    assert "sfo" not in controller.effective_topology().graph()
+
+    assert controller.check_liveness() == []  # dead once, re-planned once
+    assert state.replans == 1
+
+
+@pytest.mark.parametrize("how", ["heartbeat", "register"])
+def test_a_dead_site_that_comes_back_is_planned_in_again(
+        how: str, controller: GlobalController, sites: FakeSites, clock: FakeClock,
+        source: str) -> None:
+    register_all(controller)
+    state = controller.submit(source)
+    assert kill_sfo(controller, clock) == ["sfo"]
+    new_address = address("sfo") if how == "heartbeat" else "sfo.test:7200"
+    if how == "heartbeat":
+        assert controller.heartbeat("sfo", {}) == [QUERY]
+    else:
+        controller.register_site("sfo", new_address)
+
+    assert controller.sites["sfo"].alive is True
+    assert (state.state, state.replans) == ("running", 2)
+    assert "sfo" in state.detail
+    assert state.plan is not None
+    assert sorted(state.plan.fragments) == list(SITES)
+    assert state.plan.fragments["ams"].children == ("sfo", "sin")
+    assert sites.fragments_at(new_address)[-1] == state.plan.fragments["sfo"]
+    assert sites.deploys[-1][2] == state.version == 2
+    assert state.deployed == set(SITES)
+    assert controller.sites["sfo"].placements == [(QUERY, "local stage", "sfo-1")]
+
+
+def test_the_root_dying_degrades_the_query_instead_of_raising(
+        controller: GlobalController, clock: FakeClock, source: str) -> None:
+    register_all(controller)
+    state = controller.submit(source)
+    clock.advance(TIMEOUT_S - 1)
+    beat(controller, "sfo", "sin")
+    clock.advance(2)
+    assert controller.check_liveness() == ["ams"]
+    assert state.state == "degraded"
+    assert "ams" in state.detail
+
+
+# --- the global controller: measured bandwidth ---------------------------------------------
+
+
+@pytest.mark.parametrize(("factor", "replans"), [
+    (0.7, 1),  # 30% slower
+    (1.3, 1),  # 30% faster
+    (0.8, 0),  # 20%: within the tolerance
+    (1.0 + REPLAN_BANDWIDTH_CHANGE, 0),  # exactly at the threshold
+])
+def test_a_large_bandwidth_change_replans_and_a_small_one_does_not(
+        factor: float, replans: int, controller: GlobalController, sites: FakeSites,
+        topology: Topology, source: str) -> None:
+    register_all(controller)
+    state = controller.submit(source)
+    planned = topology.link("sfo", "ams").bandwidth_bps
+    assert controller.heartbeat("sfo", {"ams": planned * factor}) == [QUERY]
+    assert state.replans == replans
+    assert state.state == "running"
+    assert len(sites.deploys) == 3 + 3 * replans
+    if replans:
+        assert "bandwidth" in state.detail and "sfo-ams" in state.detail
+    # The measurement is what later plans use, re-planned now or not.
+    link = controller.effective_topology().link("ams", "sfo")
+    assert link.bandwidth_bps == pytest.approx(planned * factor)
+
+
+def test_a_measurement_of_a_link_the_topology_lacks_is_ignored(
+        controller: GlobalController, source: str) -> None:
+    register_all(controller)
+    state = controller.submit(source)
+    assert controller.heartbeat("sfo", {"sin": 1.0, "nowhere": 5.0}) == [QUERY]
+    assert state.replans == 0
+
+
+def test_a_bandwidth_drifting_away_from_the_plan_in_small_steps_replans(
+        controller: GlobalController, topology: Topology, source: str) -> None:
+    register_all(controller)
+    state = controller.submit(source)
+    planned = topology.link("sfo", "ams").bandwidth_bps
+    controller.heartbeat("sfo", {"ams": planned * 0.8})  # 20% below the plan: fine
+    assert state.replans == 0
+    controller.heartbeat("sfo", {"ams": planned * 0.62})  # 38% below the plan
+    assert state.replans == 1
+
+
+def test_a_link_measured_at_zero_does_not_break_the_heartbeat(
+        controller: GlobalController, source: str) -> None:
+    register_all(controller)
+    state = controller.submit(source)
+    assert controller.heartbeat("sfo", {"ams": 0.0}) == [QUERY]
+    assert state.state == "degraded"
+    assert "sfo" in state.detail
+
+
+# --- the global controller: queries and refusals -------------------------------------------
+
+
+def test_cancel_stops_every_deployed_site_and_closes_the_results(
+        controller: GlobalController, sites: FakeSites, source: str) -> None:
+    register_all(controller)
+    state = controller.submit(source)
+    controller.results.publish(WindowResult(QUERY, 0, 10_000, [{"domain": "a.com"}]))
+    controller.cancel(QUERY)
+    assert sorted(sites.stops) == [(address(s), QUERY) for s in SITES]
+    assert (state.state, state.deployed) == ("cancelled", set())
+    assert all(controller.sites[s].placements == [] for s in SITES)
+    assert controller.heartbeat("ams", {}) == []
+    # Closed: a follower gets what was published and then the end, without waiting.
+    started = time.monotonic()
+    assert [r.window_start for r in controller.results.follow(QUERY, stop=lambda: False)] == [0]
+    assert time.monotonic() - started < 0.4
+    assert controller.link_load()[0][1] == 0.0  # a cancelled query plans no load
+
+
+def test_cancel_leaves_a_dead_site_alone(controller: GlobalController, sites: FakeSites,
+                                         clock: FakeClock, source: str) -> None:
+    register_all(controller)
+    controller.submit(source)
+    kill_sfo(controller, clock)
+    controller.cancel(QUERY)
+    assert sorted(sites.stops) == [(address("ams"), QUERY), (address("sin"), QUERY)]
+
+
+def test_the_same_query_twice_is_refused_until_cancelled(
+        controller: GlobalController, sites: FakeSites, source: str) -> None:
+    register_all(controller)
+    first = controller.submit(source)
+    with pytest.raises(ControlPlaneError, match="query cdn-topk is already running; cancel it"):
+        controller.submit(source)
+    assert controller.queries[QUERY] is first
+    assert len(sites.deploys) == 3
+
+    controller.cancel(QUERY)
+    again = controller.submit(source)
+    assert again is not first and again.state == "running"
+    assert len(sites.deploys) == 6
+
+
+def test_a_resubmitted_query_has_a_fresh_open_result_stream(
+        controller: GlobalController, source: str) -> None:
+    register_all(controller)
+    controller.submit(source)
+    controller.results.publish(WindowResult(QUERY, 0, 10_000))
+    controller.cancel(QUERY)
+    controller.submit(source)
+
+    seen: list[WindowResult] = []
+    follower = threading.Thread(target=lambda: seen.extend(
+        controller.results.follow(QUERY, stop=lambda: False)), daemon=True)
+    follower.start()
+    follower.join(0.5)
+    try:
+        assert follower.is_alive(), f"the stream ended at once after yielding {seen}"
+        assert seen == []
+    finally:
+        controller.results.close(QUERY)
+        follower.join(2)
+
+
+def test_a_bad_query_is_refused_naming_the_column(controller: GlobalController,
+                                                  sites: FakeSites) -> None:
+    register_all(controller)
+    with pytest.raises(PlanError, match=r"bad\.py: where: unknown column 'stauts'"):
+        controller.submit(BAD_QUERY, "bad.py")
+    with pytest.raises(PlanError, match="stauts"):
+        controller.explain(BAD_QUERY, "bad.py")
+    with pytest.raises(PlanError, match="syntax error"):
+        controller.submit("query = (\n", "broken.py")
+    assert controller.queries == {}
+    assert sites.deploys == []
+
+
+def test_unknown_sites_and_heartbeats_before_registering_are_refused(
+        controller: GlobalController) -> None:
+    with pytest.raises(ControlPlaneError, match="sfo sent a heartbeat before registering"):
+        controller.heartbeat("sfo", {})
+    with pytest.raises(ControlPlaneError, match=r"no site named 'lhr'.*ams, sfo, sin"):
+        controller.heartbeat("lhr", {})
+    with pytest.raises(ControlPlaneError, match="no site named 'lhr'"):
+        controller.register_site("lhr", "lhr.test:7100")
+    with pytest.raises(ControlPlaneError, match="no query named 'nope'"):
+        controller.cancel("nope")
+    assert not any(s.alive for s in controller.sites.values())
+
+
+def test_explain_shows_the_rewrites_and_the_plan_on_the_live_topology(
+        controller: GlobalController, clock: FakeClock, source: str) -> None:
+    register_all(controller)
+    text = controller.explain(source)
+    assert "rewrites" in text and "physical plan on local-3dc (root ams)" in text
+    assert "  sfo: local stage -> ams" in text
+    kill_sfo(controller, clock)
+    assert "  sfo:" not in controller.explain(source)
+    assert controller.queries == {}  # explaining submits nothing
+
+
+# --- the site controller -------------------------------------------------------------------
+
+
+SERVERS = [Server("small", 1, 1.0), Server("big", 4, 8.0), Server("mid", 2, 4.0),
+           Server("also-mid", 2, 4.0)]
+
+
+def test_the_local_stage_runs_on_the_biggest_server() -> None:
+    site = SiteController("lhr", SERVERS)
+    leaf = Fragment("q", "lhr", sources=("cdn_logs",), parent="ams")
+    assert site.deploy(leaf, 0) == [Piece("q", "local stage", "big")]
+    assert site.running() == ["q"]
+
+
+def test_merge_and_final_partitions_spread_over_servers_largest_first() -> None:
+    site = SiteController("lhr", SERVERS)
+    merge = Fragment("m", "lhr", children=("a", "b"), parent="ams", partitions=5)
+    # Equal cores: by name. More partitions than servers: around again.
+    assert [(p.name, p.server) for p in site.deploy(merge, 0)] == [
+        ("merge 1/5", "big"), ("merge 2/5", "also-mid"), ("merge 3/5", "mid"),
+        ("merge 4/5", "small"), ("merge 5/5", "big")]
+    root = Fragment("r", "lhr", sources=("cdn_logs",), children=("a",), final=True,
+                    partitions=2)
+    assert [(p.name, p.server) for p in site.deploy(root, 0)] == [
+        ("local stage", "big"), ("final 1/2", "big"), ("final 2/2", "also-mid")]
+    single = Fragment("s", "lhr", children=("a",), final=True)
+    assert [p.name for p in site.deploy(single, 0)] == ["final"]
+    assert site.running() == ["m", "r", "s"]
+    assert len(site.pieces()) == 5 + 3 + 1
+
+
+def test_an_older_fragment_version_is_refused() -> None:
+    site = SiteController("lhr", SERVERS)
+    v1 = Fragment("q", "lhr", sources=("cdn_logs",), parent="ams")
+    v2 = Fragment("q", "lhr", sources=("cdn_logs",), children=("x",), parent="ams")
+    site.deploy(v1, 1)
+    assert [p.name for p in site.deploy(v2, 2)] == ["local stage", "merge"]
+    with pytest.raises(ControlPlaneError,
+                       match="runs version 2 of q; refusing the older version 1"):
+        site.deploy(v1, 1)
+    assert [p.name for p in site.pieces()] == ["local stage", "merge"]  # untouched
+    assert [p.name for p in site.deploy(v1, 2)] == ["local stage"]  # the same version: again
+
+
+def test_stop_and_running() -> None:
+    site = SiteController("lhr", SERVERS)
+    site.deploy(Fragment("a", "lhr", sources=("cdn_logs",)), 0)
+    site.deploy(Fragment("b", "lhr", sources=("cdn_logs",)), 0)
+    assert site.stop("a") is True
+    assert site.stop("a") is False
+    assert site.running() == ["b"]
+    assert [p.query for p in site.pieces()] == ["b"]
+
+
+def test_the_site_controller_refuses_what_is_not_its_own() -> None:
+    with pytest.raises(ControlPlaneError, match="site lhr has no servers"):
+        SiteController("lhr", [])
+    site = SiteController("lhr", SERVERS)
+    with pytest.raises(ControlPlaneError, match="site lhr was sent the fragment of site ams"):
+        site.deploy(Fragment("q", "ams", sources=("cdn_logs",)), 0)
+    assert site.running() == []
+
+
+# --- the results hub -----------------------------------------------------------------------
+
+
+def window(start: int, query: str = QUERY) -> WindowResult:
+    return WindowResult(query, start, start + 10_000, [{"domain": "a.com", "requests": start}])
+
+
+def test_follow_yields_past_and_new_results_in_order_and_ends_when_closed() -> None:
+    hub = ResultsHub()
+    hub.publish(window(0))
+    seen: list[WindowResult] = []
+    follower = threading.Thread(target=lambda: seen.extend(hub.follow(QUERY, lambda: False)),
+                                daemon=True)
+    follower.start()
+    for start in (10_000, 20_000, 30_000):
+        time.sleep(0.01)
+        hub.publish(window(start))
+        hub.publish(window(start, "other"))
+    time.sleep(0.05)
+    assert follower.is_alive()  # open until the query closes
+    hub.close(QUERY)
+    follower.join(2)
+    assert not follower.is_alive()
+    assert seen == [window(s) for s in (0, 10_000, 20_000, 30_000)]
+
+
+def test_follow_ends_when_its_subscriber_goes_away() -> None:
+    hub = ResultsHub()
+    gone = threading.Event()
+    seen: list[WindowResult] = []
+    follower = threading.Thread(target=lambda: seen.extend(hub.follow(QUERY, gone.is_set)),
+                                daemon=True)
+    follower.start()
+    hub.publish(window(0))
+    gone.set()
+    follower.join(2)  # the hub wakes up on its own at least every half second
+    assert not follower.is_alive()
+    assert seen in ([], [window(0)])
+
+
+# --- the gRPC API, served in-process -------------------------------------------------------
+
+
+@dataclass
+class Served:
+    controller: GlobalController
+    sites: FakeSites
+    address: str
+
+    def client(self, timeout_s: float = 5.0) -> ControllerClient:
+        return ControllerClient(self.address, timeout_s=timeout_s)
+
+
+@pytest.fixture
+def served(topology: Topology) -> Iterator[Served]:
+    sites = FakeSites()
+    controller = GlobalController(topology, sites.deploy, sites.stop,
+                                  heartbeat_timeout_s=TIMEOUT_S)
+    server, port = start_server([(rpc.add_GlobalControllerServicer_to_server,
+                                  GlobalControllerServicer(controller, 0.5), SERVICE)], 0)
+    try:
+        yield Served(controller, sites, f"127.0.0.1:{port}")
+    finally:
+        server.stop(None)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_submit_status_explain_and_cancel_over_grpc(served: Served) -> None:
+    served.controller.register_site("ams", "ams.test:7100")
+    served.controller.register_site("sfo", "sfo.test:7100")  # sin never registers
+    client = served.client()
+    response = client.submit(EXAMPLE)
+    assert response.query == QUERY
+    assert response.plan.startswith("physical plan on local-3dc (root ams)")
+    assert [f.site for _, f, _ in served.sites.deploys] == ["ams", "sfo"]
+
+    status = client.status()
+    assert (status.topology, status.root) == ("local-3dc", "ams")
+    by_name = {s.name: s for s in status.sites}
+    assert list(by_name) == list(SITES)
+    ams, sin = by_name["ams"], by_name["sin"]
+    assert (ams.kind, ams.address, ams.alive) == ("datacenter", "ams.test:7100", True)
+    assert 0 <= ams.seconds_since_heartbeat < 5
+    assert [(p.query, p.piece, p.server) for p in ams.placements] == [
+        (QUERY, "local stage", "ams-1"), (QUERY, "final", "ams-1")]
+    assert (sin.address, sin.alive, sin.seconds_since_heartbeat) == ("", False, -1.0)
+    assert list(sin.placements) == []
+    [query] = status.queries
+    assert (query.name, query.state, query.replans, query.detail) == (QUERY, "running", 0, "")
+    assert dict(query.parents) == {"sfo": "ams", "sin": "ams"}
+    assert query.plan == response.plan
+    assert sorted((link.a, link.b) for link in status.links) == [("sfo", "ams"), ("sin", "ams")]
+    for link in status.links:
+        assert link.bandwidth_bps == 1e9
+        assert link.planned_bytes_per_s > 0
+        assert link.utilisation == pytest.approx(link.planned_bytes_per_s * 8 / 1e9)
+
+    text = client.explain(EXAMPLE)
+    assert "split_aggregates" in text and "physical plan on local-3dc" in text
+
+    client.cancel(QUERY)
+    assert [q.state for q in client.status().queries] == ["cancelled"]
+    assert sorted(served.sites.stops) == [("ams.test:7100", QUERY), ("sfo.test:7100", QUERY)]
+
+
+def test_results_stream_while_another_thread_publishes(served: Served) -> None:
+    client = served.client()
+    client.submit(EXAMPLE)
+    published = [WindowResult(QUERY, s, s + 10_000,
+                              [{"domain": "a.com", "requests": 3, "kb": 1.5}], True, 0.0)
+                 for s in (0, 10_000, 20_000)]
+
+    def publish() -> None:
+        for result in published:
+            time.sleep(0.05)
+            served.controller.results.publish(result)
+        served.controller.cancel(QUERY)
+
+    publisher = threading.Thread(target=publish, daemon=True)
+    publisher.start()
+    started = time.monotonic()
+    received = list(client.results(QUERY, timeout_s=10))
+    publisher.join(2)
+    assert received == published
+    assert time.monotonic() - started < 5  # ended by the cancel, not by the deadline
+
+
+def test_results_with_a_deadline_end_quietly(served: Served) -> None:
+    client = served.client()
+    client.submit(EXAMPLE)
+    served.controller.results.publish(window(0))
+    assert list(client.results(QUERY, timeout_s=0.5)) == [window(0)]
+
+
+def test_errors_come_back_as_readable_control_plane_errors(served: Served,
+                                                           tmp_path: Path) -> None:
+    client = served.client()
+    with pytest.raises(ControlPlaneError, match=r"^no query named 'nope'$"):
+        client.cancel("nope")
+    with pytest.raises(ControlPlaneError, match=r"^no query named 'nope'$"):
+        list(client.results("nope", timeout_s=5))
+    bad = tmp_path / "bad.py"
+    bad.write_text(BAD_QUERY, encoding="utf-8")
+    with pytest.raises(ControlPlaneError, match=r"bad\.py: where: unknown column 'stauts'"):
+        client.submit(bad)
+    with pytest.raises(ControlPlaneError, match="unknown column 'stauts'"):
+        client.explain(bad)
+    with pytest.raises(ControlPlaneError, match="no such query file"):
+        client.submit(tmp_path / "missing.py")
+    client.submit(EXAMPLE)
+    with pytest.raises(ControlPlaneError, match="already running"):
+        client.submit(EXAMPLE)
+
+
+def test_sites_register_and_beat_over_grpc(served: Served) -> None:
+    stub = rpc.GlobalControllerStub(grpc.insecure_channel(served.address))
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.Heartbeat(pb.HeartbeatRequest(site="sfo"), timeout=5)
+    # What makes a site controller register again (a restarted controller forgot it).
+    assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert "before registering" in str(refused.value.details())
+
+    reply = stub.RegisterSite(pb.RegisterSiteRequest(site="ams", address="ams.test:7100"),
+                              timeout=5)
+    assert (reply.topology, reply.kind, reply.heartbeat_interval_s) == (
+        "local-3dc", "datacenter", 0.5)
+    assert [(s.name, s.cores) for s in reply.servers] == [("ams-1", 1), ("ams-2", 1)]
+    served.controller.submit(EXAMPLE.read_text(encoding="utf-8"))
+    beat_reply = stub.Heartbeat(pb.HeartbeatRequest(
+        site="ams", links=[pb.LinkMeasurement(peer="sfo", bandwidth_bps=1e9)]), timeout=5)
+    assert list(beat_reply.queries) == [QUERY]
+    with pytest.raises(grpc.RpcError) as unknown:
+        stub.RegisterSite(pb.RegisterSiteRequest(site="lhr", address="x:1"), timeout=5)
+    assert unknown.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert "no site named 'lhr'" in str(unknown.value.details())
+
+
+def test_health_check_and_reflection(served: Served) -> None:
+    channel = grpc.insecure_channel(served.address)
+    health = health_pb2_grpc.HealthStub(channel)
+    for service in ("", SERVICE):
+        reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING, service
+
+    reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
+    [reply] = list(reflection.ServerReflectionInfo(
+        iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5))
+    names = {s.name for s in reply.list_services_response.service}
+    assert {SERVICE, "grpc.health.v1.Health"} <= names
+
+
+def test_a_controller_that_is_not_there_is_reported_as_unreachable() -> None:
+    port = free_port()
+    client = ControllerClient(f"127.0.0.1:{port}", timeout_s=0.5)
+    started = time.monotonic()
+    with pytest.raises(ControlPlaneError,
+                       match=rf"cannot reach the controller at 127\.0\.0\.1:{port} "
+                             r"\((UNAVAILABLE|DEADLINE_EXCEEDED)\); is `jetstream controller`"):
+        client.status()
+    assert time.monotonic() - started < 3

@@ -1,0 +1,182 @@
+"""The control plane as real processes on loopback, driven by the CLI: a controller and three
+site controllers come up, a query is placed on them, a killed site is planned around, and the
+query is cancelled."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "cdn_topk.py"
+TOPOLOGY = ROOT / "topologies" / "local-3dc.yaml"
+SITES = ("ams", "sfo", "sin")
+QUERY = "cdn-topk"
+
+_SCRIPT = Path(sys.executable).parent / "jetstream"
+JETSTREAM = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "jetstream"]
+# Wide enough that `jetstream status` tables do not wrap names.
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
+#: The longest any one change may take to show in `jetstream status`.
+DEADLINE_S = 20.0
+
+Status = dict[str, Any]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Cluster:
+    """The processes of one test, their output files, and the CLI pointed at them."""
+
+    address: str
+    logs: Path
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def start(self, name: str, *args: str) -> None:
+        with (self.logs / f"{name}.log").open("wb") as out:  # the child keeps its own handle
+            self.processes[name] = subprocess.Popen([*JETSTREAM, *args], stdout=out,
+                                                    stderr=subprocess.STDOUT, cwd=ROOT, env=ENV)
+
+    def output(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')}"
+                         for p in sorted(self.logs.glob("*.log")))
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*JETSTREAM, *args, "--controller", self.address],
+                              capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=15)
+
+    def ok(self, *args: str) -> str:
+        done = self.cli(*args)
+        assert done.returncode == 0, (f"jetstream {' '.join(args)}: {done.stderr}\n"
+                                      f"{self.output()}")
+        return done.stdout
+
+    def status(self) -> Status | None:
+        done = self.cli("status", "--json")
+        return json.loads(done.stdout) if done.returncode == 0 else None
+
+    def wait_for(self, what: str, holds: Callable[[Status], bool]) -> Status:
+        """Poll `jetstream status --json` until ``holds``; fail after DEADLINE_S."""
+        deadline = time.monotonic() + DEADLINE_S
+        last = None
+        while time.monotonic() < deadline:
+            if self.processes["controller"].poll() is not None:
+                pytest.fail(f"the controller exited while waiting for {what}\n{self.output()}")
+            last = self.status()
+            if last is not None and holds(last):
+                return last
+            time.sleep(0.1)
+        pytest.fail(f"no {what} after {DEADLINE_S}s; last status:\n"
+                    f"{json.dumps(last, indent=2)}\n{self.output()}")
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    cluster = Cluster(f"127.0.0.1:{free_port()}", tmp_path)
+    try:
+        cluster.start("controller", "controller", "--topology", str(TOPOLOGY),
+                      "--port", cluster.address.rsplit(":", 1)[1],
+                      "--heartbeat-interval", "0.3", "--heartbeat-timeout", "1.5")
+        cluster.wait_for("answer from the controller", lambda status: True)
+        for site in SITES:
+            cluster.start(site, "site", "--name", site, "--controller", cluster.address)
+        yield cluster
+    finally:
+        for process in cluster.processes.values():
+            if process.poll() is None:
+                process.kill()
+        for process in cluster.processes.values():
+            process.wait(timeout=10)
+
+
+def sites(status: Status) -> dict[str, Status]:
+    return {s["name"]: s for s in status["sites"]}
+
+
+def query(status: Status) -> Status:
+    [only] = [q for q in status["queries"] if q["name"] == QUERY]
+    return only
+
+
+def pieces(status: Status, site: str) -> list[tuple[str, str]]:
+    return sorted((p["piece"], p["server"]) for p in sites(status)[site]["placements"]
+                  if p["query"] == QUERY)
+
+
+EXPECTED_PIECES = {
+    "ams": [("final 1/2", "ams-1"), ("final 2/2", "ams-2"), ("local stage", "ams-1")],
+    "sfo": [("local stage", "sfo-1")],
+    "sin": [("local stage", "sin-1")],
+}
+
+
+def test_a_query_is_placed_planned_around_a_dead_site_and_cancelled(cluster: Cluster) -> None:
+    up = cluster.wait_for("three live sites",
+                          lambda s: all(site["alive"] for site in s["sites"]))
+    assert (up["topology"], up["root"]) == ("local-3dc", "ams")
+    assert sorted(sites(up)) == list(SITES)
+    assert all(site["address"].startswith("127.0.0.1:") for site in up["sites"])
+
+    submitted = cluster.ok("submit", str(EXAMPLE))
+    assert submitted.startswith(f"submitted {QUERY}\nphysical plan on local-3dc (root ams)")
+
+    placed = cluster.wait_for("placements on every site", lambda s: all(
+        pieces(s, site) == expected for site, expected in EXPECTED_PIECES.items()))
+    running = query(placed)
+    assert (running["state"], running["replans"]) == ("running", 0)
+    assert running["parents"] == {"sfo": "ams", "sin": "ams"}
+    assert sum(link["planned_bytes_per_s"] for link in placed["links"]) > 0
+
+    table = cluster.ok("status")
+    for word in (*SITES, "local-3dc", QUERY, "sfo -> ams", "sin -> ams", "local stage"):
+        assert word in table, f"{word!r} missing from `jetstream status`:\n{table}"
+
+    cluster.processes["sfo"].send_signal(signal.SIGKILL)
+    cluster.processes["sfo"].wait(timeout=5)
+
+    def planned_around_sfo(status: Status) -> bool:
+        q = query(status)
+        return (not sites(status)["sfo"]["alive"] and q["replans"] >= 1
+                and "sfo" not in q["parents"])
+
+    degraded = cluster.wait_for("re-plan without sfo", planned_around_sfo)
+    after = query(degraded)
+    assert after["state"] == "degraded"
+    assert "sfo" in after["detail"]
+    assert after["parents"] == {"sin": "ams"}
+    assert "sfo:" not in after["plan"]
+    assert sites(degraded)["ams"]["alive"] and sites(degraded)["sin"]["alive"]
+    assert sites(degraded)["sfo"]["placements"] == []
+    survivors = cluster.wait_for("the new plan on ams and sin", lambda s: all(
+        pieces(s, site) == EXPECTED_PIECES[site] for site in ("ams", "sin")))
+    assert query(survivors)["replans"] == after["replans"]  # one death, one re-plan
+    assert "dead" in cluster.ok("status")
+
+    assert cluster.ok("cancel", QUERY).strip() == f"cancelled {QUERY}"
+    cancelled = cluster.wait_for("cancelled query", lambda s: query(s)["state"] == "cancelled")
+    assert all(pieces(cancelled, site) == [] for site in SITES)
+    for name in ("controller", "ams", "sin"):
+        assert cluster.processes[name].poll() is None, f"{name} exited\n{cluster.output()}"
+
+
+def test_the_cli_says_when_no_controller_answers() -> None:
+    done = subprocess.run([*JETSTREAM, "status", "--controller", f"127.0.0.1:{free_port()}"],
+                          capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=30)
+    assert done.returncode == 1
+    assert "cannot reach the controller at 127.0.0.1:" in done.stderr
