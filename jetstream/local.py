@@ -297,11 +297,25 @@ def _rows_step(op: Operator, rows: list[Row]) -> list[Row]:
     if isinstance(op, Where | KeyPartition):
         return [r for r in rows if op.keeps(r)]
     if isinstance(op, TopK):
-        ranked = sorted(rows, key=lambda r: tuple((r[c] is None, r[c]) for c in op.tie_break))
-        # Python's sort is stable also in reverse, so ties keep the tie-break order.
+        # Ties go to the smaller group key, then to the smaller other columns: a total order
+        # on what a row holds, so the top k never depends on the order rows arrived in.
+        columns = [*op.tie_break, *(c for c in op.schema.names if c not in op.tie_break)]
+        ranked = sorted(rows, key=lambda r: tuple(_sort_key(r[c]) for c in columns))
+        # Python's sort is stable also in reverse, so ties keep that order.
         ranked.sort(key=lambda r: _rank(r[op.by]), reverse=True)
         return ranked[: op.k]
     return [_transform(op, r) for r in rows]
+
+
+def _sort_key(value: Any) -> tuple[int, Any]:
+    """Orders any column value: NULL first, then numbers, then text, then the rest by repr."""
+    if value is None:
+        return (0, 0)
+    if isinstance(value, int | float):
+        return (1, value)
+    if isinstance(value, str):
+        return (2, value)
+    return (3, repr(value))
 
 
 def _rank(value: Any) -> tuple[bool, Any]:

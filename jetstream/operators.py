@@ -295,7 +295,8 @@ class KeyPartition(Operator):
 
 @dataclass(frozen=True, eq=False, kw_only=True)
 class TopK(Operator):
-    """Per window, the ``k`` rows with the largest ``by``; ties go to the smaller ``tie_break``."""
+    """Per window, the ``k`` rows with the largest ``by``; ties go to the smaller ``tie_break``
+    (the group keys), then to the smaller other columns, so the order is total."""
 
     k: int
     by: str

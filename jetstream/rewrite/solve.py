@@ -19,6 +19,8 @@ _FLIP = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "==", "!=": "!="}
 
 #: A relative error far beyond what a few double roundings can cause (about 1e-16 each).
 _EPS = 1e-9
+#: Past these overall factors a column's term can underflow or overflow, beyond any bound.
+_SAFE_SCALE = (1e-150, 1e150)
 #: The least a relaxed threshold moves.
 _SLACK = 1e-9
 
@@ -41,6 +43,7 @@ def _peel(op: str, side: Expr, t: int | float
     are exact on an integer column.
     """
     err, integral = _EPS * abs(t), isinstance(t, int)
+    scale = 1.0  # how much the steps so far multiply the column by
     while not isinstance(side, Col):
         if isinstance(side, Neg):
             op, t, side = _FLIP[op], -t, side.operand
@@ -61,11 +64,14 @@ def _peel(op: str, side: Expr, t: int | float
         elif side.op in "*/" and (factor := c_right if c_right is not None else
                                   c_left if side.op == "*" else None):
             c = factor
-            scale = 1 / abs(c) if side.op == "*" else abs(c)
+            scale *= abs(c) if side.op == "*" else 1 / abs(c)
+            if not _SAFE_SCALE[0] <= scale <= _SAFE_SCALE[1]:
+                return None  # the column's term could underflow to 0 or overflow: no bound
+            shrink = 1 / abs(c) if side.op == "*" else abs(c)
             t = t / c if side.op == "*" else t * c
             op = _FLIP[op] if c < 0 else op
             side = side.left if c_right is not None else side.right
-            err, integral = (err + _EPS * abs(before)) * scale + _EPS * abs(t), False
+            err, integral = (err + _EPS * abs(before)) * shrink + _EPS * abs(t), False
             continue
         else:
             return None
