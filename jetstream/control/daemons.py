@@ -6,6 +6,7 @@ import logging
 import signal
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import grpc
 
@@ -46,26 +47,27 @@ class _SiteClients:
         parent = self.addresses(fragment.parent) if fragment.parent else ""
         request = pb.DeployFragmentRequest(fragment=fragment_to_proto(
             fragment, state.source, state.version, parent))
-        try:
-            response = self._stub(address).DeployFragment(request, timeout=CALL_TIMEOUT_S)
-        except grpc.RpcError as e:
-            msg = f"site at {address}: {e.code().name}: {e.details()}"
-            raise ControlPlaneError(msg) from None
+        response = self._call(address, "DeployFragment", request)
         return [(p.piece, p.server) for p in response.placements]
 
     def stop(self, address: str, query: str) -> None:
+        self._call(address, "StopFragment", pb.StopFragmentRequest(query=query))
+
+    def _call(self, address: str, method: str, request: object) -> Any:
         try:
-            self._stub(address).StopFragment(pb.StopFragmentRequest(query=query),
-                                             timeout=CALL_TIMEOUT_S)
+            return getattr(self._stub(address), method)(request, timeout=CALL_TIMEOUT_S)
         except grpc.RpcError as e:
             msg = f"site at {address}: {e.code().name}: {e.details()}"
             raise ControlPlaneError(msg) from None
 
 
-def _until_signalled(stop: threading.Event) -> None:
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+def _serve_until_stopped(server: grpc.Server, stop: threading.Event) -> None:
+    """Block until ``stop`` is set, or SIGINT/SIGTERM when on the main thread; then drain."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
     stop.wait()
+    server.stop(grace=1.0).wait()
 
 
 def run_controller(topology: Topology, port: int, *, host: str = "127.0.0.1",
@@ -93,11 +95,7 @@ def run_controller(topology: Topology, port: int, *, host: str = "127.0.0.1",
                 log.exception("checking site liveness failed")
 
     threading.Thread(target=watch, name="liveness", daemon=True).start()
-    if threading.current_thread() is threading.main_thread():
-        _until_signalled(stop)
-    else:
-        stop.wait()
-    server.stop(grace=1.0).wait()
+    _serve_until_stopped(server, stop)
 
 
 def run_site(name: str, controller_address: str, *, port: int = 0, host: str = "127.0.0.1",
@@ -148,8 +146,4 @@ def run_site(name: str, controller_address: str, *, port: int = 0, host: str = "
             stop.wait(interval)
 
     threading.Thread(target=beat, name="heartbeat", daemon=True).start()
-    if threading.current_thread() is threading.main_thread():
-        _until_signalled(stop)
-    else:
-        stop.wait()
-    server.stop(grace=1.0).wait()
+    _serve_until_stopped(server, stop)
