@@ -6,6 +6,7 @@ Every aggregate turns values into an accumulator and back::
     acc = agg.add(acc, value)        # may mutate ``acc``; returns the accumulator to keep
     acc = agg.merge(acc, other)      # may mutate ``acc``, never ``other``
     acc = agg.compact(acc)           # before an accumulator crosses a wire
+    wire = agg.encode(acc)           # a JSON value; agg.decode(wire) gives it back
     value = agg.extract(acc)         # does not mutate ``acc``
 
 The planner derives the partial/merge/final split of a query from this one definition: sites
@@ -103,6 +104,14 @@ class Aggregate:
     def extract(self, acc: Any) -> Any:
         return acc
 
+    def encode(self, acc: Any) -> Any:
+        """The accumulator as a JSON value (numbers, strings, lists), for the wire."""
+        return acc
+
+    def decode(self, data: Any) -> Any:
+        """An accumulator from ``encode``'s output; raises ValueError if it cannot be one."""
+        return data
+
     def error_bound(self, acc: Any) -> float:
         """The largest relative error ``extract`` can have: 0.0 for exact aggregates."""
         return 0.0
@@ -130,6 +139,12 @@ class Count(Aggregate):
 
     def add(self, acc: int, value: Any) -> int:
         return acc + 1
+
+    def decode(self, data: Any) -> int:
+        if not isinstance(data, int) or isinstance(data, bool) or data < 0:
+            msg = f"{self.name}: not a count: {data!r:.80}"
+            raise ValueError(msg)
+        return data
 
     def merge(self, acc: int, other: int) -> int:
         return acc + other
@@ -191,6 +206,13 @@ class Sum(Aggregate):
             return None
         return math.fsum([*acc[2], acc[1]]) if acc[2] else acc[1]
 
+    def decode(self, data: Any) -> list[Any]:
+        if not (isinstance(data, list) and len(data) == 3 and isinstance(data[0], int)
+                and isinstance(data[2], list)):
+            msg = f"{self.name}: not a partial sum: {data!r:.80}"
+            raise ValueError(msg)
+        return [data[0], data[1], list(data[2])]
+
 
 class _Extreme(Aggregate):
     pick: ClassVar[Any]
@@ -209,6 +231,12 @@ class _Extreme(Aggregate):
 
     def merge(self, acc: Any, other: Any) -> Any:
         return acc if other is None else self.add(acc, other)
+
+    def decode(self, data: Any) -> Any:
+        if isinstance(data, list | dict):
+            msg = f"{self.name}: not a single value: {data!r:.80}"
+            raise ValueError(msg)
+        return data
 
 
 @dataclass(frozen=True, eq=False)
@@ -272,6 +300,15 @@ class CountDistinct(Aggregate):
     def extract(self, acc: set[Any]) -> int:
         return len(acc)
 
+    def encode(self, acc: set[Any]) -> list[Any]:
+        return list(acc)
+
+    def decode(self, data: Any) -> set[Any]:
+        if not isinstance(data, list):
+            msg = f"{self.name}: not a list of values: {data!r:.80}"
+            raise ValueError(msg)
+        return set(data)
+
 
 def check_int(value: int, low: int, high: int, what: str) -> None:
     """Refuse a size parameter that is not an integer in ``[low, high]``."""
@@ -315,6 +352,12 @@ class Quantile(Aggregate):
     def merge(self, acc: list[Any], other: list[Any]) -> list[Any]:
         acc.extend(other)
         return acc
+
+    def decode(self, data: Any) -> list[Any]:
+        if not isinstance(data, list):
+            msg = f"{self.name}: not a list of values: {data!r:.80}"
+            raise ValueError(msg)
+        return data
 
     def extract(self, acc: list[Any]) -> Any:
         if not acc:

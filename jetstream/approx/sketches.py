@@ -7,6 +7,7 @@ binary formats come out of Spark's DataSketches aggregates at the edge.
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -18,16 +19,34 @@ from jetstream.schema import DataType
 
 __all__ = ["ApproxCountDistinct", "ApproxQuantile", "TopKItems"]
 
+
+class _Sketch(Aggregate):
+    """A DataSketches accumulator crosses the wire as its own serialized bytes (base64)."""
+
+    sketch_type: ClassVar[Any]
+
+    def encode(self, acc: Any) -> str:
+        data = acc.serialize_compact() if hasattr(acc, "serialize_compact") else acc.serialize()
+        return base64.b64encode(data).decode("ascii")
+
+    def decode(self, data: Any) -> Any:
+        try:
+            return type(self).sketch_type.deserialize(base64.b64decode(data, validate=True))
+        except (TypeError, ValueError, RuntimeError) as e:
+            msg = f"{self.name}: not a serialized sketch: {e}"
+            raise ValueError(msg) from None
+
 #: Standard deviations behind the HLL bounds we report: about 99.7% confidence.
 _HLL_STD_DEVS = 3
 
 
 @dataclass(frozen=True, eq=False)
-class ApproxCountDistinct(Aggregate):
+class ApproxCountDistinct(_Sketch):
     """Distinct values estimated by an HLL sketch of ``2**lg_k`` buckets."""
 
     lg_k: int = 12
     name: ClassVar[str] = "approx_count_distinct"
+    sketch_type: ClassVar[Any] = ds.hll_sketch
     partial: ClassVar[str] = "an HLL sketch"
     kind: ClassVar[AggregateKind] = AggregateKind.APPROXIMATE
 
@@ -66,12 +85,13 @@ class ApproxCountDistinct(Aggregate):
 
 
 @dataclass(frozen=True, eq=False)
-class ApproxQuantile(Aggregate):
+class ApproxQuantile(_Sketch):
     """The ``q``-quantile from a KLL sketch; the bound is the normalized rank error."""
 
     q: float = 0.5
     k: int = 200
     name: ClassVar[str] = "approx_quantile"
+    sketch_type: ClassVar[Any] = ds.kll_doubles_sketch
     partial: ClassVar[str] = "a KLL sketch"
     kind: ClassVar[AggregateKind] = AggregateKind.APPROXIMATE
 
@@ -107,7 +127,7 @@ class ApproxQuantile(Aggregate):
 
 
 @dataclass(frozen=True, eq=False)
-class TopKItems(Aggregate):
+class TopKItems(_Sketch):
     """The ``k`` most frequent values, from a frequent-items sketch of at most 2**lg_max_k items.
 
     ``extract`` gives ``[{"item", "count", "lb", "ub"}, ...]``, most frequent first; the true
@@ -117,6 +137,7 @@ class TopKItems(Aggregate):
     k: int = 10
     lg_max_k: int = 10
     name: ClassVar[str] = "top_k"
+    sketch_type: ClassVar[Any] = ds.frequent_strings_sketch
     partial: ClassVar[str] = "a frequent-items sketch"
     kind: ClassVar[AggregateKind] = AggregateKind.APPROXIMATE
 

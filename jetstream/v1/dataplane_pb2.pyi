@@ -8,13 +8,13 @@ DESCRIPTOR: _descriptor.FileDescriptor
 class SummaryKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     SUMMARY_KIND_UNSPECIFIED: _ClassVar[SummaryKind]
-    SUMMARY_KIND_EXACT: _ClassVar[SummaryKind]
+    SUMMARY_KIND_ROWS: _ClassVar[SummaryKind]
     SUMMARY_KIND_TRUNCATED_TOP: _ClassVar[SummaryKind]
     SUMMARY_KIND_FREQUENT_ITEMS: _ClassVar[SummaryKind]
     SUMMARY_KIND_HLL: _ClassVar[SummaryKind]
     SUMMARY_KIND_KLL: _ClassVar[SummaryKind]
 SUMMARY_KIND_UNSPECIFIED: SummaryKind
-SUMMARY_KIND_EXACT: SummaryKind
+SUMMARY_KIND_ROWS: SummaryKind
 SUMMARY_KIND_TRUNCATED_TOP: SummaryKind
 SUMMARY_KIND_FREQUENT_ITEMS: SummaryKind
 SUMMARY_KIND_HLL: SummaryKind

@@ -1,0 +1,127 @@
+"""Partial batches: one window's partial aggregates from one origin, and their wire form.
+
+The payload is columnar JSON — the group keys column by column, then each aggregate's
+accumulators (``Aggregate.encode``: numbers and lists, or a sketch's own bytes) — compressed
+with zlib when that is smaller. Decoding checks everything a peer could get wrong and raises
+:class:`~jetstream.errors.DataError` naming it, so a bad batch is refused, never merged.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from jetstream.errors import DataError
+from jetstream.operators import WindowAggregate
+from jetstream.v1 import dataplane_pb2 as pb
+
+__all__ = ["MAX_PAYLOAD_BYTES", "PartialBatch", "decode_batch", "encode_batch"]
+
+#: The largest payload a receiver accepts, compressed or not.
+MAX_PAYLOAD_BYTES = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class PartialBatch:
+    """The partial rows (group keys and accumulators) of one window from one origin."""
+
+    query: str
+    window: tuple[int, int]
+    origin: str
+    rows: tuple[Mapping[str, Any], ...]
+    partition: int = 0
+    attempt: int = 0
+    sequence: int = 0
+    events: int = 0
+    error_bound: float = 0.0
+    complete: bool = True
+    level: int = 0
+
+    @property
+    def identity(self) -> tuple[str, int, int, str, int]:
+        """What a receiver deduplicates on: resending a window's partial changes nothing."""
+        return (self.query, self.window[0], self.window[1], self.origin, self.partition)
+
+
+def encode_batch(batch: PartialBatch, aggregate: WindowAggregate) -> pb.PartialBatch:
+    document = {
+        "keys": {k: [row[k] for row in batch.rows] for k in aggregate.keys},
+        "partials": {name: [agg.encode(agg.compact(row[name])) for row in batch.rows]
+                     for name, agg in aggregate.aggregates},
+    }
+    raw = json.dumps(document, separators=(",", ":"), allow_nan=False).encode()
+    packed = zlib.compress(raw, 6)
+    compressed = len(packed) < len(raw)
+    return pb.PartialBatch(
+        query=batch.query, window_start_ms=batch.window[0], window_end_ms=batch.window[1],
+        origin=batch.origin, partition=batch.partition, attempt=batch.attempt,
+        sequence=batch.sequence, kind=pb.SUMMARY_KIND_ROWS, level=batch.level,
+        payload=packed if compressed else raw, compressed=compressed, events=batch.events,
+        error_bound=batch.error_bound, complete=batch.complete)
+
+
+def decode_batch(message: pb.PartialBatch, aggregate: WindowAggregate) -> PartialBatch:
+    """The batch in ``message``; raises DataError saying what is wrong with it."""
+    where = f"partial batch from {message.origin or '?'} for {message.query or '?'}"
+    if not message.origin or not message.query:
+        msg = f"{where}: no origin or query"
+        raise DataError(msg)
+    if message.window_end_ms <= message.window_start_ms:
+        msg = f"{where}: window [{message.window_start_ms}, {message.window_end_ms}) is empty"
+        raise DataError(msg)
+    if message.kind != pb.SUMMARY_KIND_ROWS:
+        msg = f"{where}: summary kind {message.kind} is not understood here"
+        raise DataError(msg)
+    if len(message.payload) > MAX_PAYLOAD_BYTES:
+        msg = f"{where}: payload of {len(message.payload)} bytes is over the limit"
+        raise DataError(msg)
+    try:
+        raw = (zlib.decompressobj().decompress(message.payload, MAX_PAYLOAD_BYTES)
+               if message.compressed else message.payload)
+        document = json.loads(raw)
+    except (zlib.error, ValueError, UnicodeDecodeError) as e:
+        msg = f"{where}: unreadable payload: {e}"
+        raise DataError(msg) from None
+    rows = _rows(document, aggregate, where)
+    return PartialBatch(
+        query=message.query, window=(message.window_start_ms, message.window_end_ms),
+        origin=message.origin, rows=rows, partition=message.partition, attempt=message.attempt,
+        sequence=message.sequence, events=message.events, error_bound=message.error_bound,
+        complete=message.complete, level=message.level)
+
+
+def _rows(document: Any, aggregate: WindowAggregate, where: str) -> tuple[dict[str, Any], ...]:
+    names = [name for name, _ in aggregate.aggregates]
+    if (not isinstance(document, dict) or set(document) != {"keys", "partials"}
+            or not isinstance(document["keys"], dict)
+            or sorted(document["keys"]) != sorted(aggregate.keys)
+            or not isinstance(document["partials"], dict)
+            or sorted(document["partials"]) != sorted(names)):
+        msg = f"{where}: the payload does not hold the keys {list(aggregate.keys)} and " \
+              f"partials {names} of this query"
+        raise DataError(msg)
+    columns = {**document["keys"], **document["partials"]}
+    lengths = {len(c) if isinstance(c, list) else -1 for c in columns.values()}
+    if len(lengths) > 1 or -1 in lengths:
+        msg = f"{where}: its columns differ in length"
+        raise DataError(msg)
+    count = lengths.pop() if lengths else 0
+    for key in aggregate.keys:
+        dtype = aggregate.schema.dtype(key)
+        bad = next((v for v in columns[key] if v is not None and not dtype.accepts(v)), None)
+        if bad is not None:
+            msg = f"{where}: key {key} should be {dtype.value}, got {bad!r:.40}"
+            raise DataError(msg)
+    rows: list[dict[str, Any]] = [{k: columns[k][i] for k in aggregate.keys}
+                                  for i in range(count)]
+    for name, agg in aggregate.aggregates:
+        for row, data in zip(rows, columns[name], strict=True):
+            try:
+                row[name] = agg.decode(data)
+            except ValueError as e:
+                msg = f"{where}: {e}"
+                raise DataError(msg) from None
+    return tuple(rows)

@@ -1,0 +1,120 @@
+"""Partial batches on the wire: every aggregate survives the trip, garbage is refused."""
+
+from __future__ import annotations
+
+import json
+import re
+import zlib
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import jetstream as js
+from jetstream.operators import Phase, WindowAggregate
+from jetstream.partials import PartialBatch, decode_batch, encode_batch
+from jetstream.v1 import dataplane_pb2 as pb
+
+LOGS = js.source("cdn_logs", schema=js.CDN_LOG_SCHEMA)
+QUERY = js.optimize(js.Query("q", LOGS.window(js.tumbling("10s")).group_by("domain").agg(
+    n=js.count(), kb=js.sum("latency_ms"), mean=js.avg("bytes"), lo=js.min("status"),
+    users=js.count_distinct("client_ip"), p=js.quantile("latency_ms", 0.9),
+    hll=js.approx_count_distinct("client_ip"), kll=js.approx_quantile("latency_ms"),
+    urls=js.top_k("url", 3))))
+# count_distinct and quantile keep the aggregate whole; take its definition as a partial.
+AGGREGATE = next(op for op in map(QUERY.plan().op, QUERY.plan().topological())
+                 if isinstance(op, WindowAggregate))
+PARTIAL = WindowAggregate(schema=AGGREGATE.schema, keys=AGGREGATE.keys,
+                          aggregates=AGGREGATE.aggregates, phase=Phase.PARTIAL)
+
+RECORDS = st.lists(st.fixed_dictionaries({
+    "domain": st.sampled_from(["a.com", "b.com", "é.org"]),
+    "latency_ms": st.floats(-1e6, 1e6, allow_nan=False),
+    "bytes": st.integers(0, 2**40), "status": st.integers(100, 599),
+    "client_ip": st.sampled_from([f"10.0.0.{i}" for i in range(20)]),
+    "url": st.sampled_from(["/a", "/b", "/c", "/d"])}), max_size=40)
+
+
+def partial_rows(records: list[dict[str, Any]]) -> tuple[dict[str, Any], ...]:
+    groups: dict[str, dict[str, Any]] = {}
+    for record in records:
+        row = groups.setdefault(record["domain"], {"domain": record["domain"], **{
+            name: agg.create() for name, agg in PARTIAL.aggregates}})
+        for name, agg in PARTIAL.aggregates:
+            value = None if agg.expr is None else agg.expr.evaluate(record)
+            row[name] = agg.add(row[name], value)
+    return tuple(groups.values())
+
+
+def batch(rows: tuple[dict[str, Any], ...], **fields: Any) -> PartialBatch:
+    return PartialBatch("q", (0, 10_000), "sfo", rows, **fields)
+
+
+def extracted(rows: tuple[Any, ...]) -> list[dict[str, Any]]:
+    return [{name: agg.extract(row[name]) for name, agg in PARTIAL.aggregates} | {
+        "domain": row["domain"]} for row in rows]
+
+
+@settings(max_examples=60, deadline=None)
+@given(RECORDS, st.integers(0, 5), st.integers(0, 2**40))
+def test_every_aggregate_survives_the_wire(records: list[dict[str, Any]], attempt: int,
+                                           sequence: int) -> None:
+    rows = partial_rows(records)
+    sent = batch(rows, attempt=attempt, sequence=sequence, events=len(records),
+                 error_bound=0.01, complete=False)
+    message = pb.PartialBatch.FromString(encode_batch(sent, PARTIAL).SerializeToString())
+    received = decode_batch(message, PARTIAL)
+    assert received.identity == sent.identity == ("q", 0, 10_000, "sfo", 0)
+    assert (received.attempt, received.sequence, received.events, received.complete) == (
+        attempt, sequence, len(records), False)
+    assert extracted(received.rows) == extracted(rows)
+
+
+def test_large_payloads_are_compressed() -> None:
+    rows = partial_rows([{"domain": "a.com", "latency_ms": 1.0, "bytes": 1, "status": 200,
+                          "client_ip": f"10.0.{i // 250}.{i % 250}", "url": "/a"}
+                         for i in range(2000)])
+    message = encode_batch(batch(rows), PARTIAL)
+    assert message.compressed
+    assert extracted(decode_batch(message, PARTIAL).rows) == extracted(rows)
+
+
+def tampered(**changes: Any) -> pb.PartialBatch:
+    message = encode_batch(batch(partial_rows([])), PARTIAL)
+    for field, value in changes.items():
+        setattr(message, field, value)
+    return message
+
+
+def payload(document: Any, compress: bool = False) -> dict[str, Any]:
+    raw = json.dumps(document).encode()
+    return {"payload": zlib.compress(raw) if compress else raw, "compressed": compress}
+
+
+GOOD_COLUMNS = {"keys": {"domain": ["a.com"]},
+                "partials": {name: [agg.encode(agg.create())] for name, agg in PARTIAL.aggregates}}
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"origin": ""}, "no origin or query"),
+    ({"window_end_ms": 0}, "window [0, 0) is empty"),
+    ({"kind": pb.SUMMARY_KIND_HLL}, "summary kind 4 is not understood"),
+    ({"payload": b"\x00garbage", "compressed": True}, "unreadable payload"),
+    ({"payload": b"{not json", "compressed": False}, "unreadable payload"),
+    (payload({"keys": {}, "partials": {}}), "the payload does not hold the keys ['domain']"),
+    (payload({**GOOD_COLUMNS, "keys": {"domain": ["a.com", "b.com"]}}),
+     "its columns differ in length"),
+    (payload({**GOOD_COLUMNS, "keys": {"domain": [7]}}), "key domain should be string, got 7"),
+    (payload({**GOOD_COLUMNS, "partials": {**GOOD_COLUMNS["partials"], "n": ["x"]}}),
+     "count: not a count"),
+    (payload({**GOOD_COLUMNS, "partials": {**GOOD_COLUMNS["partials"], "hll": ["!!"]}}),
+     "approx_count_distinct: not a serialized sketch"),
+    (payload({**GOOD_COLUMNS, "partials": {**GOOD_COLUMNS["partials"], "kb": [[1, 2]]}}),
+     "sum: not a partial sum"),
+    (payload(GOOD_COLUMNS, compress=True) | {"payload": zlib.compress(b" " * (9 << 20))},
+     "unreadable payload"),
+])
+def test_garbage_is_refused_with_a_reason(changes: dict[str, Any], message: str) -> None:
+    with pytest.raises(js.DataError, match="partial batch from .* for q: " + re.escape(message)):
+        decode_batch(tampered(**changes), PARTIAL)
