@@ -1,0 +1,161 @@
+"""The data-plane transport: partial batches pushed up a wide-area link over gRPC, acked.
+
+:class:`PartialSender` keeps every batch until the receiver acknowledges it (upstream
+backup): it holds one streaming ``Push`` call to its parent, and when that breaks it
+reconnects with exponential backoff and sends again whatever is not acknowledged. Every byte
+it sends is counted. :class:`DataPlaneServicer` is the receiving end: it decodes each batch
+(garbage ends that sender's stream with INVALID_ARGUMENT and is counted; other streams go
+on), drops batches it has seen before by their identity, hands new ones on, and acks each.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+
+import grpc
+
+from jetstream.errors import DataError
+from jetstream.operators import WindowAggregate
+from jetstream.partials import PartialBatch, decode_batch
+from jetstream.v1 import dataplane_pb2 as pb
+from jetstream.v1 import dataplane_pb2_grpc as rpc
+
+__all__ = ["DataPlaneServicer", "PartialSender"]
+
+log = logging.getLogger(__name__)
+
+#: A push stream is re-opened after this long even when healthy, so that every call has a
+#: deadline; nothing is lost, the unacknowledged batches are sent again.
+STREAM_DEADLINE_S = 3600.0
+
+AckKey = tuple[str, int, str, int, int]
+
+
+def _ack_key(query: str, window_start: int, origin: str, partition: int,
+             sequence: int) -> AckKey:
+    return (query, window_start, origin, partition, sequence)
+
+
+class PartialSender:
+    """Sends encoded partial batches to one parent until each is acknowledged."""
+
+    def __init__(self, address: str, *, max_backoff_s: float = 5.0) -> None:
+        self.address = address
+        self.bytes_sent = 0
+        self.batches_sent = 0
+        self._max_backoff_s = max_backoff_s
+        self._unacked: dict[AckKey, pb.PartialBatch] = {}
+        self._queue: queue.Queue[pb.PartialBatch] = queue.Queue()
+        self._lock = threading.Condition()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"push-{address}", daemon=True)
+        self._thread.start()
+
+    def send(self, message: pb.PartialBatch) -> None:
+        key = _ack_key(message.query, message.window_start_ms, message.origin,
+                       message.partition, message.sequence)
+        with self._lock:
+            self._unacked[key] = message
+        self._queue.put(message)
+
+    @property
+    def unacked(self) -> int:
+        with self._lock:
+            return len(self._unacked)
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until every batch is acknowledged; whether they all were in time."""
+        with self._lock:
+            return self._lock.wait_for(lambda: not self._unacked, timeout=timeout_s)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        backoff = 0.1
+        with grpc.insecure_channel(self.address) as channel:
+            stub = rpc.DataPlaneStub(channel)
+            while not self._stop.is_set():
+                done = threading.Event()
+                try:
+                    for ack in stub.Push(self._requests(done), timeout=STREAM_DEADLINE_S):
+                        self._acked(ack)
+                        backoff = 0.1
+                except grpc.RpcError as e:
+                    if not self._stop.is_set() and e.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                        log.warning("push to %s: %s: %s; retrying in %.1fs", self.address,
+                                    e.code().name, e.details(), backoff)
+                        self._stop.wait(backoff)
+                        backoff = min(backoff * 2, self._max_backoff_s)
+                finally:
+                    done.set()
+
+    def _requests(self, done: threading.Event) -> Iterator[pb.PartialBatch]:
+        with self._lock:
+            pending = list(self._unacked.values())  # a new stream resends what is unacked
+        while not self._queue.empty():  # those are in ``pending`` already
+            self._queue.get_nowait()
+        for message in pending:
+            yield self._counted(message)
+        while not (self._stop.is_set() or done.is_set()):
+            try:
+                message = self._queue.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            yield self._counted(message)
+
+    def _counted(self, message: pb.PartialBatch) -> pb.PartialBatch:
+        self.bytes_sent += message.ByteSize()
+        self.batches_sent += 1
+        return message
+
+    def _acked(self, ack: pb.Ack) -> None:
+        key = _ack_key(ack.query, ack.window_start_ms, ack.origin, ack.partition, ack.sequence)
+        with self._lock:
+            self._unacked.pop(key, None)
+            self._lock.notify_all()
+
+
+class DataPlaneServicer(rpc.DataPlaneServicer):
+    """Receives partial batches; ``deliver`` gets each new one exactly once."""
+
+    def __init__(self, aggregate_of: Callable[[str], WindowAggregate | None],
+                 deliver: Callable[[PartialBatch], None]) -> None:
+        self._aggregate_of, self._deliver = aggregate_of, deliver
+        self._lock = threading.Lock()
+        self._seen: set[tuple[str, int, int, str, int]] = set()
+        self.refused: Counter[str] = Counter()  # origin -> batches refused
+        self.duplicates = 0
+        self.bytes_received = 0
+
+    def Push(self, request_iterator: Iterator[pb.PartialBatch],
+             context: grpc.ServicerContext) -> Iterator[pb.Ack]:
+        for message in request_iterator:
+            self.bytes_received += message.ByteSize()
+            aggregate = self._aggregate_of(message.query)
+            if aggregate is None:
+                context.abort(grpc.StatusCode.NOT_FOUND,
+                              f"no query named {message.query!r} runs here")
+                return  # abort raises; this is for readers and type checkers
+            try:
+                batch = decode_batch(message, aggregate)
+            except DataError as e:
+                with self._lock:
+                    self.refused[message.origin or "?"] += 1
+                log.warning("refused: %s", e)
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+                return
+            with self._lock:
+                new = batch.identity not in self._seen
+                self._seen.add(batch.identity)
+                self.duplicates += not new
+            if new:
+                self._deliver(batch)
+            yield pb.Ack(query=message.query, window_start_ms=message.window_start_ms,
+                         origin=message.origin, partition=message.partition,
+                         sequence=message.sequence)

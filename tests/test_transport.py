@@ -1,0 +1,151 @@
+"""Partial batches over real gRPC: acked delivery, exactly once, retries, refusal of garbage."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+
+import jetstream as js
+from jetstream.control.server import start_server
+from jetstream.operators import Phase, WindowAggregate
+from jetstream.partials import PartialBatch, encode_batch
+from jetstream.transport import DataPlaneServicer, PartialSender
+from jetstream.v1 import dataplane_pb2_grpc as rpc
+
+AGGREGATE = WindowAggregate(
+    schema=js.Schema.of({"domain": js.DataType.STRING, "n": js.DataType.PARTIAL}),
+    keys=("domain",), aggregates=(("n", js.count()),), phase=Phase.PARTIAL)
+
+
+class Receiver:
+    def __init__(self, port: int = 0) -> None:
+        self.delivered: list[PartialBatch] = []
+        self.arrived = threading.Condition()
+        self.servicer = DataPlaneServicer(lambda q: AGGREGATE if q == "q" else None,
+                                          self._deliver)
+        self.server, self.port = start_server(
+            [(rpc.add_DataPlaneServicer_to_server, self.servicer, "jetstream.v1.DataPlane")],
+            port)
+
+    def _deliver(self, batch: PartialBatch) -> None:
+        with self.arrived:
+            self.delivered.append(batch)
+            self.arrived.notify_all()
+
+    def wait_for(self, count: int, timeout_s: float = 10.0) -> list[PartialBatch]:
+        with self.arrived:
+            assert self.arrived.wait_for(lambda: len(self.delivered) >= count, timeout_s), (
+                f"{len(self.delivered)} of {count} batches arrived")
+            return list(self.delivered)
+
+    def stop(self) -> None:
+        self.server.stop(grace=0).wait()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver()
+    yield r
+    r.stop()
+
+
+def message(window: int, origin: str = "sfo", counts: dict[str, int] | None = None,
+            **fields: Any) -> Any:
+    rows = tuple({"domain": d, "n": n} for d, n in (counts or {"a.com": 1}).items())
+    return encode_batch(PartialBatch("q", (window, window + 10), origin, rows, **fields),
+                        AGGREGATE)
+
+
+def sender_to(port: int) -> PartialSender:
+    return PartialSender(f"127.0.0.1:{port}", max_backoff_s=0.2)
+
+
+def test_batches_are_delivered_once_and_acked(receiver: Receiver) -> None:
+    sender = sender_to(receiver.port)
+    try:
+        for w in range(0, 50, 10):
+            sender.send(message(w, sequence=w))
+        assert sender.flush(10)
+        assert [b.window[0] for b in receiver.wait_for(5)] == [0, 10, 20, 30, 40]
+        assert sender.bytes_sent > 0 and sender.bytes_sent == receiver.servicer.bytes_received
+    finally:
+        sender.close()
+
+
+def test_a_batch_delivered_twice_counts_once(receiver: Receiver) -> None:
+    sender = sender_to(receiver.port)
+    try:
+        sender.send(message(0, sequence=1))
+        sender.send(message(0, sequence=2))  # the same window again, e.g. a Spark retry
+        assert sender.flush(10)
+        assert len(receiver.wait_for(1)) == 1
+        time.sleep(0.2)
+        assert len(receiver.delivered) == 1 and receiver.servicer.duplicates == 1
+    finally:
+        sender.close()
+
+
+def test_a_sender_restarting_mid_window_changes_nothing(receiver: Receiver) -> None:
+    first = sender_to(receiver.port)
+    first.send(message(0, counts={"a.com": 3}))
+    assert first.flush(10)
+    first.close()
+    again = sender_to(receiver.port)  # restarted: replays the window with a new attempt
+    try:
+        again.send(message(0, counts={"a.com": 3}, attempt=1))
+        again.send(message(10, counts={"b.com": 1}, attempt=1))
+        assert again.flush(10)
+        assert [(b.window[0], b.attempt) for b in receiver.wait_for(2)] == [(0, 0), (10, 1)]
+    finally:
+        again.close()
+
+
+def test_unacked_batches_are_sent_again_after_the_receiver_comes_back() -> None:
+    first = Receiver()
+    port = first.port
+    first.stop()  # the parent is down
+    sender = sender_to(port)
+    try:
+        sender.send(message(0))
+        sender.send(message(10))
+        assert not sender.flush(0.5) and sender.unacked == 2
+        second = Receiver(port)  # it comes back on the same address
+        try:
+            assert sender.flush(10)
+            assert sorted(b.window[0] for b in second.wait_for(2)) == [0, 10]
+        finally:
+            second.stop()
+    finally:
+        sender.close()
+
+
+def test_garbage_is_refused_and_other_senders_go_on(receiver: Receiver) -> None:
+    bad, good = sender_to(receiver.port), sender_to(receiver.port)
+    try:
+        garbage = message(0, origin="evil")
+        garbage.payload = b"\x00\x01 not a batch"
+        bad.send(garbage)
+        good.send(message(0, origin="sfo"))
+        assert good.flush(10)
+        assert [b.origin for b in receiver.wait_for(1)] == ["sfo"]
+        assert not bad.flush(0.5)  # never acked: refused every time it is tried
+        assert receiver.servicer.refused["evil"] >= 1
+    finally:
+        bad.close()
+        good.close()
+
+
+def test_batches_for_an_unknown_query_are_refused(receiver: Receiver) -> None:
+    channel = grpc.insecure_channel(f"127.0.0.1:{receiver.port}")
+    wrong = message(0)
+    wrong.query = "nope"
+    with pytest.raises(grpc.RpcError) as caught:
+        list(rpc.DataPlaneStub(channel).Push(iter([wrong]), timeout=5))
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    assert "no query named 'nope'" in str(caught.value.details())
+    channel.close()
