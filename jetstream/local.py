@@ -23,6 +23,7 @@ from jetstream.operators import (
     KeyPartition,
     Map,
     Operator,
+    Phase,
     Select,
     Source,
     TopK,
@@ -36,7 +37,7 @@ from jetstream.plan import LogicalPlan
 from jetstream.results import WindowResult
 from jetstream.schema import DataType
 
-__all__ = ["LocalRun", "RunStats", "run_local"]
+__all__ = ["LocalRun", "RunStats", "finish_from_partials", "run_local"]
 
 Row = dict[str, Any]
 WindowBounds = tuple[int, int]
@@ -203,16 +204,42 @@ class _Executor:
 
     # -- windows, once the input has ended --------------------------------------------------
     def finish(self, query: str) -> list[WindowResult]:
-        batches: dict[int, dict[WindowBounds, _Batch]] = {}
-        for node in self.plan.topological():
-            op = self.plan.op(node)
-            if isinstance(op, WindowAggregate) and op.phase.reads_records:
-                batches[node] = _output(op, self.groups.get(node, {}))
-            elif (inputs := self.plan.inputs(node)) and all(i in batches for i in inputs):
-                batches[node] = _window_step(op, [batches[i] for i in inputs])
-        # A window is reported when it has rows, wherever the filters that emptied it sit.
-        return [WindowResult(query, start, end, b.rows, b.exact, b.error_bound)
-                for (start, end), b in sorted(batches[self.plan.sink].items()) if b.rows]
+        batches = {node: _output(op, self.groups.get(node, {}))
+                   for node, op in ((n, self.plan.op(n)) for n in self.plan.topological())
+                   if isinstance(op, WindowAggregate) and op.phase.reads_records}
+        return _finish(self.plan, query, batches)
+
+
+def _finish(plan: LogicalPlan, query: str, batches: dict[int, dict[WindowBounds, _Batch]]
+            ) -> list[WindowResult]:
+    """Run the steps after the aggregates, window by window, from the aggregates' output."""
+    for node in plan.topological():
+        if node not in batches and (inputs := plan.inputs(node)) and all(
+                i in batches for i in inputs):
+            batches[node] = _window_step(plan.op(node), [batches[i] for i in inputs])
+    # A window is reported when it has rows, wherever the filters that emptied it sit.
+    return [WindowResult(query, start, end, b.rows, b.exact, b.error_bound)
+            for (start, end), b in sorted(batches[plan.sink].items()) if b.rows]
+
+
+def finish_from_partials(query: Query, partials: Mapping[WindowBounds, list[Row]]
+                         ) -> list[WindowResult]:
+    """The results of a split query from its merged partial rows, window by window.
+
+    ``query`` is the optimized query (it has partial aggregates); ``partials`` holds, per
+    window, the partial rows of all its inputs merged or not: the final step merges them. This
+    is what the root of the aggregation tree runs, with the reference executor's own steps.
+    """
+    plan = query.plan()
+    nodes = [n for n in plan.topological() if isinstance(plan.op(n), WindowAggregate)
+             and plan.op(n).phase is Phase.PARTIAL]  # type: ignore[attr-defined]
+    if not nodes:
+        msg = f"query {query.name} has no partial aggregates; optimize it first"
+        raise PlanError(msg)
+    batches: dict[int, dict[WindowBounds, _Batch]] = {node: {} for node in nodes}
+    for window, rows in partials.items():  # all rows enter at one partial: a union follows
+        batches[nodes[0]][window] = _Batch(list(rows), True, 0.0)
+    return _finish(plan, query.name, batches)
 
 
 def _output(op: WindowAggregate, groups: Mapping[tuple[WindowBounds, tuple[Any, ...]], list[Any]]
