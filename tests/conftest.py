@@ -23,3 +23,18 @@ def log(ts: int, domain: str = "a.com", **fields: Any) -> dict[str, Any]:
     }
     record.update(fields)
     return record
+
+
+@pytest.fixture(scope="session")
+def spark():  # type: ignore[no-untyped-def]
+    """One local SparkSession for the whole test session (a session takes seconds to start)."""
+    from pyspark.sql import SparkSession
+
+    session = (SparkSession.builder.master("local[2]").appName("jetstream-tests")
+               .config("spark.ui.enabled", "false")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.driver.memory", "1g")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

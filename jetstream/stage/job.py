@@ -1,0 +1,319 @@
+"""A site's local stage: a Spark Structured Streaming job that turns raw records into partials.
+
+The job reads the site's input folder (CSV files that log shippers drop in atomically), every
+column as text, and runs each micro-batch (``foreachBatch``, on the driver) through:
+
+1. parsing against the source schema: a malformed record (wrong field count, a value that is
+   not of its column's type, a missing field) is counted by reason and written, with the
+   reason, to the quarantine folder — never a crash, never a silent change;
+2. the query's record steps, compiled from the expression IR to Spark columns;
+3. event-time windows, assigned exactly as :meth:`WindowSpec.windows_of` does; a record for a
+   window the site's watermark has already closed is late: counted and dropped;
+4. the partial aggregates per window and group key, with Spark's own functions (``count``,
+   ``sum``, ``min``, ``max``, ``hll_sketch_agg``, ``kll_sketch_agg_double``; frequent items
+   from per-item counts), turned into the accumulators of :mod:`jetstream.aggregates`;
+5. merged into the windows' running partials, and every window the watermark has now closed
+   is handed to ``emit``.
+
+The watermark is the largest event time the site has read, less the window's delay — the
+reference executor's rule, applied at micro-batch granularity.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import datasketches as ds
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StringType, StructField, StructType
+
+from jetstream.aggregates import Aggregate, Count, Max, Min, Sum
+from jetstream.approx.sketches import ApproxCountDistinct, ApproxQuantile, TopKItems
+from jetstream.dsl import Query
+from jetstream.errors import PlanError
+from jetstream.operators import (
+    Operator,
+    Phase,
+    Select,
+    Source,
+    Where,
+    Window,
+    WindowAggregate,
+    WithColumn,
+)
+from jetstream.schema import DataType
+from jetstream.stage.compile import spark_type, to_column
+
+__all__ = ["LocalStage", "StageStats"]
+
+Emit = Callable[[tuple[int, int], list[dict[str, Any]], int], None]
+_CORRUPT = "_jetstream_corrupt"
+
+
+@dataclass
+class StageStats:
+    records_in: int = 0
+    late_records: int = 0
+    malformed: Counter[str] = field(default_factory=Counter)
+    batches: int = 0
+
+
+class LocalStage:
+    """One query's local stage at one site, over one input folder."""
+
+    def __init__(self, spark: SparkSession, query: Query, input_dir: str | Path, *,
+                 checkpoint_dir: str | Path, quarantine_dir: str | Path, emit: Emit) -> None:
+        plan = query.plan()
+        chain = _site_chain(plan, query.name)
+        source, partial = chain[0], chain[-1]
+        assert isinstance(source, Source) and isinstance(partial, WindowAggregate)
+        self.source, self.steps, self.partial = source, chain[1:-1], partial
+        if source.schema.event_time is None:
+            msg = f"query {query.name}: source {source.name} has no event time column"
+            raise PlanError(msg)
+        self.event_time: str = source.schema.event_time
+        window = next((s for s in self.steps if isinstance(s, Window)), None)
+        if window is None:
+            msg = f"query {query.name}: the local stage needs a window before the aggregate"
+            raise PlanError(msg)
+        self.window = window
+        self.spark, self.emit = spark, emit
+        self.input_dir, self.checkpoint_dir = str(input_dir), str(checkpoint_dir)
+        self.quarantine_dir = str(quarantine_dir)
+        self.stats = StageStats()
+        self._latest: int | None = None  # the largest event time read so far
+        self._open: dict[tuple[int, int], dict[tuple[Any, ...], list[Any]]] = {}
+        self._events: Counter[tuple[int, int]] = Counter()
+
+    # -- running ------------------------------------------------------------------------------
+    def _reader(self) -> DataFrame:
+        text = StructType([StructField(f.name, StringType()) for f in self.source.schema]
+                          + [StructField(_CORRUPT, StringType())])
+        return (self.spark.readStream.schema(text).option("header", True)
+                .option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", _CORRUPT)
+                .csv(self.input_dir))
+
+    def run_available(self) -> StageStats:
+        """Process every file in the folder now, then close every window (finite input)."""
+        (self._reader().writeStream.foreachBatch(self.process_batch)
+         .option("checkpointLocation", self.checkpoint_dir).trigger(availableNow=True)
+         .start().awaitTermination())
+        self.flush()
+        return self.stats
+
+    def flush(self) -> None:
+        """The input has ended: every open window is final."""
+        self._emit_closed(None)
+
+    # -- one micro-batch ----------------------------------------------------------------------
+    def process_batch(self, raw: DataFrame, batch_id: int) -> None:
+        self.stats.batches += 1
+        checked = self._check(raw).cache()
+        try:
+            self._quarantine(checked)
+            valid = checked.filter(F.col("_reason").isNull()).drop("_reason", _CORRUPT)
+            batch_latest = valid.agg(F.max(self.event_time), F.count(F.lit(1))).first()
+            self.stats.records_in += int(batch_latest[1]) if batch_latest else 0
+            watermark = (None if self._latest is None
+                         else self._latest - self.window.watermark_ms)
+            self._aggregate(self._windowed(self._steps(valid), watermark))
+            if batch_latest is not None and batch_latest[0] is not None:
+                self._latest = max(self._latest or batch_latest[0], batch_latest[0])
+                self._emit_closed(self._latest - self.window.watermark_ms)
+        finally:
+            checked.unpersist()
+
+    def _check(self, raw: DataFrame) -> DataFrame:
+        """Typed columns, and ``_reason`` saying why a record is malformed (NULL: it is fine)."""
+        reason: Column = F.when(F.col(_CORRUPT).isNotNull(), F.lit("wrong field count"))
+        typed = []
+        for f in self.source.schema:
+            text = F.col(f"`{f.name}`")
+            value = _parse(f.name, f.dtype)
+            reason = reason.when(text.isNull(), F.lit(f"missing field: {f.name}"))
+            reason = reason.when(value.isNull(), F.lit(f"ill-typed field: {f.name}"))
+            typed.append(value.alias(f.name))
+        return raw.select(*typed, F.col(_CORRUPT), reason.alias("_reason"))
+
+    def _quarantine(self, checked: DataFrame) -> None:
+        bad = checked.filter(F.col("_reason").isNotNull())
+        counts = bad.groupBy("_reason").count().collect()
+        if not counts:
+            return
+        for row in counts:
+            self.stats.malformed[row["_reason"].split(":", 1)[0]] += int(row["count"])
+        (bad.select(F.col("_reason").alias("reason"), F.input_file_name().alias("file"),
+                    F.col(_CORRUPT).alias("line"))
+         .write.mode("append").json(self.quarantine_dir))
+
+    def _steps(self, df: DataFrame) -> DataFrame:
+        for step in self.steps:
+            if isinstance(step, Where):
+                df = df.filter(to_column(step.predicate))
+            elif isinstance(step, WithColumn):
+                df = df.withColumn(step.name, to_column(step.expr))
+            elif isinstance(step, Select):
+                df = df.select(*(to_column(e).alias(n) for n, e in step.columns))
+            elif not isinstance(step, Window):
+                msg = f"{step.kind} does not run in the Spark local stage yet"
+                raise PlanError(msg)
+        return df
+
+    def _windowed(self, df: DataFrame, watermark: int | None) -> DataFrame:
+        spec, ts = self.window.spec, F.col(self.window.time_column)
+        last = ts - F.pmod(ts, F.lit(spec.every_ms))
+        first = last - F.lit((math.ceil(spec.size_ms / spec.every_ms) - 1) * spec.every_ms)
+        df = (df.withColumn("_record", F.monotonically_increasing_id())
+              .withColumn("_start", F.explode(F.sequence(first, last, F.lit(spec.every_ms))))
+              .filter(F.col("_start") + F.lit(spec.size_ms) > ts)
+              .withColumn("_end", F.col("_start") + F.lit(spec.size_ms)))
+        if watermark is None:
+            return df
+        closed = F.col("_end") <= F.lit(watermark)
+        late = df.filter(closed).select("_record").distinct().count()
+        self.stats.late_records += late
+        return df.filter(~closed)
+
+    def _aggregate(self, df: DataFrame) -> None:
+        keys = ["_start", "_end", *self.partial.keys]
+        inputs = {f"_in{i}": to_column(agg.expr)
+                  for i, (_, agg) in enumerate(self.partial.aggregates) if agg.expr is not None}
+        df = df.select(*keys, *(c.alias(n) for n, c in inputs.items()))
+        columns = [F.count(F.lit(1)).alias("_events")]
+        for i, (_, agg) in enumerate(self.partial.aggregates):
+            columns += [c.alias(f"_a{i}_{j}") for j, c in enumerate(_spark_partial(agg, f"_in{i}"))]
+        for row in df.groupBy(*keys).agg(*columns).collect():
+            window = (int(row["_start"]), int(row["_end"]))
+            key = tuple(row[k] for k in self.partial.keys)
+            accs = [_accumulator(agg, [row[f"_a{i}_{j}"] for j in range(_width(agg))])
+                    for i, (_, agg) in enumerate(self.partial.aggregates)]
+            self._merge(window, key, accs, int(row["_events"]))
+        for i, (_, agg) in enumerate(self.partial.aggregates):
+            if isinstance(agg, TopKItems):
+                self._top_items(df, keys, i, agg)
+
+    def _top_items(self, df: DataFrame, keys: list[str], i: int, agg: TopKItems) -> None:
+        counts = (df.filter(F.col(f"_in{i}").isNotNull())
+                  .groupBy(*keys, F.col(f"_in{i}").cast("string").alias("_item")).count())
+        sketches: dict[tuple[tuple[int, int], tuple[Any, ...]], Any] = {}
+        for row in counts.collect():
+            group = ((int(row["_start"]), int(row["_end"])),
+                     tuple(row[k] for k in self.partial.keys))
+            sketch = sketches.setdefault(group, agg.create())
+            sketch.update(row["_item"], int(row["count"]))
+        for (window, key), sketch in sketches.items():
+            accs = self._open[window][key]
+            accs[i] = agg.merge(accs[i], sketch)
+
+    def _merge(self, window: tuple[int, int], key: tuple[Any, ...], accs: list[Any],
+               events: int) -> None:
+        groups = self._open.setdefault(window, {})
+        current = groups.get(key)
+        if current is None:
+            groups[key] = accs
+        else:
+            groups[key] = [agg.merge(a, b) for (_, agg), a, b in
+                           zip(self.partial.aggregates, current, accs, strict=True)]
+        self._events[window] += events
+
+    def _emit_closed(self, watermark: int | None) -> None:
+        """Hand on every window ending at or before ``watermark`` (None: every window)."""
+        for window in sorted(self._open):
+            if watermark is not None and window[1] > watermark:
+                continue
+            groups = self._open.pop(window)
+            rows = [dict(zip(self.partial.keys, key, strict=True)) | {
+                name: agg.compact(acc) for (name, agg), acc in
+                zip(self.partial.aggregates, accs, strict=True)}
+                for key, accs in groups.items()]
+            self.emit(window, rows, self._events.pop(window, 0))
+
+
+def _site_chain(plan: Any, name: str) -> list[Operator]:
+    """Source, record steps, partial aggregate: the part of the plan a site runs."""
+    partials = [n for n in plan.topological() if isinstance(plan.op(n), WindowAggregate)
+                and plan.op(n).phase is Phase.PARTIAL]
+    if len(partials) != 1:
+        msg = (f"query {name}: the local stage runs one partial aggregate, the plan has "
+               f"{len(partials)} (optimize the query; one source per site)")
+        raise PlanError(msg)
+    chain, node = [], partials[0]
+    while True:
+        chain.append(plan.op(node))
+        inputs = plan.inputs(node)
+        if len(inputs) != 1:
+            break
+        node = inputs[0]
+    chain.reverse()
+    if not isinstance(chain[0], Source):
+        msg = f"query {name}: a union below the partial aggregate does not run in one stage"
+        raise PlanError(msg)
+    return chain
+
+
+def _parse(name: str, dtype: DataType) -> Column:
+    """The text column ``name`` as ``dtype``, NULL where it does not parse."""
+    text = F.col(f"`{name}`")
+    if dtype is DataType.STRING:
+        return text
+    if dtype is DataType.BOOL:
+        lowered = F.lower(F.trim(text))
+        return (F.when(lowered.isin("true", "1"), F.lit(True))
+                .when(lowered.isin("false", "0"), F.lit(False)))
+    value = F.expr(f"try_cast(`{name}` AS {spark_type(dtype).simpleString()})")
+    if dtype is DataType.FLOAT:  # NaN and infinities are not numbers a log line can hold
+        return F.when(~F.isnan(value) & (F.abs(value) != F.lit(math.inf)), value)
+    return value
+
+
+def _width(agg: Aggregate) -> int:
+    return 2 if isinstance(agg, Sum) else 1
+
+
+def _spark_partial(agg: Aggregate, column: str) -> list[Column]:
+    """Spark aggregate expressions whose values make ``agg``'s accumulator."""
+    c = F.col(column)
+    if isinstance(agg, Count):
+        return [F.count(F.lit(1)) if agg.expr is None else F.count(c)]
+    if isinstance(agg, Sum):  # and Avg, a Sum: the count of values and their total
+        return [F.count(c), F.try_sum(c)]
+    if isinstance(agg, Min):
+        return [F.min(c)]
+    if isinstance(agg, Max):
+        return [F.max(c)]
+    if isinstance(agg, ApproxCountDistinct):
+        return [F.hll_sketch_agg(c, agg.lg_k)]
+    if isinstance(agg, ApproxQuantile):
+        return [F.kll_sketch_agg_double(c.cast("double"), agg.k)]
+    if isinstance(agg, TopKItems):
+        return [F.lit(None)]  # built from per-item counts, see LocalStage._top_items
+    msg = f"{agg} does not run in the Spark local stage"
+    raise PlanError(msg)
+
+
+def _accumulator(agg: Aggregate, values: list[Any]) -> Any:
+    """``agg``'s accumulator from the values of its Spark aggregate expressions."""
+    if isinstance(agg, Sum):
+        count, total = values
+        if not count:
+            return agg.create()
+        if isinstance(total, float):
+            return [int(count), 0, [total]]
+        return [int(count), int(total), []]
+    if isinstance(agg, ApproxCountDistinct):
+        return agg.create() if values[0] is None else ds.hll_sketch.deserialize(bytes(values[0]))
+    if isinstance(agg, ApproxQuantile):
+        return (agg.create() if values[0] is None
+                else ds.kll_doubles_sketch.deserialize(bytes(values[0])))
+    if isinstance(agg, TopKItems):
+        return agg.create()
+    if isinstance(agg, Count):
+        return int(values[0])
+    return values[0]  # min, max
+
