@@ -272,7 +272,7 @@ def test_float_sum_and_avg_merge_by_sharding(agg: Aggregate, data: st.DataObject
     (Quantile(X, 0.5), [1, 2], [3]),
     (ApproxCountDistinct(X, 4), list(range(100)), list(range(50, 300))),
     (ApproxQuantile(X, 0.5, 8), list(range(100)), list(range(50, 300))),
-    (TopKItems(X, 3, 3), list(range(20)) * 2, list(range(10, 40))),
+    (TopKItems(X, 3, 4), list(range(20)) * 2, list(range(10, 40))),
 ], ids=str)
 def test_merge_does_not_mutate_its_second_argument(agg: Aggregate, left: list[Any],
                                                    right: list[Any]) -> None:
@@ -357,7 +357,7 @@ def test_approx_quantile_merge_by_sharding(data: st.DataObject) -> None:
 @given(data=st.data())
 def test_top_k_merge_by_sharding(data: st.DataObject) -> None:
     agg = TopKItems(X, data.draw(st.integers(1, 8), label="k"),
-                    data.draw(st.integers(3, 5), label="lg_max_k"))
+                    data.draw(st.integers(4, 6), label="lg_max_k"))
     values = data.draw(st.lists(st.one_of(st.integers(0, 12), st.sampled_from("abc")),
                                 max_size=200))
     shards = cut(values, data.draw(cuts_st, label="cuts"))
@@ -549,9 +549,9 @@ def test_result_type_needs_an_input_column(cls: type[Aggregate]) -> None:
     (lambda: js.top_k("x", 0), "top_k: k must be a positive integer, not 0"),
     (lambda: js.top_k("x", -3), "top_k: k must be a positive integer"),
     (lambda: js.top_k("x", 2.5), "top_k: k must be a positive integer, not 2.5"),
-    (lambda: js.top_k("x", 5, lg_max_k=2),
-     "top_k: lg_max_k must be an integer between 3 and 26, not 2"),
-    (lambda: js.top_k("x", 5, lg_max_k=27), "top_k: lg_max_k must be an integer between 3 and 26"),
+    (lambda: js.top_k("x", 5, lg_max_k=3),
+     "top_k: lg_max_k must be an integer between 4 and 26, not 3"),
+    (lambda: js.top_k("x", 5, lg_max_k=27), "top_k: lg_max_k must be an integer between 4 and 26"),
 ])
 def test_parameter_validation(build: Callable[[], Aggregate], message: str) -> None:
     with pytest.raises(js.PlanError, match="^" + re.escape(message)):
@@ -561,7 +561,7 @@ def test_parameter_validation(build: Callable[[], Aggregate], message: str) -> N
 @pytest.mark.parametrize("agg", [
     js.quantile("x", 0), js.quantile("x", 1), js.approx_quantile("x", 0.0, k=8),
     js.approx_quantile("x", 1.0, k=65535), js.approx_count_distinct("x", lg_k=4),
-    js.approx_count_distinct("x", lg_k=21), js.top_k("x", 1, lg_max_k=3),
+    js.approx_count_distinct("x", lg_k=21), js.top_k("x", 1, lg_max_k=4),
     js.top_k("x", 1, lg_max_k=26),
 ], ids=str)
 def test_parameters_at_the_edges_are_accepted(agg: Aggregate) -> None:

@@ -625,7 +625,7 @@ def approximate_scenarios(draw: st.DrawFn) -> ApproxScenario:
         "ucd": js.approx_count_distinct("client_ip", lg_k=draw(st.sampled_from([4, 5, 12]))),
         "aq": js.approx_quantile("bytes", draw(st.sampled_from([0.0, 0.1, 0.5, 0.9, 1.0])),
                                  k=draw(st.sampled_from([8, 20, 200]))),
-        "tk": js.top_k("url", draw(st.integers(1, 4)), lg_max_k=draw(st.sampled_from([3, 4, 10]))),
+        "tk": js.top_k("url", draw(st.integers(1, 4)), lg_max_k=draw(st.sampled_from([4, 10]))),
     }
     chosen = draw(st.lists(st.sampled_from(sorted(choices)), min_size=1, unique=True))
     partitions, bounds = draw(options(keys))
