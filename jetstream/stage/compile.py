@@ -7,8 +7,9 @@ time. The semantics, node by node:
 - NULL propagates through every node; ``&`` and ``|`` are three-valued (so are Spark's AND and
   OR), and a ``where`` keeps only TRUE rows (so does Spark's filter).
 - ``+ - *`` and unary ``-`` use ``try_add``/``try_subtract``/``try_multiply``. On INT they are
-  64-bit: a result outside [-2**63, 2**63) is NULL, where the reference's Python int carries
-  on. An INT literal outside that range is a PlanError.
+  64-bit: a step whose result is outside [-2**63, 2**63) is NULL, where the reference's Python
+  int carries on (each step on its own: see ``_operand``). An INT literal outside that range
+  is a PlanError.
 - ``/`` is ``try_divide``: always a double, NULL for a zero divisor (0, 0.0 and -0.0). Spark
   makes INT operands doubles before dividing, so with an operand beyond ±2**53 the quotient can
   differ in the last bit from the reference's (Python divides ints exactly, then rounds once).
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import operator
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -47,10 +49,8 @@ _INT64 = range(-(2**63), 2**63)
 _TWO_63 = 2.0**63
 
 _SPARK_TYPES: dict[DataType, T.DataType] = {
-    DataType.STRING: T.StringType(),
-    DataType.INT: T.LongType(),
-    DataType.FLOAT: T.DoubleType(),
-    DataType.BOOL: T.BooleanType(),
+    DataType.STRING: T.StringType(), DataType.INT: T.LongType(),
+    DataType.FLOAT: T.DoubleType(), DataType.BOOL: T.BooleanType(),
 }
 
 
@@ -88,10 +88,10 @@ def to_column(expr: Expr) -> Column:
     if isinstance(expr, Lit):
         return _literal(expr.value)
     if isinstance(expr, Arith) and expr.op in _ARITH:
-        return _ARITH[expr.op](to_column(expr.left), to_column(expr.right))
+        return _ARITH[expr.op](_operand(expr.left, expr.op), _operand(expr.right, expr.op))
     if isinstance(expr, Neg):
         # try_multiply, not negative: -(-2**63) overflows; on a double it is exact, -0.0 too.
-        return F.try_multiply(to_column(expr.operand), F.lit(-1))
+        return F.try_multiply(_operand(expr.operand, "*"), F.lit(-1))
     if isinstance(expr, Compare) and expr.op in _COMPARE:
         return _compare(expr.op, expr.left, expr.right)
     if isinstance(expr, And):
@@ -120,17 +120,26 @@ def _literal(value: Any) -> Column:
     raise PlanError(msg)
 
 
+def _operand(expr: Expr, op: str) -> Column:
+    """``expr`` as an operand of ``op``; if it has the same ``+`` or ``*`` at its root, it
+    ends in ``- 0``, which changes no value (not even -0.0's sign) but breaks the chain.
+
+    Spark's optimizer regroups chains of ``+`` or of ``*`` to fold their constants
+    (ReorderAssociativeOperator), try_ or not: ``0 * (x * 2**40)`` becomes ``x * 0``, and
+    ``(x * 2**32) * 2**32`` NULL even for x = 0. Each step must overflow on its own.
+    """
+    root = expr.op if isinstance(expr, Arith) else "*" if isinstance(expr, Neg) else None
+    column = to_column(expr)
+    return F.try_subtract(column, F.lit(0)) if op in ("+", "*") and root == op else column
+
+
 _ARITH: dict[str, Callable[[Column, Column], Column]] = {
     "+": F.try_add, "-": F.try_subtract, "*": F.try_multiply, "/": F.try_divide,
 }
 
 _COMPARE: dict[str, Callable[[Column, Column], Column]] = {
-    "<": lambda a, b: a < b,
-    "<=": lambda a, b: a <= b,
-    ">": lambda a, b: a > b,
-    ">=": lambda a, b: a >= b,
-    "==": lambda a, b: a == b,
-    "!=": lambda a, b: a != b,
+    "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
+    "==": operator.eq, "!=": operator.ne,
 }
 _MIRRORED = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "==", "!=": "!="}
 
@@ -146,6 +155,7 @@ def _known_type(expr: Expr) -> str | None:
 
 
 def _compare(op: str, left: Expr, right: Expr) -> Column:
+    """``left op right``; numbers by their Spark types, which the IR leaves to the columns."""
     a, b = to_column(left), to_column(right)
     if _known_type(left) or _known_type(right):
         # Strings order by code point in both (UTF-8 bytes keep that order); conditions are
@@ -177,12 +187,13 @@ def _compare_exactly(op: str, n: Column, d: Column) -> Column:
     rounded = n.cast("double")
     return (F.when(n.isNull() | d.isNull(), F.lit(None).cast("boolean"))
             .when(F.isnan(d), F.lit(op == "!="))
-            .when(F.lit(True), _COMPARE[op](rounded, d))
+            .when(rounded != d, _COMPARE[op](rounded, d))
             .when(d >= _TWO_63, F.lit(op in ("<", "<=", "!=")))
             .otherwise(_COMPARE[op](n, d.try_cast("bigint"))))
 
 
 def _isin(operand: Expr, values: Iterable[Any]) -> Column:
+    """``operand`` among ``values``, compared as Python compares them, by the operand's type."""
     v = to_column(operand)
     candidates = _values_by_type(values)
     if known := _known_type(operand):
