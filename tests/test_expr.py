@@ -507,7 +507,7 @@ def test_evaluate_reads_only_the_named_columns() -> None:
 # -- url_domain ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("url", "domain"), [
+URL_DOMAINS: list[tuple[str, str]] = [
     ("http://a.B.com:80/x", "a.b.com"),
     ("https://example.com", "example.com"),
     ("https://example.com/", "example.com"),
@@ -528,7 +528,10 @@ def test_evaluate_reads_only_the_named_columns() -> None:
     ("ftp://files.example.org/pub", "files.example.org"),
     ("http://10.0.0.1:8080/x", "10.0.0.1"),
     ("", ""),
-])
+]
+
+
+@pytest.mark.parametrize(("url", "domain"), URL_DOMAINS)
 def test_url_domain(url: str, domain: str) -> None:
     assert col("u").url_domain().evaluate({"u": url}) == domain
 

@@ -17,6 +17,7 @@ from jetstream.errors import PlanError
 from jetstream.expr import And, Arith, Call, Col, Compare, Expr, IsIn, Neg, Not, Or, col, lit
 from jetstream.schema import CDN_LOG_SCHEMA, DataType, Schema
 from jetstream.stage.compile import spark_schema, spark_type, to_column
+from tests.test_expr import URL_DOMAINS
 
 INT, FLOAT, STRING, BOOL = DataType.INT, DataType.FLOAT, DataType.STRING, DataType.BOOL
 SCHEMA = Schema.of({"i": INT, "j": INT, "f": FLOAT, "g": FLOAT,
@@ -312,27 +313,7 @@ def test_type_dispatch_is_folded_away(spark: SparkSession,
 # -- url_domain and lower --------------------------------------------------------------
 
 URLS: list[tuple[str | None, str | None]] = [
-    # from tests/test_expr.py
-    ("http://a.B.com:80/x", "a.b.com"),
-    ("https://example.com", "example.com"),
-    ("https://example.com/", "example.com"),
-    ("https://example.com/a/b/c.html", "example.com"),
-    ("example.com", "example.com"),
-    ("example.com/path/page", "example.com"),
-    ("Example.COM:8080/path", "example.com"),
-    ("https://example.com:8443", "example.com"),
-    ("https://user@example.com/x", "example.com"),
-    ("https://user:secret@example.com:99/x", "example.com"),
-    ("https://us@er:p@ss@example.com/", "example.com"),
-    ("https://example.com?q=1", "example.com"),
-    ("https://example.com/?q=a@b.com", "example.com"),
-    ("https://example.com?next=http://other.org/", "example.com"),
-    ("https://example.com#frag", "example.com"),
-    ("https://example.com#x@y.org", "example.com"),
-    ("HTTPS://WWW.EXAMPLE.COM/INDEX.HTML", "www.example.com"),
-    ("ftp://files.example.org/pub", "files.example.org"),
-    ("http://10.0.0.1:8080/x", "10.0.0.1"),
-    ("", ""),
+    *URL_DOMAINS,  # the reference cases of tests/test_expr.py
     ("http://[::1]:8080/x", "[::1]"),
     ("/login?next=http://evil.com/", None),
     ("shop.com/r?to=https://evil.com/x", "shop.com"),
