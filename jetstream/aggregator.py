@@ -1,11 +1,13 @@
-"""The aggregator: merges the partial batches a site's children send, window by window.
+"""The aggregator: merges the partial batches a site's inputs send, window by window.
 
-A window is ready when every expected child has reported it, or when its deadline passes
-(then it goes out marked incomplete, naming the children it lacks). A child's batch that
-arrives after its window went out is merged in, and the window goes out again as a
-correction: the receivers (the parent's aggregator, or the root's results) replace what they
-had. Merging uses each aggregate's own ``merge`` on fresh accumulators, so nothing a child
-sent is changed.
+A site's inputs are its children in the aggregation tree and, when it has data of its own,
+its local stage. A window is ready when every input has either reported it or moved its
+watermark past the window's end (it had nothing for it), or when the window's deadline
+passes: then it goes out marked incomplete, naming the inputs it lacks. An input's batch
+that arrives after its window went out (or a newer revision of one) is merged in, and the
+window goes out again as a correction: the receivers (the parent's aggregator, or the root's
+results) replace what they had. Merging uses each aggregate's own ``merge`` on fresh
+accumulators, so nothing an input sent is changed.
 """
 
 from __future__ import annotations
@@ -19,50 +21,88 @@ from typing import Any
 from jetstream.operators import WindowAggregate
 from jetstream.partials import PartialBatch
 
-__all__ = ["MergedWindow", "WindowMerger"]
+__all__ = ["ENDED", "MergedWindow", "WindowMerger"]
 
 Window = tuple[int, int]
+
+#: The watermark of an input that has ended, or is idle: it holds back no window.
+ENDED = 2**63 - 1
 
 
 @dataclass(frozen=True)
 class MergedWindow:
     window: Window
     rows: tuple[dict[str, Any], ...]
-    origins: frozenset[str]
-    missing: frozenset[str]
+    origins: frozenset[str]  # the inputs whose batches it merges
+    missing: frozenset[str]  # inputs it went out without (at the deadline)
     events: int
     error_bound: float
-    correction: bool = False  # this window went out before; this replaces it
+    covers: frozenset[str] = frozenset()  # the source sites whose records it summarises
+    wan_bytes: int = 0
+    closed_at_ms: int = 0
+    revision: int = 0  # 0 the first time the window goes out, then 1, 2, ... (corrections)
+    inputs_complete: bool = True  # whether every batch merged was complete itself
 
     @property
     def complete(self) -> bool:
-        return not self.missing
+        return not self.missing and self.inputs_complete
+
+    @property
+    def correction(self) -> bool:
+        return self.revision > 0
 
 
 @dataclass
 class _Pending:
     first_seen: float
-    batches: dict[str, PartialBatch] = field(default_factory=dict)  # origin -> batch
-    sent_origins: int = 0  # how many origins the window last went out with; 0: not yet
+    batches: dict[str, PartialBatch] = field(default_factory=dict)  # origin -> newest batch
+    sent: frozenset[tuple[str, int]] | None = None  # (origin, revision) merged last time
+    revision: int = -1
 
 
 class WindowMerger:
-    """Partial batches of one query from a known set of children, merged per window."""
+    """Partial batches of one query from a known set of inputs, merged per window."""
 
-    def __init__(self, aggregate: WindowAggregate, children: Iterable[str], *,
+    def __init__(self, aggregate: WindowAggregate, inputs: Iterable[str], *,
                  deadline_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.aggregate = aggregate
-        self.children = frozenset(children)
+        self.inputs = frozenset(inputs)
         self.deadline_s = deadline_s
         self._clock = clock
         self._lock = threading.Lock()
         self._windows: dict[Window, _Pending] = {}
+        self._watermarks: dict[str, int] = {}
+        self._ended: set[str] = set()
 
     def add(self, batch: PartialBatch) -> None:
-        """Keep a child's batch; the first batch of an (origin, window) wins."""
+        """Keep an input's batch; of several for one (origin, window), the newest revision."""
         with self._lock:
             pending = self._windows.setdefault(batch.window, _Pending(self._clock()))
-            pending.batches.setdefault(batch.origin, batch)
+            held = pending.batches.get(batch.origin)
+            if held is None or batch.revision > held.revision:
+                pending.batches[batch.origin] = batch
+
+    def progress(self, origin: str, watermark_ms: int, ended: bool = False) -> None:
+        """An input has sent every window ending at or before ``watermark_ms``."""
+        with self._lock:
+            self._watermarks[origin] = ENDED if ended else watermark_ms
+            if ended:
+                self._ended.add(origin)
+
+    @property
+    def watermark(self) -> int | None:
+        """How far every input has got (None until each has said): what to report upward."""
+        with self._lock:
+            if not self.inputs <= self._watermarks.keys():
+                return None
+            return min(self._watermarks[i] for i in self.inputs)
+
+    @property
+    def finished(self) -> bool:
+        """Every input has ended and every window has gone out with all of them."""
+        with self._lock:
+            return self.inputs <= self._ended and all(
+                p.sent == self._versions(p) for p in self._windows.values())
 
     def ready(self) -> list[MergedWindow]:
         """Every window that can go out now: complete, past its deadline, or corrected."""
@@ -70,18 +110,39 @@ class WindowMerger:
         out = []
         with self._lock:
             for window, pending in sorted(self._windows.items()):
-                sent = pending.sent_origins > 0
-                everyone = self.children <= pending.batches.keys()
-                due = now - pending.first_seen >= self.deadline_s
-                if (sent and len(pending.batches) > pending.sent_origins) or (
-                        not sent and (everyone or due)):
-                    out.append(self._merge(window, pending, correction=sent))
+                waiting = self._waiting_for(window, pending)
+                if pending.sent is None:
+                    go = not waiting or now - pending.first_seen >= self.deadline_s
+                else:
+                    go = self._versions(pending) != pending.sent
+                if go:
+                    out.append(self._merge(window, pending, waiting))
+            self._forget_settled()
         return out
 
-    def _merge(self, window: Window, pending: _Pending, correction: bool) -> MergedWindow:
+    def _waiting_for(self, window: Window, pending: _Pending) -> frozenset[str]:
+        return frozenset(i for i in self.inputs - pending.batches.keys()
+                         if self._watermarks.get(i, -ENDED) < window[1])
+
+    @staticmethod
+    def _versions(pending: _Pending) -> frozenset[tuple[str, int]]:
+        return frozenset((o, b.revision) for o, b in pending.batches.items())
+
+    def _forget_settled(self) -> None:
+        """Drop windows that went out complete and that no input can still change."""
+        for window, pending in list(self._windows.items()):
+            if (pending.sent is not None and self._versions(pending) == pending.sent
+                    and all(b.complete for b in pending.batches.values())
+                    and all(self._watermarks.get(i, -ENDED) >= window[1]
+                            for i in self.inputs)):
+                del self._windows[window]
+
+    def _merge(self, window: Window, pending: _Pending, missing: frozenset[str]
+               ) -> MergedWindow:
         aggregates = self.aggregate.aggregates
         groups: dict[tuple[Any, ...], dict[str, Any]] = {}
-        for batch in pending.batches.values():
+        batches = list(pending.batches.values())
+        for batch in batches:
             for row in batch.rows:
                 key = tuple(row[k] for k in self.aggregate.keys)
                 merged = groups.get(key)
@@ -90,9 +151,12 @@ class WindowMerger:
                         name: agg.create() for name, agg in aggregates}
                 for name, agg in aggregates:
                     merged[name] = agg.merge(merged[name], row[name])
-        pending.sent_origins = len(pending.batches)
-        batches = pending.batches.values()
-        return MergedWindow(window, tuple(groups.values()), frozenset(pending.batches),
-                            self.children - pending.batches.keys(),
-                            sum(b.events for b in batches),
-                            max((b.error_bound for b in batches), default=0.0), correction)
+        pending.sent, pending.revision = self._versions(pending), pending.revision + 1
+        return MergedWindow(
+            window, tuple(groups.values()), frozenset(pending.batches), missing,
+            events=sum(b.events for b in batches),
+            error_bound=max((b.error_bound for b in batches), default=0.0),
+            covers=frozenset().union(*(b.covers or {b.origin} for b in batches)),
+            wan_bytes=sum(b.wan_bytes for b in batches),
+            closed_at_ms=min((b.closed_at_ms for b in batches if b.closed_at_ms), default=0),
+            revision=pending.revision, inputs_complete=all(b.complete for b in batches))

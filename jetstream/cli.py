@@ -15,11 +15,14 @@ from jetstream.aggtree.loader import load_topology
 from jetstream.aggtree.planner import plan_query
 from jetstream.control.client import DEFAULT_CONTROLLER, ControllerClient
 from jetstream.control.daemons import run_controller, run_site
+from jetstream.control.launch import LocalCluster, replay
 from jetstream.control.status_view import print_status, status_dict
 from jetstream.errors import JetstreamError, PlanError
 from jetstream.local import LocalRun, run_local
 from jetstream.queryfile import load_query
+from jetstream.results import WindowResult, write_json_lines
 from jetstream.rewrite import explain
+from jetstream.runtime import SiteOptions
 
 __all__ = ["main"]
 
@@ -53,7 +56,12 @@ def _controller(args: argparse.Namespace) -> int:
 def _site(args: argparse.Namespace) -> int:
     print(f"jetstream site {args.name}: registering with {args.controller}; Ctrl-C stops",
           file=sys.stderr)
-    run_site(args.name, args.controller, port=args.port, host=args.host)
+    options = SiteOptions(input_dir=Path(args.input) if args.input else None,
+                          replay=args.replay, deadline_s=args.window_deadline,
+                          idle_s=args.idle_timeout)
+    if args.state_dir:
+        options.state_dir = Path(args.state_dir)
+    run_site(args.name, args.controller, port=args.port, host=args.host, options=options)
     return 0
 
 
@@ -90,18 +98,43 @@ def _local(args: argparse.Namespace) -> int:
         msg = f"--input {args.input}: no such file or directory"
         raise PlanError(msg)
     results = run_local(query, args.input)
-    if args.output in (None, "-"):
-        _write_results(results, sys.stdout)
-    else:
-        with open(args.output, "w", encoding="utf-8") as out:
-            _write_results(results, out)
+    _output(results, args.output)
     _report(results, sys.stderr)
     return 0
 
 
-def _write_results(results: LocalRun, out: TextIO) -> None:
-    for result in results:
-        out.write(json.dumps(result.to_dict()) + "\n")
+def _output(results: list[WindowResult], path: str | None) -> None:
+    if path in (None, "-"):
+        write_json_lines(results, sys.stdout)
+    else:
+        with open(path, "w", encoding="utf-8") as out:
+            write_json_lines(results, out)
+
+
+def _run(args: argparse.Namespace) -> int:
+    query_file, input_dir = Path(args.query), Path(args.input)
+    load_query(query_file)  # refuse a bad query before starting anything
+    if not input_dir.is_dir():
+        msg = f"--input {input_dir}: not a directory (it should hold one folder per site)"
+        raise PlanError(msg)
+    topology = load_topology(args.topology)
+    missing = [s.name for s in topology.sites if s.sources and not (input_dir / s.name).is_dir()]
+    if missing:
+        print(f"jetstream run: note: no input folder for {', '.join(missing)} in {input_dir}; "
+              "those sites read nothing", file=sys.stderr)
+
+    def say(line: str) -> None:
+        print(f"jetstream run: {line}", file=sys.stderr, flush=True)
+
+    with LocalCluster(Path(args.topology), input_dir, replay=True,
+                      window_deadline_s=args.window_deadline, say=say) as cluster:
+        results = replay(cluster, query_file, timeout_s=args.timeout, say=say)
+    _output(results, args.output)
+    incomplete = sum(r.sites_reporting != r.sites_expected for r in results)
+    say(f"{len(results)} windows, every one final"
+        + (f"; {incomplete} without every site" if incomplete else "")
+        + (f"; written to {args.output}" if args.output not in (None, "-") else ""))
+    return 0
 
 
 def _report(results: LocalRun, out: TextIO) -> None:
@@ -160,7 +193,39 @@ def _parser() -> argparse.ArgumentParser:
     site.add_argument("--controller", default=DEFAULT_CONTROLLER, metavar="HOST:PORT")
     site.add_argument("--port", type=int, default=0, help="listen port (default: any free)")
     site.add_argument("--host", default="127.0.0.1")
+    site.add_argument("--input", metavar="DIR",
+                      help="the folder this site's log shippers drop CSV files into")
+    site.add_argument("--replay", action="store_true",
+                      help="process what --input holds, then end (finite input)")
+    site.add_argument("--state-dir", metavar="DIR",
+                      help="checkpoints and quarantined records (default: a temp folder)")
+    site.add_argument("--window-deadline", type=float, metavar="S",
+                      help="wait this long for a silent child before a window goes out "
+                           "incomplete (default: the query's max_latency, else 10s)")
+    site.add_argument("--idle-timeout", type=float, default=5.0, metavar="S",
+                      help="input without records this long is idle and holds no window "
+                           "back (default: 5s)")
     site.set_defaults(run=_site)
+
+    run = commands.add_parser(
+        "run", help="replay finite input through the full distributed path, then exit",
+        description="Start the controller and every site of the topology as local processes "
+                    "(each site's local stage in its own Spark JVM), replay DIR/<site>/*.csv "
+                    "through them over gRPC, write one JSON object per window, and exit when "
+                    "every window is final.")
+    run.add_argument("--topology", default=str(DEFAULT_TOPOLOGY), metavar="T.yaml",
+                     help="sites, servers and links (default: the embedded local-3dc)")
+    run.add_argument("--query", required=True, metavar="QUERY.py",
+                     help="a Python file that defines `query`")
+    run.add_argument("--input", required=True, metavar="DIR",
+                     help="one folder of CSV files per site: DIR/<site>/*.csv")
+    run.add_argument("--output", metavar="OUT.jsonl", help="where to write (default: stdout)")
+    run.add_argument("--timeout", type=float, default=600.0, metavar="S",
+                     help="give up if the run takes longer (default: 600s)")
+    run.add_argument("--window-deadline", type=float, default=120.0, metavar="S",
+                     help="how long a window waits for a silent site (default: 120s; replay "
+                          "compresses time, so sites finish far apart)")
+    run.set_defaults(run=_run)
 
     submit = commands.add_parser("submit", help="submit a query to the controller")
     submit.add_argument("query", metavar="QUERY.py")

@@ -39,11 +39,16 @@ class PartialBatch:
     error_bound: float = 0.0
     complete: bool = True
     level: int = 0
+    covers: frozenset[str] = frozenset()  # the source sites whose records it summarises
+    wan_bytes: int = 0  # wide-area bytes this window cost below its sender
+    closed_at_ms: int = 0  # wall-clock time the first site closed the window
+    revision: int = 0  # a correction of the same window from the same origin counts up
 
     @property
-    def identity(self) -> tuple[str, int, int, str, int]:
+    def identity(self) -> tuple[str, int, int, str, int, int]:
         """What a receiver deduplicates on: resending a window's partial changes nothing."""
-        return (self.query, self.window[0], self.window[1], self.origin, self.partition)
+        return (self.query, self.window[0], self.window[1], self.origin, self.partition,
+                self.revision)
 
 
 def encode_batch(batch: PartialBatch, aggregate: WindowAggregate) -> pb.PartialBatch:
@@ -60,7 +65,8 @@ def encode_batch(batch: PartialBatch, aggregate: WindowAggregate) -> pb.PartialB
         origin=batch.origin, partition=batch.partition, attempt=batch.attempt,
         sequence=batch.sequence, kind=pb.SUMMARY_KIND_ROWS, level=batch.level,
         payload=packed if compressed else raw, compressed=compressed, events=batch.events,
-        error_bound=batch.error_bound, complete=batch.complete)
+        error_bound=batch.error_bound, complete=batch.complete, covers=sorted(batch.covers),
+        wan_bytes=batch.wan_bytes, closed_at_ms=batch.closed_at_ms, revision=batch.revision)
 
 
 def decode_batch(message: pb.PartialBatch, aggregate: WindowAggregate) -> PartialBatch:
@@ -90,7 +96,10 @@ def decode_batch(message: pb.PartialBatch, aggregate: WindowAggregate) -> Partia
         query=message.query, window=(message.window_start_ms, message.window_end_ms),
         origin=message.origin, rows=rows, partition=message.partition, attempt=message.attempt,
         sequence=message.sequence, events=message.events, error_bound=message.error_bound,
-        complete=message.complete, level=message.level)
+        complete=message.complete, level=message.level,
+        covers=frozenset(message.covers) or frozenset({message.origin}),
+        wan_bytes=message.wan_bytes, closed_at_ms=message.closed_at_ms,
+        revision=message.revision)
 
 
 def _rows(document: Any, aggregate: WindowAggregate, where: str) -> tuple[dict[str, Any], ...]:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TextIO
 
-__all__ = ["WindowResult"]
+__all__ = ["WindowResult", "write_json_lines"]
 
 
 @dataclass(frozen=True)
@@ -14,6 +16,12 @@ class WindowResult:
 
     ``exact`` is False when an approximate aggregate contributed; ``error_bound`` is then
     the largest relative error any value in ``rows`` can carry (0.0 when exact).
+
+    A result of the distributed path also says how complete it is (``sites_reporting`` of
+    ``sites_expected`` source sites), how long after the first site closed the window it was
+    made (``latency_s``), the wide-area bytes the window cost (``wan_bytes``), and its
+    ``revision``: 0, then 1, 2, ... each time a late site's data corrects it. The reference
+    executor leaves these None.
     """
 
     query: str
@@ -22,6 +30,17 @@ class WindowResult:
     rows: list[dict[str, Any]] = field(default_factory=list)
     exact: bool = True
     error_bound: float | None = 0.0
+    sites_reporting: int | None = None
+    sites_expected: int | None = None
+    latency_s: float | None = None
+    wan_bytes: int | None = None
+    revision: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def write_json_lines(results: Iterable[WindowResult], out: TextIO) -> None:
+    """One JSON object per window: the format of ``jetstream run`` and ``jetstream local``."""
+    for result in results:
+        out.write(json.dumps(result.to_dict()) + "\n")

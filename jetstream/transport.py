@@ -1,15 +1,18 @@
 """The data-plane transport: partial batches pushed up a wide-area link over gRPC, acked.
 
-:class:`PartialSender` keeps every batch until the receiver acknowledges it (upstream
+:class:`PartialSender` keeps every message until the receiver acknowledges it (upstream
 backup): it holds one streaming ``Push`` call to its parent, and when that breaks it
-reconnects with exponential backoff and sends again whatever is not acknowledged. Every byte
-it sends is counted. :class:`DataPlaneServicer` is the receiving end: it decodes each batch
-(garbage ends that sender's stream with INVALID_ARGUMENT and is counted; other streams go
-on), drops batches it has seen before by their identity, hands new ones on, and acks each.
+reconnects with exponential backoff and sends again whatever is not acknowledged, in the
+order it was first sent. Every byte it sends is counted. Besides partial batches it carries
+each origin's progress (its watermark), of which only the newest matters.
+:class:`DataPlaneServicer` is the receiving end: it decodes each batch (garbage ends that
+sender's stream with INVALID_ARGUMENT and is counted; other streams go on), drops batches it
+has seen before by their identity, hands new ones and progress on, and acks each message.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
@@ -29,36 +32,54 @@ __all__ = ["DataPlaneServicer", "PartialSender"]
 log = logging.getLogger(__name__)
 
 #: A push stream is re-opened after this long even when healthy, so that every call has a
-#: deadline; nothing is lost, the unacknowledged batches are sent again.
+#: deadline; nothing is lost, the unacknowledged messages are sent again.
 STREAM_DEADLINE_S = 3600.0
 
-AckKey = tuple[str, int, str, int, int]
+AckKey = tuple[object, ...]
 
 
-def _ack_key(query: str, window_start: int, origin: str, partition: int,
-             sequence: int) -> AckKey:
-    return (query, window_start, origin, partition, sequence)
+def _batch_key(query: str, window_start: int, origin: str, partition: int, sequence: int,
+               revision: int) -> AckKey:
+    return ("batch", query, window_start, origin, partition, sequence, revision)
+
+
+def _progress_key(query: str, origin: str) -> AckKey:
+    return ("progress", query, origin)
+
+
+def _key(message: pb.PushMessage) -> AckKey:
+    if message.HasField("progress"):
+        return _progress_key(message.progress.query, message.progress.origin)
+    b = message.batch
+    return _batch_key(b.query, b.window_start_ms, b.origin, b.partition, b.sequence, b.revision)
 
 
 class PartialSender:
-    """Sends encoded partial batches to one parent until each is acknowledged."""
+    """Sends encoded partial batches and progress to one parent until each is acknowledged."""
 
     def __init__(self, address: str, *, max_backoff_s: float = 5.0) -> None:
         self.address = address
         self.bytes_sent = 0
         self.batches_sent = 0
         self._max_backoff_s = max_backoff_s
-        self._unacked: dict[AckKey, pb.PartialBatch] = {}
-        self._queue: queue.Queue[pb.PartialBatch] = queue.Queue()
+        self._unacked: dict[AckKey, pb.PushMessage] = {}
+        self._queue: queue.Queue[pb.PushMessage] = queue.Queue()
         self._lock = threading.Condition()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"push-{address}", daemon=True)
         self._thread.start()
 
-    def send(self, message: pb.PartialBatch) -> None:
-        key = _ack_key(message.query, message.window_start_ms, message.origin,
-                       message.partition, message.sequence)
+    def send(self, batch: pb.PartialBatch) -> None:
+        self._put(pb.PushMessage(batch=batch))
+
+    def send_progress(self, progress: pb.Progress) -> None:
+        """Report an origin's progress; it replaces any report of it not yet acknowledged."""
+        self._put(pb.PushMessage(progress=progress))
+
+    def _put(self, message: pb.PushMessage) -> None:
+        key = _key(message)
         with self._lock:
+            self._unacked.pop(key, None)  # a newer progress report goes after the batches
             self._unacked[key] = message
         self._queue.put(message)
 
@@ -68,7 +89,7 @@ class PartialSender:
             return len(self._unacked)
 
     def flush(self, timeout_s: float) -> bool:
-        """Wait until every batch is acknowledged; whether they all were in time."""
+        """Wait until every message is acknowledged; whether they all were in time."""
         with self._lock:
             return self._lock.wait_for(lambda: not self._unacked, timeout=timeout_s)
 
@@ -95,7 +116,7 @@ class PartialSender:
                 finally:
                     done.set()
 
-    def _requests(self, done: threading.Event) -> Iterator[pb.PartialBatch]:
+    def _requests(self, done: threading.Event) -> Iterator[pb.PushMessage]:
         with self._lock:
             pending = list(self._unacked.values())  # a new stream resends what is unacked
         while not self._queue.empty():  # those are in ``pending`` already
@@ -109,53 +130,76 @@ class PartialSender:
                 continue
             yield self._counted(message)
 
-    def _counted(self, message: pb.PartialBatch) -> pb.PartialBatch:
+    def _counted(self, message: pb.PushMessage) -> pb.PushMessage:
         self.bytes_sent += message.ByteSize()
-        self.batches_sent += 1
+        self.batches_sent += message.HasField("batch")
         return message
 
     def _acked(self, ack: pb.Ack) -> None:
-        key = _ack_key(ack.query, ack.window_start_ms, ack.origin, ack.partition, ack.sequence)
         with self._lock:
+            if ack.progress:
+                key = _progress_key(ack.query, ack.origin)
+                held = self._unacked.get(key)
+                if held is None or held.progress.sequence > ack.sequence:
+                    return  # a newer report is still on its way
+            else:
+                key = _batch_key(ack.query, ack.window_start_ms, ack.origin, ack.partition,
+                                 ack.sequence, ack.revision)
             self._unacked.pop(key, None)
             self._lock.notify_all()
 
 
 class DataPlaneServicer(rpc.DataPlaneServicer):
-    """Receives partial batches; ``deliver`` gets each new one exactly once."""
+    """Receives partial batches and progress; ``deliver`` gets each new batch exactly once."""
 
     def __init__(self, aggregate_of: Callable[[str], WindowAggregate | None],
-                 deliver: Callable[[PartialBatch], None]) -> None:
-        self._aggregate_of, self._deliver = aggregate_of, deliver
+                 deliver: Callable[[PartialBatch], None],
+                 progress: Callable[[pb.Progress], None] = lambda p: None) -> None:
+        self._aggregate_of, self._deliver, self._progress = aggregate_of, deliver, progress
         self._lock = threading.Lock()
-        self._seen: set[tuple[str, int, int, str, int]] = set()
+        self._seen: set[tuple[str, int, int, str, int, int]] = set()
         self.refused: Counter[str] = Counter()  # origin -> batches refused
         self.duplicates = 0
         self.bytes_received = 0
 
-    def Push(self, request_iterator: Iterator[pb.PartialBatch],
+    def Push(self, request_iterator: Iterator[pb.PushMessage],
              context: grpc.ServicerContext) -> Iterator[pb.Ack]:
         for message in request_iterator:
             self.bytes_received += message.ByteSize()
-            aggregate = self._aggregate_of(message.query)
-            if aggregate is None:
-                context.abort(grpc.StatusCode.NOT_FOUND,
-                              f"no query named {message.query!r} runs here")
-                return  # abort raises; this is for readers and type checkers
-            try:
-                batch = decode_batch(message, aggregate)
-            except DataError as e:
-                with self._lock:
-                    self.refused[message.origin or "?"] += 1
-                log.warning("refused: %s", e)
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-                return
+            if message.HasField("progress"):
+                report = message.progress
+                if self._aggregate_of(report.query) is None:
+                    context.abort(grpc.StatusCode.NOT_FOUND,
+                                  f"no query named {report.query!r} runs here")
+                self._progress(report)
+                yield pb.Ack(query=report.query, origin=report.origin,
+                             sequence=report.sequence, progress=True)
+                continue
+            batch = self._decode(message.batch, context)
             with self._lock:
                 new = batch.identity not in self._seen
                 self._seen.add(batch.identity)
                 self.duplicates += not new
             if new:
                 self._deliver(batch)
-            yield pb.Ack(query=message.query, window_start_ms=message.window_start_ms,
-                         origin=message.origin, partition=message.partition,
-                         sequence=message.sequence)
+            b = message.batch
+            yield pb.Ack(query=b.query, window_start_ms=b.window_start_ms, origin=b.origin,
+                         partition=b.partition, sequence=b.sequence, revision=b.revision)
+
+    def _decode(self, message: pb.PartialBatch, context: grpc.ServicerContext) -> PartialBatch:
+        """The batch, or the stream ends: NOT_FOUND for an unknown query, or garbage."""
+        aggregate = self._aggregate_of(message.query)
+        if aggregate is None:
+            context.abort(grpc.StatusCode.NOT_FOUND,
+                          f"no query named {message.query!r} runs here")
+        assert aggregate is not None  # abort raises
+        try:
+            batch = decode_batch(message, aggregate)
+        except DataError as e:
+            with self._lock:
+                self.refused[message.origin or "?"] += 1
+            log.warning("refused: %s", e)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            raise AssertionError("abort returns only by raising") from None
+        # The window's wide-area cost so far includes this hop.
+        return dataclasses.replace(batch, wan_bytes=batch.wan_bytes + message.ByteSize())

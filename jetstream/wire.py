@@ -53,7 +53,11 @@ def record_from_proto(record: pb.Record, columns: tuple[str, ...] = ()) -> dict[
 def result_to_proto(result: WindowResult) -> pb.WindowResult:
     msg = pb.WindowResult(query=result.query, window_start_ms=result.window_start,
                           window_end_ms=result.window_end, exact=result.exact,
-                          rows=[record_to_proto(r) for r in result.rows])
+                          rows=[record_to_proto(r) for r in result.rows],
+                          sites_reporting=result.sites_reporting or 0,
+                          sites_expected=result.sites_expected or 0,
+                          latency_s=result.latency_s or 0.0, wan_bytes=result.wan_bytes or 0,
+                          revision=result.revision)
     if result.error_bound is not None:
         msg.error_bound = result.error_bound
     return msg
@@ -63,7 +67,12 @@ def result_from_proto(msg: pb.WindowResult) -> WindowResult:
     return WindowResult(query=msg.query, window_start=msg.window_start_ms,
                         window_end=msg.window_end_ms,
                         rows=[record_from_proto(r) for r in msg.rows], exact=msg.exact,
-                        error_bound=msg.error_bound if msg.HasField("error_bound") else None)
+                        error_bound=msg.error_bound if msg.HasField("error_bound") else None,
+                        sites_reporting=msg.sites_reporting or None,
+                        sites_expected=msg.sites_expected or None,
+                        latency_s=msg.latency_s if msg.sites_expected else None,
+                        wan_bytes=msg.wan_bytes if msg.sites_expected else None,
+                        revision=msg.revision)
 
 
 def slo_to_proto(slo: SLO) -> pb.SLO:

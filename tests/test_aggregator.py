@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import networkx as nx
@@ -71,13 +72,12 @@ def test_merged_site_partials_give_the_reference_results(events: list[dict[str, 
     merger = WindowMerger(partial, SITES, deadline_s=60, clock=lambda: 0.0)
     sent = {site: site_batches(site_query, partial, site, [e for e in events if e["pop"] == site])
             for site in SITES}
-    windows = {b.window for batches in sent.values() for b in batches}
     for site, batches in sent.items():
-        # A site reports every window its watermark has passed, with no rows if it saw none.
-        quiet = windows - {b.window for b in batches}
-        for batch in [*batches, *(PartialBatch("q", w, site, ()) for w in quiet)]:
+        for batch in batches:
             merger.add(batch)
+        merger.progress(site, 0, ended=True)  # a site with no rows for a window sends none
     merged = merger.ready()
+    assert merger.finished
     assert all(m.complete and not m.correction for m in merged)
     got = finish_from_partials(optimized, {m.window: list(m.rows) for m in merged})
     want = js.run_local(query, events)
@@ -106,11 +106,30 @@ def test_a_missing_child_goes_out_late_and_incomplete_then_corrected() -> None:
     assert fixed.correction and fixed.complete and len(fixed.rows) == 3
 
 
-def test_the_first_batch_of_an_origin_wins() -> None:
+def test_a_batch_delivered_twice_counts_once_and_a_revision_replaces_it() -> None:
     _, site_query, partial = split(js.Query("q", QUERIES[0]))
     merger = WindowMerger(partial, ["ams"], deadline_s=5, clock=lambda: 0.0)
     (batch,) = site_batches(site_query, partial, "ams", [log(1_000)])
     merger.add(batch)
     merger.add(batch)  # delivered twice
     (merged,) = merger.ready()
-    assert merged.rows[0]["n"] == 1
+    assert merged.rows[0]["n"] == 1 and merged.revision == 0
+    (two,) = site_batches(site_query, partial, "ams", [log(1_000), log(2_000)])
+    merger.add(dataclasses.replace(two, revision=1))  # a corrected window from below
+    (fixed,) = merger.ready()
+    assert fixed.rows[0]["n"] == 2 and fixed.revision == 1 and fixed.correction
+
+
+def test_a_window_waits_only_for_inputs_whose_watermark_has_not_passed_it() -> None:
+    _, site_query, partial = split(js.Query("q", QUERIES[0]))
+    merger = WindowMerger(partial, SITES, deadline_s=60, clock=lambda: 0.0)
+    (batch,) = site_batches(site_query, partial, "ams", [log(1_000)])
+    merger.add(batch)
+    merger.progress("sfo", 10_000)  # sfo closed [0, 10s) without a record in it
+    assert merger.ready() == [] and merger.watermark is None
+    merger.progress("sin", 2**63 - 1)  # sin is idle
+    (merged,) = merger.ready()
+    assert merged.complete and merged.covers == {"ams"}
+    assert not merger.finished  # nobody has ended
+    merger.progress("ams", 10_000)
+    assert merger.watermark == 10_000

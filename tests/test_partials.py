@@ -65,7 +65,7 @@ def test_every_aggregate_survives_the_wire(records: list[dict[str, Any]], attemp
                  error_bound=0.01, complete=False)
     message = pb.PartialBatch.FromString(encode_batch(sent, PARTIAL).SerializeToString())
     received = decode_batch(message, PARTIAL)
-    assert received.identity == sent.identity == ("q", 0, 10_000, "sfo", 0)
+    assert received.identity == sent.identity == ("q", 0, 10_000, "sfo", 0, 0)
     assert (received.attempt, received.sequence, received.events, received.complete) == (
         attempt, sequence, len(records), False)
     assert extracted(received.rows) == extracted(rows)

@@ -15,6 +15,7 @@ from jetstream.control.server import start_server
 from jetstream.operators import Phase, WindowAggregate
 from jetstream.partials import PartialBatch, encode_batch
 from jetstream.transport import DataPlaneServicer, PartialSender
+from jetstream.v1 import dataplane_pb2 as pb
 from jetstream.v1 import dataplane_pb2_grpc as rpc
 
 AGGREGATE = WindowAggregate(
@@ -26,8 +27,9 @@ class Receiver:
     def __init__(self, port: int = 0) -> None:
         self.delivered: list[PartialBatch] = []
         self.arrived = threading.Condition()
+        self.progress: list[tuple[str, int, bool]] = []
         self.servicer = DataPlaneServicer(lambda q: AGGREGATE if q == "q" else None,
-                                          self._deliver)
+                                          self._deliver, self._progress)
         self.server, self.port = start_server(
             [(rpc.add_DataPlaneServicer_to_server, self.servicer, "jetstream.v1.DataPlane")],
             port)
@@ -35,6 +37,11 @@ class Receiver:
     def _deliver(self, batch: PartialBatch) -> None:
         with self.arrived:
             self.delivered.append(batch)
+            self.arrived.notify_all()
+
+    def _progress(self, report: pb.Progress) -> None:
+        with self.arrived:
+            self.progress.append((report.origin, report.watermark_ms, report.ended))
             self.arrived.notify_all()
 
     def wait_for(self, count: int, timeout_s: float = 10.0) -> list[PartialBatch]:
@@ -145,7 +152,24 @@ def test_batches_for_an_unknown_query_are_refused(receiver: Receiver) -> None:
     wrong = message(0)
     wrong.query = "nope"
     with pytest.raises(grpc.RpcError) as caught:
-        list(rpc.DataPlaneStub(channel).Push(iter([wrong]), timeout=5))
+        list(rpc.DataPlaneStub(channel).Push(iter([pb.PushMessage(batch=wrong)]), timeout=5))
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND
     assert "no query named 'nope'" in str(caught.value.details())
     channel.close()
+
+
+def test_progress_follows_the_batches_it_covers(receiver: Receiver) -> None:
+    sender = sender_to(receiver.port)
+    try:
+        sender.send(message(0))
+        sender.send_progress(pb.Progress(query="q", origin="sfo", watermark_ms=10, sequence=1))
+        sender.send(message(10))
+        sender.send_progress(pb.Progress(query="q", origin="sfo", watermark_ms=20, sequence=2,
+                                         ended=True))
+        assert sender.flush(10)
+        assert [b.window[0] for b in receiver.wait_for(2)] == [0, 10]
+        with receiver.arrived:
+            assert receiver.arrived.wait_for(lambda: receiver.progress[-1:] == [
+                ("sfo", 20, True)], 10)
+    finally:
+        sender.close()

@@ -83,6 +83,12 @@ class PhysicalPlan:
     def max_utilisation(self) -> float:
         return max((u for _, _, u in self.tree.edges(data="utilisation")), default=0.0)
 
+    def covers(self, site: str) -> tuple[str, ...]:
+        """The source sites whose partials reach the root through ``site`` (itself included)."""
+        below = nx.ancestors(self.tree, site) | {site} if site in self.tree else {site}
+        return tuple(sorted(s for s in below if s in self.fragments
+                            and self.fragments[s].sources))
+
     def depth(self) -> int:
         root = self.topology.root
         return max((nx.shortest_path_length(self.tree, s, root) for s in self.tree), default=0)

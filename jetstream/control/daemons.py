@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import queue
 import signal
 import threading
 from collections.abc import Callable
@@ -18,8 +19,12 @@ from jetstream.control.servicers import GlobalControllerServicer, SiteController
 from jetstream.control.site_controller import SiteController
 from jetstream.control.wire import fragment_to_proto, server_from_proto
 from jetstream.errors import ControlPlaneError
+from jetstream.results import WindowResult
+from jetstream.runtime import SiteOptions, SiteRuntime
 from jetstream.v1 import control_pb2 as pb
 from jetstream.v1 import control_pb2_grpc as rpc
+from jetstream.v1 import dataplane_pb2_grpc as dataplane_rpc
+from jetstream.wire import result_to_proto
 
 __all__ = ["CALL_TIMEOUT_S", "run_controller", "run_site"]
 
@@ -45,8 +50,9 @@ class _SiteClients:
 
     def deploy(self, address: str, fragment: Fragment, state: QueryState) -> list[tuple[str, str]]:
         parent = self.addresses(fragment.parent) if fragment.parent else ""
+        assert state.plan is not None
         request = pb.DeployFragmentRequest(fragment=fragment_to_proto(
-            fragment, state.source, state.version, parent))
+            fragment, state.source, state.version, parent, state.plan.covers(fragment.site)))
         response = self._call(address, "DeployFragment", request)
         return [(p.piece, p.server) for p in response.placements]
 
@@ -98,15 +104,55 @@ def run_controller(topology: Topology, port: int, *, host: str = "127.0.0.1",
     _serve_until_stopped(server, stop)
 
 
+class _ResultsPublisher:
+    """Hands the root's results to the global controller, in order, retrying until it takes
+    them; a slow or restarting controller never holds up the data plane."""
+
+    def __init__(self, controller: rpc.GlobalControllerStub, stop: threading.Event) -> None:
+        self._controller, self._stop = controller, stop
+        self._queue: queue.Queue[pb.PublishResultsRequest] = queue.Queue()
+        threading.Thread(target=self._run, name="publish-results", daemon=True).start()
+
+    def __call__(self, query: str, results: list[WindowResult], finished: bool) -> None:
+        self._queue.put(pb.PublishResultsRequest(
+            query=query, results=[result_to_proto(r) for r in results], finished=finished))
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                request = self._queue.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            backoff = 0.2
+            while not self._stop.is_set():
+                try:
+                    self._controller.PublishResults(request, timeout=CALL_TIMEOUT_S)
+                    break
+                except grpc.RpcError as e:
+                    if e.code() in (grpc.StatusCode.FAILED_PRECONDITION,
+                                    grpc.StatusCode.INVALID_ARGUMENT):
+                        log.warning("results of %s refused: %s", request.query, e.details())
+                        break  # e.g. the query was cancelled meanwhile
+                    log.warning("publishing results of %s: %s; retrying", request.query,
+                                e.code().name)
+                    self._stop.wait(backoff)
+                    backoff = min(backoff * 2, 5.0)
+
+
 def run_site(name: str, controller_address: str, *, port: int = 0, host: str = "127.0.0.1",
+             options: SiteOptions | None = None,
              ready: Callable[[int], None] | None = None,
              stop: threading.Event | None = None) -> None:
-    """Serve a site controller: register, then send heartbeats until told to stop."""
-    servicer = SiteControllerServicer()
-    server, bound = start_server([(rpc.add_SiteControllerServicer_to_server, servicer,
-                                   "jetstream.v1.SiteController")], port, host)
+    """Serve a site: register, send heartbeats, and run the data plane of what is deployed."""
     stop = stop or threading.Event()
+    options = options or SiteOptions()
     controller = rpc.GlobalControllerStub(grpc.insecure_channel(controller_address))
+    runtime = SiteRuntime(name, options, _ResultsPublisher(controller, stop))
+    servicer = SiteControllerServicer()
+    server, bound = start_server([
+        (rpc.add_SiteControllerServicer_to_server, servicer, "jetstream.v1.SiteController"),
+        (dataplane_rpc.add_DataPlaneServicer_to_server, runtime.servicer,
+         "jetstream.v1.DataPlane")], port, host)
     address = f"{host}:{bound}"
     if ready:
         ready(bound)
@@ -115,8 +161,9 @@ def run_site(name: str, controller_address: str, *, port: int = 0, host: str = "
         response = controller.RegisterSite(pb.RegisterSiteRequest(site=name, address=address),
                                            timeout=CALL_TIMEOUT_S)
         servers = [server_from_proto(s) for s in response.servers]
+        options.spark_master = response.spark_master or options.spark_master
         if servicer.controller is None:
-            servicer.controller = SiteController(name, servers)
+            servicer.controller = SiteController(name, servers, runtime)
         log.info("site %s registered with %s (%s, %d servers)", name, controller_address,
                  response.topology, len(servers))
         return float(response.heartbeat_interval_s) or 2.0
@@ -146,4 +193,7 @@ def run_site(name: str, controller_address: str, *, port: int = 0, host: str = "
             stop.wait(interval)
 
     threading.Thread(target=beat, name="heartbeat", daemon=True).start()
-    _serve_until_stopped(server, stop)
+    try:
+        _serve_until_stopped(server, stop)
+    finally:
+        runtime.close()

@@ -54,11 +54,15 @@ class QueryState:
     source: str
     query: Query
     plan: PhysicalPlan | None = None
-    state: str = "running"  # running | degraded | cancelled
+    state: str = "running"  # running | degraded | finished | cancelled
     detail: str = ""
     replans: int = 0
     version: int = 0
     deployed: set[str] = field(default_factory=set)  # sites that hold the current fragment
+
+    @property
+    def active(self) -> bool:
+        return self.state in ("running", "degraded")
 
 
 class ResultsHub:
@@ -146,11 +150,11 @@ class GlobalController:
             elif changed:
                 self._replan_all(f"measured bandwidth of {name}-{changed[0]} changed")
             for query in self.queries.values():  # retry what could not be deployed before
-                if (query.state != "cancelled" and query.plan is not None
+                if (query.active and query.plan is not None
                         and name in query.plan.fragments and name not in query.deployed):
                     self._deploy_all(query)
             return sorted(q.name for q in self.queries.values()
-                          if q.state != "cancelled" and name in q.deployed)
+                          if q.active and name in q.deployed)
 
     def check_liveness(self) -> list[str]:
         """Mark sites whose heartbeats stopped as dead, re-plan; the sites newly dead."""
@@ -198,7 +202,7 @@ class GlobalController:
         query = query_from_source(source, origin)
         with self.lock:
             existing = self.queries.get(query.name)
-            if existing is not None and existing.state != "cancelled":
+            if existing is not None and existing.active:
                 msg = f"query {query.name} is already running; cancel it first"
                 raise ControlPlaneError(msg)
             self.planned_bandwidth.update(self.measured)
@@ -213,17 +217,29 @@ class GlobalController:
         plan = plan_query(query, self.effective_topology())
         return f"{explain(query)}\n\n{plan.render()}"
 
-    def cancel(self, name: str) -> None:
+    def publish(self, name: str, results: list[WindowResult], finished: bool) -> None:
+        """The root's results for a query; ``finished``: its finite input is all done."""
         with self.lock:
             state = self._query(name)
-            for site in sorted(state.deployed):
-                self._stop_on(site, name)
-            state.state, state.deployed = "cancelled", set()
-            self.results.close(name)
+            for result in results:
+                self.results.publish(result)
+            if finished and state.active:
+                self._stop_all(state, "finished")
+                state.detail = "every input has ended"
+
+    def cancel(self, name: str) -> None:
+        with self.lock:
+            self._stop_all(self._query(name), "cancelled")
+
+    def _stop_all(self, state: QueryState, why: str) -> None:
+        for site in sorted(state.deployed):
+            self._stop_on(site, state.name)
+        state.state, state.deployed = why, set()
+        self.results.close(state.name)
 
     def _replan_all(self, reason: str) -> None:
         for state in self.queries.values():
-            if state.state == "cancelled":
+            if not state.active:
                 continue
             if reason:
                 self._replan(state, reason)
@@ -302,7 +318,7 @@ class GlobalController:
         """Every link with the bytes/s the running queries plan to put on it."""
         load: dict[frozenset[str], float] = {}
         for state in self.queries.values():
-            if state.plan is None or state.state == "cancelled":
+            if state.plan is None or not state.active:
                 continue
             for child, parent, rate in state.plan.tree.edges(data="bytes_per_s"):
                 ends = frozenset((child, parent))

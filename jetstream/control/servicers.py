@@ -9,12 +9,12 @@ import grpc
 
 from jetstream.control.global_controller import GlobalController
 from jetstream.control.site_controller import SiteController
-from jetstream.control.wire import fragment_from_proto, server_to_proto
+from jetstream.control.wire import assignment_from_proto, server_to_proto
 from jetstream.errors import ControlPlaneError, JetstreamError, PlacementError, PlanError
 from jetstream.v1 import control_pb2 as pb
 from jetstream.v1 import control_pb2_grpc as rpc
 from jetstream.v1 import query_pb2
-from jetstream.wire import result_to_proto
+from jetstream.wire import result_from_proto, result_to_proto
 
 __all__ = ["GlobalControllerServicer", "SiteControllerServicer"]
 
@@ -82,6 +82,7 @@ class GlobalControllerServicer(rpc.GlobalControllerServicer):
             _abort(context, e)
         return pb.RegisterSiteResponse(
             topology=self.controller.topology.name, kind=site.kind.value,
+            spark_master=site.master,
             heartbeat_interval_s=self.heartbeat_interval_s,
             servers=[server_to_proto(s) for s in site.servers])
 
@@ -93,6 +94,15 @@ class GlobalControllerServicer(rpc.GlobalControllerServicer):
         except JetstreamError as e:
             _abort(context, e)
         return pb.HeartbeatResponse(queries=queries)
+
+    def PublishResults(self, request: pb.PublishResultsRequest,
+                       context: grpc.ServicerContext) -> pb.PublishResultsResponse:
+        try:
+            self.controller.publish(request.query, [result_from_proto(r) for r in request.results],
+                                    request.finished)
+        except JetstreamError as e:
+            _abort(context, e)
+        return pb.PublishResultsResponse()
 
 
 def status_to_proto(controller: GlobalController) -> pb.StatusResponse:
@@ -136,8 +146,8 @@ class SiteControllerServicer(rpc.SiteControllerServicer):
                        context: grpc.ServicerContext) -> pb.DeployFragmentResponse:
         controller = self._ready(context)
         try:
-            pieces = controller.deploy(fragment_from_proto(request.fragment, controller.site),
-                                       request.fragment.version)
+            assignment = assignment_from_proto(request.fragment, controller.site)
+            pieces = controller.deploy(assignment.fragment, assignment.version, assignment)
         except JetstreamError as e:
             _abort(context, e)
         return pb.DeployFragmentResponse(placements=[

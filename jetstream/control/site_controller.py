@@ -2,8 +2,8 @@
 
 The global controller decides which site does what; the site controller decides which of its
 servers runs which piece: the local stage on the server with the most cores, merge and final
-partitions spread over the servers from the largest down. The pieces themselves (the Spark
-local stage, the aggregators) are started here once the data plane exists.
+partitions spread over the servers from the largest down; then it starts the pieces in the
+site's data plane (:class:`~jetstream.runtime.SiteRuntime`) when it has one.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from jetstream.aggtree.planner import Fragment
 from jetstream.aggtree.topology import Server
 from jetstream.errors import ControlPlaneError
+from jetstream.runtime import Assignment, SiteRuntime
 
 __all__ = ["Piece", "SiteController"]
 
@@ -33,17 +34,22 @@ class _Deployment:
 
 
 class SiteController:
-    def __init__(self, site: str, servers: list[Server]) -> None:
+    def __init__(self, site: str, servers: list[Server],
+                 runtime: SiteRuntime | None = None) -> None:
         if not servers:
             msg = f"site {site} has no servers to run anything on"
             raise ControlPlaneError(msg)
-        self.site = site
+        self.site, self.runtime = site, runtime
         self.servers = sorted(servers, key=lambda s: (-s.cores, s.name))
         self._lock = threading.Lock()
         self._deployments: dict[str, _Deployment] = {}
 
-    def deploy(self, fragment: Fragment, version: int) -> list[Piece]:
-        """Place (or re-place, for a newer version) a fragment; the pieces and their servers."""
+    def deploy(self, fragment: Fragment, version: int,
+               assignment: Assignment | None = None) -> list[Piece]:
+        """Place (or re-place, for a newer version) a fragment; the pieces and their servers.
+
+        With an ``assignment`` (where the fragment's partials go) and a runtime, start it too.
+        """
         if fragment.site != self.site:
             msg = f"site {self.site} was sent the fragment of site {fragment.site}"
             raise ControlPlaneError(msg)
@@ -55,11 +61,15 @@ class SiteController:
                 raise ControlPlaneError(msg)
             pieces = self._place(fragment)
             self._deployments[fragment.query] = _Deployment(fragment, version, pieces)
+            if self.runtime is not None and assignment is not None:
+                self.runtime.deploy(assignment)
             return pieces
 
     def stop(self, query: str) -> bool:
         """Stop a query's pieces here; whether it was running."""
         with self._lock:
+            if self.runtime is not None:
+                self.runtime.stop(query)
             return self._deployments.pop(query, None) is not None
 
     def running(self) -> list[str]:

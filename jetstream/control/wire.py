@@ -4,25 +4,33 @@ from __future__ import annotations
 
 from jetstream.aggtree.planner import Fragment
 from jetstream.aggtree.topology import Server
+from jetstream.runtime import Assignment
 from jetstream.v1 import control_pb2 as pb
 from jetstream.v1 import query_pb2
 
-__all__ = ["fragment_from_proto", "fragment_to_proto", "server_from_proto", "server_to_proto"]
+__all__ = ["assignment_from_proto", "fragment_from_proto", "fragment_to_proto",
+           "server_from_proto", "server_to_proto"]
 
 
 def fragment_to_proto(fragment: Fragment, source: str, version: int,
-                      parent_address: str = "") -> pb.Fragment:
+                      parent_address: str = "", covers: tuple[str, ...] = ()) -> pb.Fragment:
     return pb.Fragment(query=fragment.query,
                        spec=query_pb2.QuerySpec(name=fragment.query, python_source=source),
                        sources=fragment.sources, children=fragment.children,
                        parent=fragment.parent or "", parent_address=parent_address,
-                       partitions=fragment.partitions, final=fragment.final, version=version)
+                       partitions=fragment.partitions, final=fragment.final, version=version,
+                       covers=covers)
 
 
 def fragment_from_proto(msg: pb.Fragment, site: str) -> Fragment:
     return Fragment(query=msg.query, site=site, sources=tuple(msg.sources),
                     children=tuple(msg.children), parent=msg.parent or None,
                     partitions=max(msg.partitions, 1), final=msg.final)
+
+
+def assignment_from_proto(msg: pb.Fragment, site: str) -> Assignment:
+    return Assignment(fragment_from_proto(msg, site), msg.spec.python_source, msg.version,
+                      msg.parent_address, tuple(msg.covers))
 
 
 def server_to_proto(server: Server) -> pb.Server:

@@ -149,16 +149,32 @@ class Server(_message.Message):
     def __init__(self, name: _Optional[str] = ..., cores: _Optional[int] = ..., memory_gb: _Optional[float] = ...) -> None: ...
 
 class RegisterSiteResponse(_message.Message):
-    __slots__ = ("topology", "heartbeat_interval_s", "servers", "kind")
+    __slots__ = ("topology", "heartbeat_interval_s", "servers", "kind", "spark_master")
     TOPOLOGY_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     SERVERS_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    SPARK_MASTER_FIELD_NUMBER: _ClassVar[int]
     topology: str
     heartbeat_interval_s: float
     servers: _containers.RepeatedCompositeFieldContainer[Server]
     kind: str
-    def __init__(self, topology: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., servers: _Optional[_Iterable[_Union[Server, _Mapping]]] = ..., kind: _Optional[str] = ...) -> None: ...
+    spark_master: str
+    def __init__(self, topology: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., servers: _Optional[_Iterable[_Union[Server, _Mapping]]] = ..., kind: _Optional[str] = ..., spark_master: _Optional[str] = ...) -> None: ...
+
+class PublishResultsRequest(_message.Message):
+    __slots__ = ("query", "results", "finished")
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    query: str
+    results: _containers.RepeatedCompositeFieldContainer[_query_pb2.WindowResult]
+    finished: bool
+    def __init__(self, query: _Optional[str] = ..., results: _Optional[_Iterable[_Union[_query_pb2.WindowResult, _Mapping]]] = ..., finished: _Optional[bool] = ...) -> None: ...
+
+class PublishResultsResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class LinkMeasurement(_message.Message):
     __slots__ = ("peer", "bandwidth_bps")
@@ -185,7 +201,7 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, queries: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Fragment(_message.Message):
-    __slots__ = ("query", "spec", "sources", "children", "parent", "parent_address", "partitions", "final", "version")
+    __slots__ = ("query", "spec", "sources", "children", "parent", "parent_address", "partitions", "final", "version", "covers")
     QUERY_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     SOURCES_FIELD_NUMBER: _ClassVar[int]
@@ -195,6 +211,7 @@ class Fragment(_message.Message):
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     FINAL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    COVERS_FIELD_NUMBER: _ClassVar[int]
     query: str
     spec: _query_pb2.QuerySpec
     sources: _containers.RepeatedScalarFieldContainer[str]
@@ -204,7 +221,8 @@ class Fragment(_message.Message):
     partitions: int
     final: bool
     version: int
-    def __init__(self, query: _Optional[str] = ..., spec: _Optional[_Union[_query_pb2.QuerySpec, _Mapping]] = ..., sources: _Optional[_Iterable[str]] = ..., children: _Optional[_Iterable[str]] = ..., parent: _Optional[str] = ..., parent_address: _Optional[str] = ..., partitions: _Optional[int] = ..., final: _Optional[bool] = ..., version: _Optional[int] = ...) -> None: ...
+    covers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, query: _Optional[str] = ..., spec: _Optional[_Union[_query_pb2.QuerySpec, _Mapping]] = ..., sources: _Optional[_Iterable[str]] = ..., children: _Optional[_Iterable[str]] = ..., parent: _Optional[str] = ..., parent_address: _Optional[str] = ..., partitions: _Optional[int] = ..., final: _Optional[bool] = ..., version: _Optional[int] = ..., covers: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DeployFragmentRequest(_message.Message):
     __slots__ = ("fragment",)

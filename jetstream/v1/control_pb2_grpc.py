@@ -70,6 +70,11 @@ class GlobalControllerStub:
                 request_serializer=jetstream_dot_v1_dot_control__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=jetstream_dot_v1_dot_control__pb2.HeartbeatResponse.FromString,
                 _registered_method=True)
+        self.PublishResults = channel.unary_unary(
+                '/jetstream.v1.GlobalController/PublishResults',
+                request_serializer=jetstream_dot_v1_dot_control__pb2.PublishResultsRequest.SerializeToString,
+                response_deserializer=jetstream_dot_v1_dot_control__pb2.PublishResultsResponse.FromString,
+                _registered_method=True)
 
 
 class GlobalControllerServicer:
@@ -119,6 +124,13 @@ class GlobalControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PublishResults(self, request, context):
+        """The root site's final results (and, at the end of a finite input, that there are no more).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GlobalControllerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -156,6 +168,11 @@ def add_GlobalControllerServicer_to_server(servicer, server):
                     servicer.Heartbeat,
                     request_deserializer=jetstream_dot_v1_dot_control__pb2.HeartbeatRequest.FromString,
                     response_serializer=jetstream_dot_v1_dot_control__pb2.HeartbeatResponse.SerializeToString,
+            ),
+            'PublishResults': grpc.unary_unary_rpc_method_handler(
+                    servicer.PublishResults,
+                    request_deserializer=jetstream_dot_v1_dot_control__pb2.PublishResultsRequest.FromString,
+                    response_serializer=jetstream_dot_v1_dot_control__pb2.PublishResultsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -347,6 +364,33 @@ class GlobalController:
             '/jetstream.v1.GlobalController/Heartbeat',
             jetstream_dot_v1_dot_control__pb2.HeartbeatRequest.SerializeToString,
             jetstream_dot_v1_dot_control__pb2.HeartbeatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PublishResults(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/jetstream.v1.GlobalController/PublishResults',
+            jetstream_dot_v1_dot_control__pb2.PublishResultsRequest.SerializeToString,
+            jetstream_dot_v1_dot_control__pb2.PublishResultsResponse.FromString,
             options,
             channel_credentials,
             insecure,

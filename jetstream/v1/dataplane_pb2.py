@@ -24,19 +24,23 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cjetstream/v1/dataplane.proto\x12\x0cjetstream.v1\"\xa7\x02\n\x0cPartialBatch\x12\r\n\x05query\x18\x01 \x01(\t\x12\x17\n\x0fwindow_start_ms\x18\x02 \x01(\x03\x12\x15\n\rwindow_end_ms\x18\x03 \x01(\x03\x12\x0e\n\x06origin\x18\x04 \x01(\t\x12\x11\n\tpartition\x18\x05 \x01(\x05\x12\x0f\n\x07\x61ttempt\x18\x06 \x01(\x05\x12\x10\n\x08sequence\x18\x07 \x01(\x03\x12\'\n\x04kind\x18\x08 \x01(\x0e\x32\x19.jetstream.v1.SummaryKind\x12\r\n\x05level\x18\t \x01(\x05\x12\x0f\n\x07payload\x18\n \x01(\x0c\x12\x12\n\ncompressed\x18\x0b \x01(\x08\x12\x0e\n\x06\x65vents\x18\x0c \x01(\x03\x12\x13\n\x0b\x65rror_bound\x18\r \x01(\x01\x12\x10\n\x08\x63omplete\x18\x0e \x01(\x08\"b\n\x03\x41\x63k\x12\r\n\x05query\x18\x01 \x01(\t\x12\x17\n\x0fwindow_start_ms\x18\x02 \x01(\x03\x12\x0e\n\x06origin\x18\x03 \x01(\t\x12\x11\n\tpartition\x18\x04 \x01(\x05\x12\x10\n\x08sequence\x18\x05 \x01(\x03*\xaf\x01\n\x0bSummaryKind\x12\x1c\n\x18SUMMARY_KIND_UNSPECIFIED\x10\x00\x12\x15\n\x11SUMMARY_KIND_ROWS\x10\x01\x12\x1e\n\x1aSUMMARY_KIND_TRUNCATED_TOP\x10\x02\x12\x1f\n\x1bSUMMARY_KIND_FREQUENT_ITEMS\x10\x03\x12\x14\n\x10SUMMARY_KIND_HLL\x10\x04\x12\x14\n\x10SUMMARY_KIND_KLL\x10\x05\x32\x46\n\tDataPlane\x12\x39\n\x04Push\x12\x1a.jetstream.v1.PartialBatch\x1a\x11.jetstream.v1.Ack(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cjetstream/v1/dataplane.proto\x12\x0cjetstream.v1\"n\n\x0bPushMessage\x12+\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x1a.jetstream.v1.PartialBatchH\x00\x12*\n\x08progress\x18\x02 \x01(\x0b\x32\x16.jetstream.v1.ProgressH\x00\x42\x06\n\x04\x62ody\"`\n\x08Progress\x12\r\n\x05query\x18\x01 \x01(\t\x12\x0e\n\x06origin\x18\x02 \x01(\t\x12\x14\n\x0cwatermark_ms\x18\x03 \x01(\x03\x12\r\n\x05\x65nded\x18\x04 \x01(\x08\x12\x10\n\x08sequence\x18\x05 \x01(\x03\"\xf2\x02\n\x0cPartialBatch\x12\r\n\x05query\x18\x01 \x01(\t\x12\x17\n\x0fwindow_start_ms\x18\x02 \x01(\x03\x12\x15\n\rwindow_end_ms\x18\x03 \x01(\x03\x12\x0e\n\x06origin\x18\x04 \x01(\t\x12\x11\n\tpartition\x18\x05 \x01(\x05\x12\x0f\n\x07\x61ttempt\x18\x06 \x01(\x05\x12\x10\n\x08sequence\x18\x07 \x01(\x03\x12\'\n\x04kind\x18\x08 \x01(\x0e\x32\x19.jetstream.v1.SummaryKind\x12\r\n\x05level\x18\t \x01(\x05\x12\x0f\n\x07payload\x18\n \x01(\x0c\x12\x12\n\ncompressed\x18\x0b \x01(\x08\x12\x0e\n\x06\x65vents\x18\x0c \x01(\x03\x12\x13\n\x0b\x65rror_bound\x18\r \x01(\x01\x12\x10\n\x08\x63omplete\x18\x0e \x01(\x08\x12\x0e\n\x06\x63overs\x18\x0f \x03(\t\x12\x11\n\twan_bytes\x18\x10 \x01(\x03\x12\x14\n\x0c\x63losed_at_ms\x18\x11 \x01(\x03\x12\x10\n\x08revision\x18\x12 \x01(\x05\"\x86\x01\n\x03\x41\x63k\x12\r\n\x05query\x18\x01 \x01(\t\x12\x17\n\x0fwindow_start_ms\x18\x02 \x01(\x03\x12\x0e\n\x06origin\x18\x03 \x01(\t\x12\x11\n\tpartition\x18\x04 \x01(\x05\x12\x10\n\x08sequence\x18\x05 \x01(\x03\x12\x10\n\x08revision\x18\x06 \x01(\x05\x12\x10\n\x08progress\x18\x07 \x01(\x08*\xaf\x01\n\x0bSummaryKind\x12\x1c\n\x18SUMMARY_KIND_UNSPECIFIED\x10\x00\x12\x15\n\x11SUMMARY_KIND_ROWS\x10\x01\x12\x1e\n\x1aSUMMARY_KIND_TRUNCATED_TOP\x10\x02\x12\x1f\n\x1bSUMMARY_KIND_FREQUENT_ITEMS\x10\x03\x12\x14\n\x10SUMMARY_KIND_HLL\x10\x04\x12\x14\n\x10SUMMARY_KIND_KLL\x10\x05\x32\x45\n\tDataPlane\x12\x38\n\x04Push\x12\x19.jetstream.v1.PushMessage\x1a\x11.jetstream.v1.Ack(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'jetstream.v1.dataplane_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SUMMARYKIND']._serialized_start=445
-  _globals['_SUMMARYKIND']._serialized_end=620
-  _globals['_PARTIALBATCH']._serialized_start=47
-  _globals['_PARTIALBATCH']._serialized_end=342
-  _globals['_ACK']._serialized_start=344
-  _globals['_ACK']._serialized_end=442
-  _globals['_DATAPLANE']._serialized_start=622
-  _globals['_DATAPLANE']._serialized_end=692
+  _globals['_SUMMARYKIND']._serialized_start=767
+  _globals['_SUMMARYKIND']._serialized_end=942
+  _globals['_PUSHMESSAGE']._serialized_start=46
+  _globals['_PUSHMESSAGE']._serialized_end=156
+  _globals['_PROGRESS']._serialized_start=158
+  _globals['_PROGRESS']._serialized_end=254
+  _globals['_PARTIALBATCH']._serialized_start=257
+  _globals['_PARTIALBATCH']._serialized_end=627
+  _globals['_ACK']._serialized_start=630
+  _globals['_ACK']._serialized_end=764
+  _globals['_DATAPLANE']._serialized_start=944
+  _globals['_DATAPLANE']._serialized_end=1013
 # @@protoc_insertion_point(module_scope)

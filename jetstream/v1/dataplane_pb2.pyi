@@ -1,6 +1,8 @@
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -20,8 +22,30 @@ SUMMARY_KIND_FREQUENT_ITEMS: SummaryKind
 SUMMARY_KIND_HLL: SummaryKind
 SUMMARY_KIND_KLL: SummaryKind
 
+class PushMessage(_message.Message):
+    __slots__ = ("batch", "progress")
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    batch: PartialBatch
+    progress: Progress
+    def __init__(self, batch: _Optional[_Union[PartialBatch, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ...) -> None: ...
+
+class Progress(_message.Message):
+    __slots__ = ("query", "origin", "watermark_ms", "ended", "sequence")
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    WATERMARK_MS_FIELD_NUMBER: _ClassVar[int]
+    ENDED_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    query: str
+    origin: str
+    watermark_ms: int
+    ended: bool
+    sequence: int
+    def __init__(self, query: _Optional[str] = ..., origin: _Optional[str] = ..., watermark_ms: _Optional[int] = ..., ended: _Optional[bool] = ..., sequence: _Optional[int] = ...) -> None: ...
+
 class PartialBatch(_message.Message):
-    __slots__ = ("query", "window_start_ms", "window_end_ms", "origin", "partition", "attempt", "sequence", "kind", "level", "payload", "compressed", "events", "error_bound", "complete")
+    __slots__ = ("query", "window_start_ms", "window_end_ms", "origin", "partition", "attempt", "sequence", "kind", "level", "payload", "compressed", "events", "error_bound", "complete", "covers", "wan_bytes", "closed_at_ms", "revision")
     QUERY_FIELD_NUMBER: _ClassVar[int]
     WINDOW_START_MS_FIELD_NUMBER: _ClassVar[int]
     WINDOW_END_MS_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +60,10 @@ class PartialBatch(_message.Message):
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     ERROR_BOUND_FIELD_NUMBER: _ClassVar[int]
     COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    COVERS_FIELD_NUMBER: _ClassVar[int]
+    WAN_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CLOSED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
     query: str
     window_start_ms: int
     window_end_ms: int
@@ -50,18 +78,26 @@ class PartialBatch(_message.Message):
     events: int
     error_bound: float
     complete: bool
-    def __init__(self, query: _Optional[str] = ..., window_start_ms: _Optional[int] = ..., window_end_ms: _Optional[int] = ..., origin: _Optional[str] = ..., partition: _Optional[int] = ..., attempt: _Optional[int] = ..., sequence: _Optional[int] = ..., kind: _Optional[_Union[SummaryKind, str]] = ..., level: _Optional[int] = ..., payload: _Optional[bytes] = ..., compressed: _Optional[bool] = ..., events: _Optional[int] = ..., error_bound: _Optional[float] = ..., complete: _Optional[bool] = ...) -> None: ...
+    covers: _containers.RepeatedScalarFieldContainer[str]
+    wan_bytes: int
+    closed_at_ms: int
+    revision: int
+    def __init__(self, query: _Optional[str] = ..., window_start_ms: _Optional[int] = ..., window_end_ms: _Optional[int] = ..., origin: _Optional[str] = ..., partition: _Optional[int] = ..., attempt: _Optional[int] = ..., sequence: _Optional[int] = ..., kind: _Optional[_Union[SummaryKind, str]] = ..., level: _Optional[int] = ..., payload: _Optional[bytes] = ..., compressed: _Optional[bool] = ..., events: _Optional[int] = ..., error_bound: _Optional[float] = ..., complete: _Optional[bool] = ..., covers: _Optional[_Iterable[str]] = ..., wan_bytes: _Optional[int] = ..., closed_at_ms: _Optional[int] = ..., revision: _Optional[int] = ...) -> None: ...
 
 class Ack(_message.Message):
-    __slots__ = ("query", "window_start_ms", "origin", "partition", "sequence")
+    __slots__ = ("query", "window_start_ms", "origin", "partition", "sequence", "revision", "progress")
     QUERY_FIELD_NUMBER: _ClassVar[int]
     WINDOW_START_MS_FIELD_NUMBER: _ClassVar[int]
     ORIGIN_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
     query: str
     window_start_ms: int
     origin: str
     partition: int
     sequence: int
-    def __init__(self, query: _Optional[str] = ..., window_start_ms: _Optional[int] = ..., origin: _Optional[str] = ..., partition: _Optional[int] = ..., sequence: _Optional[int] = ...) -> None: ...
+    revision: int
+    progress: bool
+    def __init__(self, query: _Optional[str] = ..., window_start_ms: _Optional[int] = ..., origin: _Optional[str] = ..., partition: _Optional[int] = ..., sequence: _Optional[int] = ..., revision: _Optional[int] = ..., progress: _Optional[bool] = ...) -> None: ...

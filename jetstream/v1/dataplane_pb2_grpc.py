@@ -36,7 +36,7 @@ class DataPlaneStub:
         """
         self.Push = channel.stream_stream(
                 '/jetstream.v1.DataPlane/Push',
-                request_serializer=jetstream_dot_v1_dot_dataplane__pb2.PartialBatch.SerializeToString,
+                request_serializer=jetstream_dot_v1_dot_dataplane__pb2.PushMessage.SerializeToString,
                 response_deserializer=jetstream_dot_v1_dot_dataplane__pb2.Ack.FromString,
                 _registered_method=True)
 
@@ -45,8 +45,8 @@ class DataPlaneServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Push(self, request_iterator, context):
-        """The sender keeps each batch until its ack arrives; receivers are idempotent on the
-        batch's identity (query, window, origin, partition, attempt, sequence).
+        """The sender keeps each message until its ack arrives; receivers are idempotent on a
+        batch's identity (query, window, origin, partition, revision).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -57,7 +57,7 @@ def add_DataPlaneServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Push': grpc.stream_stream_rpc_method_handler(
                     servicer.Push,
-                    request_deserializer=jetstream_dot_v1_dot_dataplane__pb2.PartialBatch.FromString,
+                    request_deserializer=jetstream_dot_v1_dot_dataplane__pb2.PushMessage.FromString,
                     response_serializer=jetstream_dot_v1_dot_dataplane__pb2.Ack.SerializeToString,
             ),
     }
@@ -86,7 +86,7 @@ class DataPlane:
             request_iterator,
             target,
             '/jetstream.v1.DataPlane/Push',
-            jetstream_dot_v1_dot_dataplane__pb2.PartialBatch.SerializeToString,
+            jetstream_dot_v1_dot_dataplane__pb2.PushMessage.SerializeToString,
             jetstream_dot_v1_dot_dataplane__pb2.Ack.FromString,
             options,
             channel_credentials,

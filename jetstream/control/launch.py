@@ -1,0 +1,168 @@
+"""A whole topology as processes on this machine: what ``jetstream run`` (and the demo) start.
+
+:class:`LocalCluster` starts a global controller and one ``jetstream site`` process per site
+of the topology (each its own Python process and, once it runs a local stage, its own Spark
+JVM), waits until every site has registered, and stops them all on the way out, also after an
+error. :func:`replay` submits a query to such a cluster in replay mode and collects the final
+version of every window's result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+from jetstream.aggtree.loader import load_topology
+from jetstream.control.client import ControllerClient
+from jetstream.errors import ControlPlaneError
+from jetstream.results import WindowResult
+
+__all__ = ["LocalCluster", "replay"]
+
+#: How long the processes of a cluster may take to come up and register.
+STARTUP_TIMEOUT_S = 60.0
+
+Say = Callable[[str], None]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class LocalCluster:
+    """A controller and every site of ``topology`` as local processes.
+
+    ``input_dir`` holds one folder per site (``DIR/<site>/*.csv``); with ``replay`` every
+    site processes what its folder holds and then ends. Process output goes to ``logs``.
+    """
+
+    topology: Path
+    input_dir: Path | None = None
+    replay: bool = False
+    window_deadline_s: float | None = None
+    logs: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="jetstream-run-")))
+    say: Say = lambda line: None
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.sites = [s.name for s in load_topology(self.topology).sites]
+        self.address = f"127.0.0.1:{_free_port()}"
+        self.client = ControllerClient(self.address)
+
+    def __enter__(self) -> LocalCluster:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        port = self.address.rsplit(":", 1)[1]
+        self.say(f"starting the controller of {self.topology} and {len(self.sites)} sites "
+                 f"(logs in {self.logs})")
+        self._spawn("controller", "controller", "--topology", str(self.topology),
+                    "--port", port, "--heartbeat-interval", "1")
+        state = self.logs / "state"
+        for site in self.sites:
+            args = ["site", "--name", site, "--controller", self.address,
+                    "--state-dir", str(state)]
+            if self.input_dir is not None:
+                args += ["--input", str(self.input_dir / site)]
+            if self.replay:
+                args.append("--replay")
+            if self.window_deadline_s is not None:
+                args += ["--window-deadline", str(self.window_deadline_s)]
+            self._spawn(site, *args)
+        self._wait_for_sites()
+
+    def _spawn(self, name: str, *args: str) -> None:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        with (self.logs / f"{name}.log").open("wb") as out:  # the child keeps its own handle
+            self.processes[name] = subprocess.Popen(
+                [sys.executable, "-m", "jetstream", *args], stdout=out,
+                stderr=subprocess.STDOUT, env=env)
+
+    def _wait_for_sites(self) -> None:
+        deadline, shown = time.monotonic() + STARTUP_TIMEOUT_S, -1
+        while time.monotonic() < deadline:
+            self.check_alive()
+            with contextlib.suppress(ControlPlaneError):
+                alive = [s.name for s in self.client.status().sites if s.alive]
+                if len(alive) != shown:
+                    shown = len(alive)
+                    self.say(f"sites up: {shown}/{len(self.sites)} {' '.join(sorted(alive))}")
+                if shown == len(self.sites):
+                    return
+            time.sleep(0.3)
+        msg = f"the sites did not all register within {STARTUP_TIMEOUT_S:.0f}s\n{self.tail()}"
+        raise ControlPlaneError(msg)
+
+    def check_alive(self) -> None:
+        """Raise, with its last log lines, if any process has exited."""
+        for name, process in self.processes.items():
+            if process.poll() is not None:
+                msg = f"{name} exited with code {process.returncode}\n{self.tail(name)}"
+                raise ControlPlaneError(msg)
+
+    def tail(self, name: str | None = None, lines: int = 15) -> str:
+        names = [name] if name else list(self.processes)
+        out = []
+        for n in names:
+            path = self.logs / f"{n}.log"
+            text = path.read_text(errors="replace").splitlines() if path.exists() else []
+            out += [f"--- {path} (last {lines} lines)", *text[-lines:]]
+        return "\n".join(out)
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.terminate()
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def replay(cluster: LocalCluster, query_file: Path, *, timeout_s: float,
+           say: Say = lambda line: None) -> list[WindowResult]:
+    """Submit ``query_file`` and wait until every window is final; the last revision of each
+    window's result, in window order."""
+    response = cluster.client.submit(query_file)
+    say(f"submitted {response.query}; replaying the input through every site")
+    latest: dict[tuple[int, int], WindowResult] = {}
+    for result in _results(cluster, response.query, timeout_s):
+        latest[(result.window_start, result.window_end)] = result
+        say(f"window [{result.window_start}, {result.window_end}): {len(result.rows)} rows "
+            f"from {result.sites_reporting}/{result.sites_expected} sites"
+            + (f" (revision {result.revision})" if result.revision else ""))
+    state = next((q for q in cluster.client.status().queries if q.name == response.query),
+                 None)
+    if state is None or state.state != "finished":
+        msg = (f"query {response.query} did not finish within {timeout_s:.0f}s "
+               f"({state.state if state else 'gone'})\n{cluster.tail()}")
+        raise ControlPlaneError(msg)
+    return [latest[w] for w in sorted(latest)]
+
+
+def _results(cluster: LocalCluster, query: str, timeout_s: float) -> Iterator[WindowResult]:
+    yield from cluster.client.results(query, timeout_s)
+    cluster.check_alive()

@@ -1,0 +1,299 @@
+"""A site's data plane: for each query deployed here, its local stage, merger and sender.
+
+For every fragment a site runs, :class:`SiteRuntime` keeps one :class:`QueryRun`:
+
+- the **local stage** (a Spark Structured Streaming job, :mod:`jetstream.stage.job`) when the
+  site holds the query's source, reading the site's input folder;
+- a **merger** (:class:`~jetstream.aggregator.WindowMerger`) whose inputs are the site's
+  children in the aggregation tree and its own local stage;
+- and then either a **sender** to the parent (:class:`~jetstream.transport.PartialSender`)
+  or, at the root, the **final step** (the reference executor's own operators, from the
+  merged partials) whose results are published to the global controller.
+
+Progress flows with the data: an input that has closed every window up to its watermark says
+so, an idle input (no records for ``idle_s``) closes its open windows and stops holding the
+others back, and a finite input that has ended says that too, so the root knows when every
+window is final.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jetstream.aggregator import ENDED, MergedWindow, WindowMerger
+from jetstream.aggtree.planner import Fragment
+from jetstream.dsl import Query
+from jetstream.errors import PlanError
+from jetstream.local import finish_from_partials
+from jetstream.operators import Phase, WindowAggregate
+from jetstream.partials import PartialBatch, encode_batch
+from jetstream.queryfile import query_from_source
+from jetstream.results import WindowResult
+from jetstream.rewrite import optimize
+from jetstream.transport import DataPlaneServicer, PartialSender
+from jetstream.v1 import dataplane_pb2 as pb
+
+__all__ = ["DEFAULT_DEADLINE_S", "Assignment", "QueryRun", "SiteRuntime"]
+
+log = logging.getLogger(__name__)
+
+#: How long a merger waits for a silent input before a window goes out incomplete, when
+#: the query's SLO does not say (``max_latency``).
+DEFAULT_DEADLINE_S = 10.0
+#: How often a run looks for windows that are ready.
+TICK_S = 0.2
+
+#: Publishes a query's final results; ``finished``: there will be no more.
+Publish = Callable[[str, list[WindowResult], bool], None]
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """What a site is told to run for one query: its fragment and where things go."""
+
+    fragment: Fragment
+    source: str  # the query's Python source
+    version: int = 0
+    parent_address: str = ""  # the parent site's gRPC address; empty at the root
+    covers: tuple[str, ...] = ()  # the source sites whose records reach the root through here
+
+
+@dataclass
+class SiteOptions:
+    """How a site runs its data plane (``jetstream site`` flags)."""
+
+    input_dir: Path | None = None  # the folder log shippers drop this site's CSV files into
+    state_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "jetstream")
+    replay: bool = False  # process what the input holds now, then end
+    deadline_s: float | None = None  # overrides the SLO's max_latency for window deadlines
+    idle_s: float = 5.0  # an input without records this long is idle
+    trigger_s: float = 1.0  # micro-batch interval of a live local stage
+    spark_master: str = "local[1]"
+
+
+class QueryRun:
+    """One query's data plane at one site."""
+
+    def __init__(self, site: str, assignment: Assignment, options: SiteOptions,
+                 spark: Callable[[], Any], publish: Publish) -> None:
+        fragment = assignment.fragment
+        self.site, self.assignment, self.options = site, assignment, options
+        self.query: Query = optimize(query_from_source(assignment.source, fragment.query))
+        self.partial = partial_aggregate(self.query)
+        self._publish = publish
+        inputs = set(fragment.children) | ({site} if fragment.sources else set())
+        slo_deadline = (self.query.slo.max_latency_ms / 1000
+                        if self.query.slo and self.query.slo.max_latency_ms else None)
+        self.merger = WindowMerger(self.partial, inputs, deadline_s=options.deadline_s
+                                   or slo_deadline or DEFAULT_DEADLINE_S)
+        self.sender = (PartialSender(assignment.parent_address)
+                       if assignment.parent_address else None)
+        self._sequence = itertools.count(1)
+        self._reported: tuple[int | None, bool] = (None, False)
+        self._published_finish = False
+        self._stop = threading.Event()
+        self.stage: Any = None
+        self.failure: str | None = None
+        self._threads = [threading.Thread(target=self._pump, name=f"merge-{fragment.query}",
+                                          daemon=True)]
+        if fragment.sources:
+            self._threads.append(threading.Thread(
+                target=self._run_stage, args=(spark,), name=f"stage-{fragment.query}",
+                daemon=True))
+        for thread in self._threads:
+            thread.start()
+
+    @property
+    def name(self) -> str:
+        return self.assignment.fragment.query
+
+    # -- the local stage ----------------------------------------------------------------------
+    def _run_stage(self, spark: Callable[[], Any]) -> None:
+        folder = self.options.input_dir
+        if folder is None or not folder.is_dir():
+            log.warning("site %s has no input folder (%s): %s reads nothing here", self.site,
+                        folder, self.name)
+            # Nothing to wait for here: ended when replaying, idle for good when live.
+            self.merger.progress(self.site, ENDED, ended=self.options.replay)
+            return
+        from jetstream.stage.job import LocalStage  # Spark loads only where a stage runs
+
+        state = self.options.state_dir / self.site / self.name
+        if self.options.replay:  # a fresh checkpoint: replay the whole folder every time
+            state = state / f"v{self.assignment.version}-{time.time_ns()}"
+        try:
+            self.stage = LocalStage(spark(), self.query, folder,
+                                    checkpoint_dir=state / "checkpoint",
+                                    quarantine_dir=state / "quarantine", emit=self._local)
+            if self.options.replay:
+                self.stage.run_available()
+                self.merger.progress(self.site, ENDED, ended=True)
+                log.info("%s: replayed %s: %s", self.site, folder, self.stage.stats)
+            else:
+                self._run_live()
+        except Exception as e:  # the stage is lost; the others go on without its records
+            self.failure = f"local stage of {self.name} at {self.site} failed: {e}"
+            log.exception(self.failure)
+            # Results say how many sites they cover, so they show what is missing.
+            self.merger.progress(self.site, ENDED, ended=self.options.replay)
+
+    def _run_live(self) -> None:
+        stream = self.stage.start(self.options.trigger_s)
+        seen, quiet_since = -1, time.monotonic()
+        while not self._stop.wait(TICK_S):
+            if not stream.isActive:
+                raise PlanError(f"the streaming query stopped: {stream.exception()}")
+            records = self.stage.stats.records_in
+            if records != seen:
+                seen, quiet_since = records, time.monotonic()
+                if self.stage.watermark is not None:
+                    self.merger.progress(self.site, self.stage.watermark)
+            elif time.monotonic() - quiet_since >= self.options.idle_s:
+                self.stage.flush()  # idle: close what is open, hold no window back
+                self.merger.progress(self.site, ENDED)
+        stream.stop()
+
+    def _local(self, window: tuple[int, int], rows: list[dict[str, Any]], events: int) -> None:
+        self.merger.add(PartialBatch(self.name, window, self.site, tuple(rows), events=events,
+                                     covers=frozenset({self.site}),
+                                     closed_at_ms=time.time_ns() // 1_000_000))
+
+    # -- merging and forwarding ---------------------------------------------------------------
+    def _pump(self) -> None:
+        while not self._stop.wait(TICK_S):
+            try:
+                self.tick()
+            except Exception:  # keep merging what arrives; the next tick tries again
+                log.exception("%s at %s: forwarding failed", self.name, self.site)
+
+    def tick(self) -> None:
+        """Send (or, at the root, finish) every ready window, then report progress."""
+        merged = self.merger.ready()
+        finished = self.merger.finished
+        if self.sender is None:
+            results = [r for m in merged for r in self._finish(m)]
+            if results or (finished and not self._published_finish):
+                self._publish(self.name, results, finished)
+                self._published_finish = finished
+            return
+        for m in merged:
+            self.sender.send(encode_batch(PartialBatch(
+                self.name, m.window, self.site, m.rows, sequence=next(self._sequence),
+                events=m.events, error_bound=m.error_bound, complete=m.complete,
+                covers=m.covers, wan_bytes=m.wan_bytes, closed_at_ms=m.closed_at_ms,
+                revision=m.revision), self.partial))
+        report = (self.merger.watermark, finished)
+        if report != self._reported and report[0] is not None:
+            self.sender.send_progress(pb.Progress(
+                query=self.name, origin=self.site, watermark_ms=report[0], ended=finished,
+                sequence=next(self._sequence)))
+            self._reported = report
+
+    def _finish(self, merged: MergedWindow) -> list[WindowResult]:
+        now_ms = time.time_ns() // 1_000_000
+        return [WindowResult(
+            r.query, r.window_start, r.window_end, r.rows, r.exact, r.error_bound,
+            sites_reporting=len(merged.covers), sites_expected=len(self.assignment.covers),
+            latency_s=(now_ms - merged.closed_at_ms) / 1000 if merged.closed_at_ms else 0.0,
+            wan_bytes=merged.wan_bytes, revision=merged.revision)
+            for r in finish_from_partials(self.query, {merged.window: list(merged.rows)})]
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self.stage is not None:
+            self.stage.stop()
+        if self.sender is not None:
+            self.sender.close()
+
+
+class SiteRuntime:
+    """Every query's data plane at one site, and the site's DataPlane servicer."""
+
+    def __init__(self, site: str, options: SiteOptions, publish: Publish) -> None:
+        self.site, self.options, self._publish = site, options, publish
+        self._lock = threading.Lock()
+        self._runs: dict[str, QueryRun] = {}
+        self._spark: Any = None
+        self.servicer = DataPlaneServicer(self._aggregate_of, self._deliver, self._progress)
+
+    def deploy(self, assignment: Assignment) -> None:
+        """Start a query's run here; a new version of a running one replaces it."""
+        with self._lock:
+            old = self._runs.pop(assignment.fragment.query, None)
+            if old is not None:
+                if old.assignment == assignment:
+                    self._runs[assignment.fragment.query] = old
+                    return
+                old.stop()
+            self._runs[assignment.fragment.query] = QueryRun(
+                self.site, assignment, self.options, self._session, self._publish)
+
+    def stop(self, query: str) -> None:
+        with self._lock:
+            run = self._runs.pop(query, None)
+        if run is not None:
+            run.stop()
+
+    def close(self) -> None:
+        for query in list(self._runs):
+            self.stop(query)
+        if self._spark is not None:
+            self._spark.stop()
+
+    def run(self, query: str) -> QueryRun | None:
+        with self._lock:
+            return self._runs.get(query)
+
+    def _session(self) -> Any:
+        """The site's one SparkSession, started when the first local stage needs it."""
+        with self._lock:
+            if self._spark is None:
+                from pyspark.sql import SparkSession
+
+                log.info("site %s: starting Spark (%s)", self.site, self.options.spark_master)
+                self._spark = (
+                    SparkSession.builder.master(self.options.spark_master)
+                    .appName(f"jetstream-{self.site}")
+                    .config("spark.ui.enabled", "false")
+                    .config("spark.sql.shuffle.partitions", "2")
+                    .config("spark.driver.memory", "1g")
+                    .getOrCreate())
+                self._spark.sparkContext.setLogLevel("ERROR")
+            return self._spark
+
+    # -- the DataPlane servicer's callbacks -----------------------------------------------------
+    def _aggregate_of(self, query: str) -> WindowAggregate | None:
+        run = self.run(query)
+        return run.partial if run is not None else None
+
+    def _deliver(self, batch: PartialBatch) -> None:
+        run = self.run(batch.query)
+        if run is not None:
+            run.merger.add(batch)
+
+    def _progress(self, report: pb.Progress) -> None:
+        run = self.run(report.query)
+        if run is not None:
+            run.merger.progress(report.origin, report.watermark_ms, report.ended)
+
+
+def partial_aggregate(query: Query) -> WindowAggregate:
+    """The partial aggregate of an optimized query: what sites send each other."""
+    plan = query.plan()
+    partials = [plan.op(n) for n in plan.topological()
+                if isinstance(plan.op(n), WindowAggregate)
+                and plan.op(n).phase is Phase.PARTIAL]  # type: ignore[attr-defined]
+    if not partials:
+        msg = f"query {query.name}: the optimized plan has no partial aggregate to send"
+        raise PlanError(msg)
+    op = partials[0]  # a source read twice has one partial per branch, all alike
+    assert isinstance(op, WindowAggregate)
+    return op
