@@ -41,7 +41,8 @@ from jetstream.rewrite import optimize
 from jetstream.transport import DataPlaneServicer, PartialSender
 from jetstream.v1 import dataplane_pb2 as pb
 
-__all__ = ["DEFAULT_DEADLINE_S", "Assignment", "QueryRun", "SiteRuntime"]
+__all__ = ["DEFAULT_DEADLINE_S", "Assignment", "QueryRun", "SiteOptions", "SiteRuntime",
+           "distributed", "partial_aggregate"]
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,7 @@ class QueryRun:
                  spark: Callable[[], Any], publish: Publish) -> None:
         fragment = assignment.fragment
         self.site, self.assignment, self.options = site, assignment, options
-        self.query: Query = optimize(query_from_source(assignment.source, fragment.query))
+        self.query = distributed(query_from_source(assignment.source, fragment.query))
         self.partial = partial_aggregate(self.query)
         self._publish = publish
         inputs = set(fragment.children) | ({site} if fragment.sources else set())
@@ -285,6 +286,11 @@ class SiteRuntime:
             run.merger.progress(report.origin, report.watermark_ms, report.ended)
 
 
+def distributed(query: Query) -> Query:
+    """The query as the sites run it: optimized, every aggregate split into partials."""
+    return optimize(query, split_holistic=True)
+
+
 def partial_aggregate(query: Query) -> WindowAggregate:
     """The partial aggregate of an optimized query: what sites send each other."""
     plan = query.plan()
@@ -292,7 +298,8 @@ def partial_aggregate(query: Query) -> WindowAggregate:
                 if isinstance(plan.op(n), WindowAggregate)
                 and plan.op(n).phase is Phase.PARTIAL]  # type: ignore[attr-defined]
     if not partials:
-        msg = f"query {query.name}: the optimized plan has no partial aggregate to send"
+        msg = (f"query {query.name}: only windowed aggregates run across sites; add "
+               ".window(...).group_by(...).agg(...) or run it with `jetstream local`")
         raise PlanError(msg)
     op = partials[0]  # a source read twice has one partial per branch, all alike
     assert isinstance(op, WindowAggregate)

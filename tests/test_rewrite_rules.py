@@ -20,6 +20,7 @@ from jetstream.rewrite import (
 )
 from jetstream.rewrite.edit import bypass, input_of, insert_below, op, plan_of
 from jetstream.rewrite.solve import solve
+from tests.conftest import log
 
 A = js.source("a", schema=js.CDN_LOG_SCHEMA)
 B = js.source("b", schema=js.CDN_LOG_SCHEMA)
@@ -237,6 +238,13 @@ def test_holistic_aggregates_stay_whole(aggregate: js.Aggregate, shown: str) -> 
     assert plan == shape(stream.plan)
     assert notes == [f"declined: `aggregate by domain: n=count(), {shown}` stays whole: "
                      f"{shown} is holistic (its partial would carry every value)"]
+    # The distributed path splits them anyway, and the answer stays the same.
+    query = js.Query("q", stream)
+    split = js.optimize(query, split_holistic=True)
+    assert "partial aggregate" in split.plan().render()
+    events = [log(1_000 * i, f"d{i % 3}.com", client_ip=f"10.0.0.{i % 5}",
+                  latency_ms=float(i)) for i in range(40)]
+    assert js.run_local(split, events) == js.run_local(query, events)
 
 
 def test_approximate_aggregates_split_as_sketches() -> None:

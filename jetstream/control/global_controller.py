@@ -26,6 +26,7 @@ from jetstream.operators import Source
 from jetstream.queryfile import query_from_source
 from jetstream.results import WindowResult
 from jetstream.rewrite import explain
+from jetstream.runtime import distributed, partial_aggregate
 
 __all__ = ["REPLAN_BANDWIDTH_CHANGE", "GlobalController", "QueryState", "SiteState"]
 
@@ -200,6 +201,7 @@ class GlobalController:
     # -- queries ----------------------------------------------------------------------------
     def submit(self, source: str, origin: str = "<submitted>") -> QueryState:
         query = query_from_source(source, origin)
+        partial_aggregate(distributed(query))  # refuse now what no site could run
         with self.lock:
             existing = self.queries.get(query.name)
             if existing is not None and existing.active:

@@ -52,6 +52,7 @@ class LocalCluster:
     input_dir: Path | None = None
     replay: bool = False
     window_deadline_s: float | None = None
+    idle_timeout_s: float | None = None
     logs: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="jetstream-run-")))
     say: Say = lambda line: None
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
@@ -89,6 +90,8 @@ class LocalCluster:
                 args.append("--replay")
             if self.window_deadline_s is not None:
                 args += ["--window-deadline", str(self.window_deadline_s)]
+            if self.idle_timeout_s is not None:
+                args += ["--idle-timeout", str(self.idle_timeout_s)]
             self._spawn(site, *args)
         self._wait_for_sites()
 

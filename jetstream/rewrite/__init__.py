@@ -34,14 +34,15 @@ def rewrite(plan: LogicalPlan, context: RewriteContext) -> LogicalPlan:
     return plan
 
 
-def optimize(query: Query, *, partitions: int = 1,
-             bounds: tuple[Any, ...] | None = None) -> Query:
+def optimize(query: Query, *, partitions: int = 1, bounds: tuple[Any, ...] | None = None,
+             split_holistic: bool = False) -> Query:
     """The same query, rewritten to cut wide-area bytes; it gives the same results.
 
     ``partitions`` spreads each merge over that many key partitions (by hash, or by range of
-    the first key when ``bounds`` gives the split points).
+    the first key when ``bounds`` gives the split points); ``split_holistic`` splits exact
+    distinct counts and quantiles into partials too (see :mod:`.split_aggregates`).
     """
-    return _optimized(query, RewriteContext(partitions, bounds))
+    return _optimized(query, RewriteContext(partitions, bounds, split_holistic=split_holistic))
 
 
 def _optimized(query: Query, context: RewriteContext) -> Query:

@@ -24,10 +24,13 @@ class RewriteContext:
     ``partitions`` is how many servers a merge or final aggregate is split over (the physical
     planner chooses it; 1 leaves aggregates whole); ``bounds``, if given, makes that a range
     partitioning on the first group key with these ``partitions - 1`` split points.
+    ``split_holistic`` splits holistic aggregates too: the distributed path asks for it, since
+    their partials (every value of one column) are still no bigger than the raw records.
     """
 
     partitions: int = 1
     bounds: tuple[Any, ...] | None = None
+    split_holistic: bool = False
     notes: list[Note] = field(default_factory=list)
 
     def __post_init__(self) -> None:

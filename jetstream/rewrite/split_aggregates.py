@@ -13,8 +13,10 @@ becomes
 (the record steps between the union and the aggregate are copied onto each input; without a
 union the partial still runs next to the data, one per site once the plan is placed).
 
-It is NOT safe to split a holistic aggregate cheaply — exact ``count_distinct`` or
-``quantile`` would ship every value — so those stay whole and ``explain`` says why.
+It is NOT cheap to split a holistic aggregate — exact ``count_distinct`` or ``quantile``
+ship every value — so by default those stay whole and ``explain`` says why. The distributed
+path splits them anyway (``RewriteContext.split_holistic``): every value of one column, per
+group and window, is still no more than the raw records it replaces.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def split_aggregates(plan: LogicalPlan, context: RewriteContext) -> LogicalPlan:
         aggregate = op(graph, node)
         if not isinstance(aggregate, WindowAggregate) or aggregate.phase is not Phase.COMPLETE:
             continue
-        if not aggregate.decomposable:
+        if not aggregate.decomposable and not context.split_holistic:
             holistic = ", ".join(f"{name}={agg}" for name, agg in aggregate.aggregates
                                  if not agg.decomposable)
             context.declined(RULE, f"`{aggregate.describe()}` stays whole: {holistic} is "

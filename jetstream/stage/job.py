@@ -10,8 +10,10 @@ column as text, and runs each micro-batch (``foreachBatch``, on the driver) thro
 3. event-time windows, assigned exactly as :meth:`WindowSpec.windows_of` does; a record for a
    window the site's watermark has already closed is late: counted and dropped;
 4. the partial aggregates per window and group key, with Spark's own functions (``count``,
-   ``sum``, ``min``, ``max``, ``hll_sketch_agg``, ``kll_sketch_agg_double``; frequent items
-   from per-item counts), turned into the accumulators of :mod:`jetstream.aggregates`;
+   ``sum``, ``min``, ``max``, ``collect_set``, ``collect_list``, ``hll_sketch_agg``,
+   ``kll_sketch_agg_double``; frequent items from per-item counts), turned into the
+   accumulators of :mod:`jetstream.aggregates`; a sum of doubles is exact, as the reference's
+   is (see :meth:`LocalStage._float_sum`);
 5. merged into the windows' running partials, and every window the watermark has now closed
    is handed to ``emit``.
 
@@ -22,6 +24,7 @@ reference executor's rule, applied at micro-batch granularity.
 from __future__ import annotations
 
 import math
+import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,9 +34,10 @@ from typing import Any
 import datasketches as ds
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StringType, StructField, StructType
+from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.types import DoubleType, StringType, StructField, StructType
 
-from jetstream.aggregates import Aggregate, Count, Max, Min, Sum
+from jetstream.aggregates import Aggregate, Count, CountDistinct, Max, Min, Quantile, Sum
 from jetstream.approx.sketches import ApproxCountDistinct, ApproxQuantile, TopKItems
 from jetstream.dsl import Query
 from jetstream.errors import PlanError
@@ -54,6 +58,11 @@ __all__ = ["LocalStage", "StageStats"]
 
 Emit = Callable[[tuple[int, int], list[dict[str, Any]], int], None]
 _CORRUPT = "_jetstream_corrupt"
+_MANTISSA_BITS = 52  # a double's fraction bits: an integer below 2**53 is exactly a double
+_MIN_EXPONENT = -1074  # 2**-1074, the smallest subnormal: every double is a multiple of it
+# Exponents summed together in one DECIMAL(38,0): a term is below 2**(53 + 32), so a sum holds
+# 2**41 of them, and a column's values rarely span more than two bands.
+_EXPONENT_BAND = 32
 
 
 @dataclass
@@ -90,29 +99,57 @@ class LocalStage:
         self._latest: int | None = None  # the largest event time read so far
         self._open: dict[tuple[int, int], dict[tuple[Any, ...], list[Any]]] = {}
         self._events: Counter[tuple[int, int]] = Counter()
+        self._stream: StreamingQuery | None = None
+        self._lock = threading.Lock()  # a live stage's micro-batches against flush()
 
     # -- running ------------------------------------------------------------------------------
-    def _reader(self) -> DataFrame:
-        text = StructType([StructField(f.name, StringType()) for f in self.source.schema]
+    @property
+    def text_schema(self) -> StructType:
+        """What :meth:`process_batch` reads: every source column as text, and the bad line."""
+        return StructType([StructField(f.name, StringType()) for f in self.source.schema]
                           + [StructField(_CORRUPT, StringType())])
-        return (self.spark.readStream.schema(text).option("header", True)
+
+    def _reader(self) -> DataFrame:
+        return (self.spark.readStream.schema(self.text_schema).option("header", True)
                 .option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", _CORRUPT)
                 .csv(self.input_dir))
 
     def run_available(self) -> StageStats:
         """Process every file in the folder now, then close every window (finite input)."""
-        (self._reader().writeStream.foreachBatch(self.process_batch)
-         .option("checkpointLocation", self.checkpoint_dir).trigger(availableNow=True)
-         .start().awaitTermination())
+        self._stream = (self._reader().writeStream.foreachBatch(self.process_batch)
+                        .option("checkpointLocation", self.checkpoint_dir)
+                        .trigger(availableNow=True).start())
+        self._stream.awaitTermination()
         self.flush()
         return self.stats
 
+    def start(self, trigger_s: float = 1.0) -> StreamingQuery:
+        """Run live: a micro-batch every ``trigger_s`` seconds over the files that arrived."""
+        self._stream = (self._reader().writeStream.foreachBatch(self.process_batch)
+                        .option("checkpointLocation", self.checkpoint_dir)
+                        .trigger(processingTime=f"{trigger_s} seconds").start())
+        return self._stream
+
+    def stop(self) -> None:
+        if self._stream is not None and self._stream.isActive:
+            self._stream.stop()
+
+    @property
+    def watermark(self) -> int | None:
+        """Every window ending at or before this has been handed on (None: nothing read)."""
+        return None if self._latest is None else self._latest - self.window.watermark_ms
+
     def flush(self) -> None:
-        """The input has ended: every open window is final."""
-        self._emit_closed(None)
+        """The input has ended (or gone idle): every open window is final."""
+        with self._lock:
+            self._emit_closed(None)
 
     # -- one micro-batch ----------------------------------------------------------------------
     def process_batch(self, raw: DataFrame, batch_id: int) -> None:
+        with self._lock:
+            self._process(raw)
+
+    def _process(self, raw: DataFrame) -> None:
         self.stats.batches += 1
         checked = self._check(raw).cache()
         try:
@@ -185,9 +222,13 @@ class LocalStage:
         inputs = {f"_in{i}": to_column(agg.expr)
                   for i, (_, agg) in enumerate(self.partial.aggregates) if agg.expr is not None}
         df = df.select(*keys, *(c.alias(n) for n, c in inputs.items()))
+        float_sums = {i: agg for i, (_, agg) in enumerate(self.partial.aggregates)
+                      if isinstance(agg, Sum)
+                      and isinstance(df.schema[f"_in{i}"].dataType, DoubleType)}
         columns = [F.count(F.lit(1)).alias("_events")]
         for i, (_, agg) in enumerate(self.partial.aggregates):
-            columns += [c.alias(f"_a{i}_{j}") for j, c in enumerate(_spark_partial(agg, f"_in{i}"))]
+            parts = _spark_partial(agg, f"_in{i}", floating=i in float_sums)
+            columns += [c.alias(f"_a{i}_{j}") for j, c in enumerate(parts)]
         for row in df.groupBy(*keys).agg(*columns).collect():
             window = (int(row["_start"]), int(row["_end"]))
             key = tuple(row[k] for k in self.partial.keys)
@@ -197,6 +238,30 @@ class LocalStage:
         for i, (_, agg) in enumerate(self.partial.aggregates):
             if isinstance(agg, TopKItems):
                 self._top_items(df, keys, i, agg)
+        for i, agg in float_sums.items():
+            self._float_sum(df, keys, i, agg)
+
+    def _float_sum(self, df: DataFrame, keys: list[str], i: int, agg: Sum) -> None:
+        """Add the finite values of float sum ``i`` to the open windows' partials, exactly.
+
+        Spark adds the integers ``m`` of ``x = m * 2**e`` (:func:`_binary_parts`) per band of
+        exponents as DECIMAL(38,0), which is exact; the driver turns those totals into floats
+        that add up to the same number (:func:`_exact_floats`) and merges them with
+        ``agg.merge``.
+        """
+        x = F.col(f"_in{i}")
+        exponent, mantissa = _binary_parts(x)
+        totals = (df.filter(_finite(x))
+                  .groupBy(*keys, exponent.alias("_e"))
+                  .agg(F.sum(mantissa).alias("_m")))
+        terms: dict[tuple[tuple[int, int], tuple[Any, ...]], list[tuple[int, int]]] = {}
+        for row in totals.collect():
+            group = ((int(row["_start"]), int(row["_end"])),
+                     tuple(row[k] for k in self.partial.keys))
+            terms.setdefault(group, []).append((int(row["_m"]), int(row["_e"])))
+        for (window, key), group_terms in terms.items():
+            accs = self._open[window][key]
+            accs[i] = agg.merge(accs[i], [0, 0, _exact_floats(group_terms)])
 
     def _top_items(self, df: DataFrame, keys: list[str], i: int, agg: TopKItems) -> None:
         counts = (df.filter(F.col(f"_in{i}").isNotNull())
@@ -272,21 +337,89 @@ def _parse(name: str, dtype: DataType) -> Column:
     return value
 
 
+def _finite(x: Column) -> Column:
+    return x.isNotNull() & ~F.isnan(x) & (F.abs(x) != F.lit(math.inf))
+
+
+def _binary_parts(x: Column) -> tuple[Column, Column]:
+    """Columns ``(e, m)`` with ``x == m * 2**e`` exactly for every finite double ``x``: ``m``
+    an integer, as DECIMAL(31,0), and ``e`` the first exponent of its band (see above).
+
+    The exponent of ``x``'s last bit is ``floor(log2(|x|)) - 52``, and never below -1074,
+    where the subnormals' last bit sits; ``x`` over it is an integer below 2**53. Spark's
+    ``log2`` can be one off near a power of two, so the floor is corrected by comparing
+    ``|x|`` with the powers of two around it. ``pow(2, k)`` and the division by it are exact
+    for every exponent this gives (-1074 to 971), so no double here overflows or rounds. Zero
+    has no ``log2`` (NULL), and ``greatest`` skips a NULL: zero gets ``e = -1074, m = 0``.
+    """
+    two = F.lit(2.0)
+    magnitude = F.when(x != 0, F.abs(x))
+    guess = F.floor(F.log2(magnitude))
+    top = (F.when(magnitude < F.pow(two, guess), guess - 1)
+           .when(magnitude >= F.pow(two, guess + 1), guess + 1)
+           .otherwise(guess))
+    last = F.greatest(top - F.lit(_MANTISSA_BITS), F.lit(_MIN_EXPONENT))
+    # Through bigint, exactly; Spark casts a double to a decimal by way of a decimal string.
+    integer = (x / F.pow(two, last)).cast("bigint").cast("decimal(20,0)")
+    into_band = F.pmod(last - F.lit(_MIN_EXPONENT), F.lit(_EXPONENT_BAND))
+    return (last - into_band,
+            integer * F.pow(two, into_band).cast("bigint").cast("decimal(11,0)"))
+
+
+def _exact_floats(terms: list[tuple[int, int]]) -> list[float]:
+    """Floats whose exact sum is ``sum(m * 2**e for m, e in terms)``: [0.0] for zero.
+
+    The total is one Python integer times ``2**low``; cut into 52-bit chunks, each chunk times
+    its power of two is a double, exactly. A total of 2**1024 or more has no such chunks: it
+    becomes ±inf, what a float addition overflows to. That is the one case where the stage is
+    not exact (it is while each micro-batch's total per window and key is below 2**1024); the
+    reference's exact partials overflow there too, to infinities that depend on the order of
+    the values.
+    """
+    nonzero = [(m, e) for m, e in terms if m]
+    if not nonzero:
+        return [0.0]
+    low = min(e for _, e in nonzero)
+    total = sum(m << (e - low) for m, e in nonzero)
+    sign, rest, shift = -1.0 if total < 0 else 1.0, abs(total), 0
+    chunks = []
+    try:
+        while rest:
+            if chunk := rest & ((1 << _MANTISSA_BITS) - 1):
+                chunks.append(sign * math.ldexp(chunk, low + shift))
+            rest >>= _MANTISSA_BITS
+            shift += _MANTISSA_BITS
+    except OverflowError:
+        return [sign * math.inf]
+    return chunks or [0.0]
+
+
 def _width(agg: Aggregate) -> int:
     return 2 if isinstance(agg, Sum) else 1
 
 
-def _spark_partial(agg: Aggregate, column: str) -> list[Column]:
-    """Spark aggregate expressions whose values make ``agg``'s accumulator."""
+def _spark_partial(agg: Aggregate, column: str, *, floating: bool = False) -> list[Column]:
+    """Spark aggregate expressions whose values make ``agg``'s accumulator.
+
+    ``floating``: ``agg`` is a sum of doubles, whose finite values :meth:`LocalStage._float_sum`
+    adds; here it takes the count of values and the few that are not finite (an expression's
+    overflow: ±inf, NaN), which the driver adds as the reference does.
+    """
     c = F.col(column)
     if isinstance(agg, Count):
         return [F.count(F.lit(1)) if agg.expr is None else F.count(c)]
-    if isinstance(agg, Sum):  # and Avg, a Sum: the count of values and their total
-        return [F.count(c), F.try_sum(c)]
+    if isinstance(agg, Sum) and floating:  # and Avg, a Sum
+        return [F.count(c), F.collect_list(F.when(~_finite(c), c))]
+    if isinstance(agg, Sum):  # DECIMAL(38, 0): a bigint total can overflow, Python's int cannot
+        return [F.count(c), F.try_sum(c.cast("decimal(38,0)"))]
     if isinstance(agg, Min):
         return [F.min(c)]
     if isinstance(agg, Max):
         return [F.max(c)]
+    if isinstance(agg, CountDistinct):  # both skip NULLs, as the reference's ``add`` does
+        return [F.collect_set(c)]
+    if isinstance(agg, Quantile):
+        return [F.collect_list(c)]
     if isinstance(agg, ApproxCountDistinct):
         return [F.hll_sketch_agg(c, agg.lg_k)]
     if isinstance(agg, ApproxQuantile):
@@ -303,9 +436,13 @@ def _accumulator(agg: Aggregate, values: list[Any]) -> Any:
         count, total = values
         if not count:
             return agg.create()
-        if isinstance(total, float):
-            return [int(count), 0, [total]]
+        if isinstance(total, list):  # a float sum's non-finite values (see _spark_partial)
+            return agg.merge([int(count), 0, []], [0, 0, total])
         return [int(count), int(total), []]
+    if isinstance(agg, CountDistinct):
+        return set(values[0])
+    if isinstance(agg, Quantile):
+        return list(values[0])
     if isinstance(agg, ApproxCountDistinct):
         return agg.create() if values[0] is None else ds.hll_sketch.deserialize(bytes(values[0]))
     if isinstance(agg, ApproxQuantile):
@@ -316,4 +453,3 @@ def _accumulator(agg: Aggregate, values: list[Any]) -> Any:
     if isinstance(agg, Count):
         return int(values[0])
     return values[0]  # min, max
-

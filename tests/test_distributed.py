@@ -1,0 +1,202 @@
+"""The full distributed path against the reference executor: a controller and three site
+processes on local-3dc, each site's local stage in its own Spark JVM, partials over gRPC, the
+final step at the root; and the root's data plane fed duplicated and resent batches."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jetstream.aggtree.planner import Fragment
+from jetstream.control.launch import LocalCluster, replay
+from jetstream.control.server import start_server
+from jetstream.local import run_local
+from jetstream.partials import PartialBatch, encode_batch
+from jetstream.queryfile import load_query, query_from_source
+from jetstream.results import WindowResult
+from jetstream.runtime import Assignment, SiteOptions, SiteRuntime
+from jetstream.transport import PartialSender
+from jetstream.v1 import dataplane_pb2 as pb
+from jetstream.v1 import dataplane_pb2_grpc as rpc
+from tests.conftest import log
+from tests.test_aggregator import site_batches, split
+
+ROOT = Path(__file__).resolve().parent.parent
+LOGS = ROOT / "examples" / "logs"
+TOPOLOGY = ROOT / "topologies" / "local-3dc.yaml"
+
+HEADER = "import jetstream as js\nfrom jetstream import col\n" \
+         "logs = js.source('cdn_logs', schema=js.CDN_LOG_SCHEMA)\n"
+QUERIES = {
+    "sum": "logs.window(js.tumbling('10s'), watermark='5s').group_by('pop')"
+           ".agg(bytes=js.sum('bytes'), kb=js.sum(col('bytes') / 1024))",
+    "avg": "logs.where(col('cache') == 'HIT').window(js.tumbling('20s'), watermark='5s')"
+           ".group_by('domain').agg(mean=js.avg('latency_ms'), n=js.count())",
+    "distinct": "logs.window(js.tumbling('10s'), watermark='5s').group_by('status')"
+                ".agg(clients=js.count_distinct('client_ip'), p90=js.quantile('latency_ms', 0.9))",
+    "sliding": "logs.window(js.sliding('20s', every='5s'), watermark='5s').group_by('domain')"
+               ".agg(n=js.count(), slowest=js.max('latency_ms')).top_k(3, by='n')",
+}
+
+
+def query_file(folder: Path, name: str, body: str) -> Path:
+    path = folder / f"{name}.py"
+    path.write_text(f"{HEADER}query = js.Query({name!r}, {body})\n")
+    return path
+
+
+def assert_same(got: list[WindowResult], want: list[WindowResult]) -> None:
+    assert [(r.window_start, r.window_end) for r in got] == [
+        (r.window_start, r.window_end) for r in want]
+    for g, w in zip(got, want, strict=True):
+        assert (g.rows, g.exact) == (w.rows, w.exact), f"window {g.window_start}"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with LocalCluster(TOPOLOGY, LOGS, replay=True, window_deadline_s=120,
+                      logs=tmp_path_factory.mktemp("cluster")) as running:
+        yield running
+
+
+@pytest.mark.parametrize("name", sorted(QUERIES))
+def test_replay_equals_the_reference_window_by_window(cluster: LocalCluster, tmp_path: Path,
+                                                      name: str) -> None:
+    path = query_file(tmp_path, name, QUERIES[name])
+    got = replay(cluster, path, timeout_s=240)
+    want = run_local(load_query(path), LOGS)
+    assert len(want) >= 3
+    assert_same(got, want)
+    for result in got:
+        assert (result.sites_reporting, result.sites_expected) == (3, 3)
+        assert result.wan_bytes and result.wan_bytes > 0
+        assert result.latency_s is not None and result.latency_s >= 0
+
+
+def test_jetstream_run_writes_what_run_local_computes(tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    query = ROOT / "examples" / "cdn_topk.py"
+    done = subprocess.run(
+        [sys.executable, "-m", "jetstream", "run", "--topology", str(TOPOLOGY),
+         "--query", str(query), "--input", str(LOGS), "--output", str(out)],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "every one final" in done.stderr
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    want = run_local(load_query(query), LOGS)
+    assert [(r["window_start"], r["rows"]) for r in lines] == [
+        (r.window_start, r.rows) for r in want]
+    for line in lines:
+        assert {"query", "window_start", "window_end", "rows", "exact", "error_bound",
+                "sites_reporting", "sites_expected", "latency_s", "wan_bytes"} <= set(line)
+        assert line["sites_reporting"] == line["sites_expected"] == 3
+
+
+def test_live_sites_with_quiet_neighbours_still_close_their_windows(tmp_path: Path) -> None:
+    """Only ams has data, and it arrives as files while the query runs; sfo and sin stay
+    quiet. The quiet sites must not hold the windows back, and ams's last window closes
+    when its input goes idle."""
+    inbox = tmp_path / "input" / "ams"
+    inbox.mkdir(parents=True)
+    path = query_file(tmp_path, "live", QUERIES["sum"])
+    want = run_local(load_query(path), LOGS / "ams")
+    with LocalCluster(TOPOLOGY, tmp_path / "input", idle_timeout_s=2,
+                      logs=tmp_path / "logs") as cluster:
+        cluster.client.submit(path)
+        lines = (LOGS / "ams" / "part-000.csv").read_text().splitlines(keepends=True)
+        half = len(lines) // 2
+        for i, chunk in enumerate([lines[:half], lines[:1] + lines[half:]]):
+            staged = tmp_path / f"part-{i}.csv"
+            staged.write_text("".join(chunk))
+            staged.rename(inbox / staged.name)  # atomically, as a log shipper would
+        got: dict[tuple[int, int], WindowResult] = {}
+        for result in cluster.client.results("live", timeout_s=150):
+            got[(result.window_start, result.window_end)] = result
+            if len(got) == len(want):
+                break
+    assert_same([got[w] for w in sorted(got)], want)
+
+
+# -- the root's data plane over real gRPC, fed by senders that repeat and restart ------------
+
+def events() -> list[dict[str, Any]]:
+    return [log(1_000 * i + 17 * (i % 5), f"d{i % 4}.com", pop=site, bytes=100 * i,
+                latency_ms=float(i % 9)) for i in range(60) for site in ("sfo", "sin")]
+
+
+class Root:
+    """A root site's runtime with its DataPlane server; published results are kept."""
+
+    def __init__(self, source: str, name: str) -> None:
+        self.results: list[WindowResult] = []
+        self.finished = threading.Event()
+        self.runtime = SiteRuntime("ams", SiteOptions(deadline_s=60), self._publish)
+        self.server, self.port = start_server([(
+            rpc.add_DataPlaneServicer_to_server, self.runtime.servicer,
+            "jetstream.v1.DataPlane")], 0)
+        self.runtime.deploy(Assignment(
+            Fragment(name, "ams", children=("sfo", "sin"), final=True), source,
+            covers=("sfo", "sin")))
+
+    def _publish(self, query: str, results: list[WindowResult], finished: bool) -> None:
+        self.results += results
+        if finished:
+            self.finished.set()
+
+    def final(self) -> list[WindowResult]:
+        latest = {(r.window_start, r.window_end): r for r in self.results}
+        return [latest[w] for w in sorted(latest)]
+
+    def close(self) -> None:
+        self.runtime.close()
+        self.server.stop(grace=0).wait()
+
+
+def test_duplicated_and_resent_batches_leave_the_results_unchanged() -> None:
+    source = f"{HEADER}query = js.Query('q', {QUERIES['sliding']})\n"
+    query = query_from_source(source, "<test>")
+    _, site_query, partial = split(query)
+    records = events()
+    sent = {site: site_batches(site_query, partial, site,
+                               [e for e in records if e["pop"] == site])
+            for site in ("sfo", "sin")}
+    root = Root(source, "q")
+    address = f"127.0.0.1:{root.port}"
+    try:
+        # sfo sends every batch twice (a Spark retry), on two separate streams.
+        twice = [PartialSender(address), PartialSender(address)]
+        for sender in twice:
+            for i, batch in enumerate(sent["sfo"]):
+                sender.send(encode_batch(PartialBatch(
+                    "q", batch.window, "sfo", batch.rows, sequence=i), partial))
+            sender.send_progress(pb.Progress(query="q", origin="sfo", watermark_ms=0,
+                                             ended=True, sequence=10_000))
+        # sin's sender dies half way through; its successor sends everything again.
+        half = len(sent["sin"]) // 2
+        first = PartialSender(address)
+        for i, batch in enumerate(sent["sin"][:half]):
+            first.send(encode_batch(PartialBatch("q", batch.window, "sin", batch.rows,
+                                                 sequence=i), partial))
+        first.close()
+        again = PartialSender(address)
+        for i, batch in enumerate(sent["sin"]):
+            again.send(encode_batch(PartialBatch("q", batch.window, "sin", batch.rows,
+                                                 sequence=i, attempt=1), partial))
+        again.send_progress(pb.Progress(query="q", origin="sin", watermark_ms=0, ended=True,
+                                        sequence=10_000))
+        assert root.finished.wait(30), root.results
+        for sender in [*twice, again]:
+            assert sender.flush(10)
+            sender.close()
+        assert_same(root.final(), run_local(query, records))
+        assert all(r.revision == 0 for r in root.results)  # nothing needed correcting
+        assert root.runtime.servicer.duplicates >= len(sent["sfo"])
+    finally:
+        root.close()
