@@ -59,6 +59,7 @@ class LocalCluster:
 
     def __post_init__(self) -> None:
         self.sites = [s.name for s in load_topology(self.topology).sites]
+        self.logs.mkdir(parents=True, exist_ok=True)
         self.address = f"127.0.0.1:{_free_port()}"
         self.client = ControllerClient(self.address)
 
