@@ -6,7 +6,7 @@ import argparse
 import json
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -16,6 +16,7 @@ from jetstream.aggtree.planner import plan_query
 from jetstream.control.client import DEFAULT_CONTROLLER, ControllerClient
 from jetstream.control.daemons import run_controller, run_site
 from jetstream.control.launch import LocalCluster, replay
+from jetstream.control.results_view import follow_table
 from jetstream.control.status_view import print_status, status_dict
 from jetstream.errors import JetstreamError, PlanError
 from jetstream.local import LocalRun, run_local
@@ -87,9 +88,24 @@ def _cancel(args: argparse.Namespace) -> int:
 
 
 def _results(args: argparse.Namespace) -> int:
-    for result in ControllerClient(args.controller).results(args.name, args.timeout):
-        print(json.dumps(result.to_dict()), flush=True)
+    results = ControllerClient(args.controller).results(args.name, args.timeout)
+    if args.output:
+        results = _also_to(results, args.output)
+    if args.json or not sys.stdout.isatty():
+        for result in results:
+            print(json.dumps(result.to_dict()), flush=True)
+    else:
+        follow_table(results)
     return 0
+
+
+def _also_to(results: Iterator[WindowResult], path: str) -> Iterator[WindowResult]:
+    """``results``, each also appended to the JSON lines file at ``path`` as it passes."""
+    with open(path, "a", encoding="utf-8") as sink:
+        for result in results:
+            write_json_lines([result], sink)
+            sink.flush()
+            yield result
 
 
 def _local(args: argparse.Namespace) -> int:
@@ -242,10 +258,17 @@ def _parser() -> argparse.ArgumentParser:
     cancel.add_argument("--controller", default=DEFAULT_CONTROLLER, metavar="HOST:PORT")
     cancel.set_defaults(run=_cancel)
 
-    results = commands.add_parser("results", help="stream a query's results as JSON lines")
+    results = commands.add_parser(
+        "results", help="follow a query's results: a live table, or JSON lines",
+        description="Follow a query's results as they arrive: a live table of the newest "
+                    "windows in a terminal, JSON lines (one per window, corrections "
+                    "included) when piped or with --json. Ends when the query does.")
     results.add_argument("name", help="the query's name")
     results.add_argument("--controller", default=DEFAULT_CONTROLLER, metavar="HOST:PORT")
     results.add_argument("--timeout", type=float, metavar="S", help="stop after S seconds")
+    results.add_argument("--json", action="store_true", help="JSON lines even in a terminal")
+    results.add_argument("--output", metavar="OUT.jsonl",
+                         help="also append every result to this JSON lines file")
     results.set_defaults(run=_results)
 
     local = commands.add_parser(

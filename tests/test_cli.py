@@ -89,3 +89,25 @@ def test_console_script_help_and_demo_notice() -> None:
     assert "not built yet" in demo.stdout
     missing = subprocess.run([*command], capture_output=True, text=True)
     assert missing.returncode == 2 and "COMMAND" in missing.stderr
+
+
+def test_results_table_shows_the_newest_windows_and_how_complete_they_are() -> None:
+    from rich.console import Console
+
+    from jetstream.control.results_view import follow_table
+    from jetstream.results import WindowResult
+
+    def result(start: int, n: int, revision: int = 0) -> WindowResult:
+        return WindowResult("cdn-topk", start, start + 10_000,
+                            [{"domain": "a.example.com", "requests": n, "kb": 1.5}],
+                            sites_reporting=2 + revision, sites_expected=3, latency_s=0.4,
+                            wan_bytes=880, revision=revision)
+
+    console = Console(record=True, width=120, force_terminal=False)
+    shown = [result(w * 10_000, w) for w in range(5)] + [result(40_000, 99, revision=1)]
+    assert follow_table(shown, console) == 6
+    screen = console.export_text()
+    final = screen[screen.rindex("cdn-topk [00:00:20"):]  # the last frame: 3 newest windows
+    assert "00:00:00" not in final and "00:00:40, 00:00:50) UTC" in final
+    assert "3/3 sites" in final and "correction 1" in final and "99" in final
+    assert "880 B wide-area" in final and "a.example.com" in final
