@@ -59,7 +59,7 @@ def _site(args: argparse.Namespace) -> int:
           file=sys.stderr)
     options = SiteOptions(input_dir=Path(args.input) if args.input else None,
                           replay=args.replay, deadline_s=args.window_deadline,
-                          idle_s=args.idle_timeout)
+                          idle_s=args.idle_timeout, spark_master=args.spark_master)
     if args.state_dir:
         options.state_dir = Path(args.state_dir)
     run_site(args.name, args.controller, port=args.port, host=args.host, options=options)
@@ -213,6 +213,9 @@ def _parser() -> argparse.ArgumentParser:
                       help="the folder this site's log shippers drop CSV files into")
     site.add_argument("--replay", action="store_true",
                       help="process what --input holds, then end (finite input)")
+    site.add_argument("--spark-master", metavar="URL",
+                      help="Spark master of the local stage, e.g. local[2] or spark://host:7077 "
+                           "(default: the topology's, from the controller)")
     site.add_argument("--state-dir", metavar="DIR",
                       help="checkpoints and quarantined records (default: a temp folder)")
     site.add_argument("--window-deadline", type=float, metavar="S",

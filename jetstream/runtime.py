@@ -77,7 +77,9 @@ class SiteOptions:
     deadline_s: float | None = None  # overrides the SLO's max_latency for window deadlines
     idle_s: float = 5.0  # an input without records this long is idle
     trigger_s: float = 1.0  # micro-batch interval of a live local stage
-    spark_master: str = "local[1]"
+    #: The local stage's Spark master; None: what the controller says (the topology's).
+    #: Given up front, Spark starts before anything else (see ``SiteRuntime.session``).
+    spark_master: str | None = None
 
 
 class QueryRun:
@@ -219,7 +221,7 @@ class SiteRuntime:
     """Every query's data plane at one site, and the site's DataPlane servicer."""
 
     def __init__(self, site: str, options: SiteOptions, publish: Publish) -> None:
-        self.site, self.options, self._publish = site, options, publish
+        self.site, self.options, self.publish = site, options, publish
         self._lock = threading.Lock()
         self._runs: dict[str, QueryRun] = {}
         self._spark: Any = None
@@ -235,7 +237,10 @@ class SiteRuntime:
                     return
                 old.stop()
             self._runs[assignment.fragment.query] = QueryRun(
-                self.site, assignment, self.options, self._session, self._publish)
+                self.site, assignment, self.options, self.session, self._published)
+
+    def _published(self, query: str, results: list[WindowResult], finished: bool) -> None:
+        self.publish(query, results, finished)
 
     def stop(self, query: str) -> None:
         with self._lock:
@@ -253,15 +258,21 @@ class SiteRuntime:
         with self._lock:
             return self._runs.get(query)
 
-    def _session(self) -> Any:
-        """The site's one SparkSession, started when the first local stage needs it."""
+    def session(self) -> Any:
+        """The site's one SparkSession, started when the first local stage needs it.
+
+        Starting it forks the JVM; a process whose gRPC threads are busy can fork badly
+        (gRPC skips its fork handlers then), so a site that knows its master starts Spark
+        before it starts gRPC.
+        """
         with self._lock:
             if self._spark is None:
                 from pyspark.sql import SparkSession
 
-                log.info("site %s: starting Spark (%s)", self.site, self.options.spark_master)
+                master = self.options.spark_master or "local[1]"
+                log.info("site %s: starting Spark (%s)", self.site, master)
                 self._spark = (
-                    SparkSession.builder.master(self.options.spark_master)
+                    SparkSession.builder.master(master)
                     .appName(f"jetstream-{self.site}")
                     .config("spark.ui.enabled", "false")
                     .config("spark.sql.shuffle.partitions", "2")

@@ -146,8 +146,12 @@ def run_site(name: str, controller_address: str, *, port: int = 0, host: str = "
     """Serve a site: register, send heartbeats, and run the data plane of what is deployed."""
     stop = stop or threading.Event()
     options = options or SiteOptions()
+    given_master = options.spark_master is not None
+    runtime = SiteRuntime(name, options, lambda *_: None)
+    if given_master and options.input_dir is not None:
+        runtime.session()  # before any gRPC thread exists: see SiteRuntime.session
     controller = rpc.GlobalControllerStub(grpc.insecure_channel(controller_address))
-    runtime = SiteRuntime(name, options, _ResultsPublisher(controller, stop))
+    runtime.publish = _ResultsPublisher(controller, stop)
     servicer = SiteControllerServicer()
     server, bound = start_server([
         (rpc.add_SiteControllerServicer_to_server, servicer, "jetstream.v1.SiteController"),
@@ -161,7 +165,8 @@ def run_site(name: str, controller_address: str, *, port: int = 0, host: str = "
         response = controller.RegisterSite(pb.RegisterSiteRequest(site=name, address=address),
                                            timeout=CALL_TIMEOUT_S)
         servers = [server_from_proto(s) for s in response.servers]
-        options.spark_master = response.spark_master or options.spark_master
+        if not given_master:
+            options.spark_master = response.spark_master or None
         if servicer.controller is None:
             servicer.controller = SiteController(name, servers, runtime)
         log.info("site %s registered with %s (%s, %d servers)", name, controller_address,

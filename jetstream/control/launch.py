@@ -58,7 +58,8 @@ class LocalCluster:
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.sites = [s.name for s in load_topology(self.topology).sites]
+        self.masters = {s.name: s.master for s in load_topology(self.topology).sites}
+        self.sites = list(self.masters)
         self.logs.mkdir(parents=True, exist_ok=True)
         self.address = f"127.0.0.1:{_free_port()}"
         self.client = ControllerClient(self.address)
@@ -84,7 +85,7 @@ class LocalCluster:
         state = self.logs / "state"
         for site in self.sites:
             args = ["site", "--name", site, "--controller", self.address,
-                    "--state-dir", str(state)]
+                    "--state-dir", str(state), "--spark-master", self.masters[site]]
             if self.input_dir is not None:
                 args += ["--input", str(self.input_dir / site)]
             if self.replay:
