@@ -13,7 +13,7 @@ column as text, and runs each micro-batch (``foreachBatch``, on the driver) thro
    ``sum``, ``min``, ``max``, ``collect_set``, ``collect_list``, ``hll_sketch_agg``,
    ``kll_sketch_agg_double``; frequent items from per-item counts), turned into the
    accumulators of :mod:`jetstream.aggregates`; a sum of doubles is exact, as the reference's
-   is (see :meth:`LocalStage._float_sum`);
+   is (see ``LocalStage._aggregate``);
 5. merged into the windows' running partials, and every window the watermark has now closed
    is handed to ``emit``.
 
@@ -63,6 +63,7 @@ _MIN_EXPONENT = -1074  # 2**-1074, the smallest subnormal: every double is a mul
 # Exponents summed together in one DECIMAL(38,0): a term is below 2**(53 + 32), so a sum holds
 # 2**41 of them, and a column's values rarely span more than two bands.
 _EXPONENT_BAND = 32
+_NON_FINITE = (math.inf, -math.inf, math.nan)  # Spark, unlike Python, has NaN = NaN
 
 
 @dataclass
@@ -222,46 +223,33 @@ class LocalStage:
         inputs = {f"_in{i}": to_column(agg.expr)
                   for i, (_, agg) in enumerate(self.partial.aggregates) if agg.expr is not None}
         df = df.select(*keys, *(c.alias(n) for n, c in inputs.items()))
-        float_sums = {i: agg for i, (_, agg) in enumerate(self.partial.aggregates)
-                      if isinstance(agg, Sum)
-                      and isinstance(df.schema[f"_in{i}"].dataType, DoubleType)}
-        columns = [F.count(F.lit(1)).alias("_events")]
+        # A sum of doubles adds integers (x = m * 2**e, see _binary_parts), which is exact, one
+        # total per band of exponents: the band joins the group key, so a window and key can
+        # come as a few rows, which _merge merges like the partials of two micro-batches.
+        bands = []
         for i, (_, agg) in enumerate(self.partial.aggregates):
-            parts = _spark_partial(agg, f"_in{i}", floating=i in float_sums)
-            columns += [c.alias(f"_a{i}_{j}") for j, c in enumerate(parts)]
-        for row in df.groupBy(*keys).agg(*columns).collect():
-            window = (int(row["_start"]), int(row["_end"]))
-            key = tuple(row[k] for k in self.partial.keys)
-            accs = [_accumulator(agg, [row[f"_a{i}_{j}"] for j in range(_width(agg))])
-                    for i, (_, agg) in enumerate(self.partial.aggregates)]
-            self._merge(window, key, accs, int(row["_events"]))
+            x = f"_in{i}"
+            if isinstance(agg, Sum) and isinstance(df.schema[x].dataType, DoubleType):
+                band, integer = _binary_parts(F.when(_finite(F.col(x)), F.col(x)))
+                df = df.withColumn(f"{x}_e", band).withColumn(f"{x}_m", integer)
+                bands.append(f"{x}_e")
+        # A result row is read by position (a Row finds a name by a list search): the keys, the
+        # bands, the count of events, then each aggregate's values.
+        columns, slices = [F.count(F.lit(1))], []
+        for i, (_, agg) in enumerate(self.partial.aggregates):
+            parts = _spark_partial(agg, f"_in{i}", floating=f"_in{i}_e" in bands)
+            start = len(keys) + len(bands) + len(columns)
+            slices.append(slice(start, start + len(parts)))
+            columns += parts
+        for row in df.groupBy(*keys, *bands).agg(*columns).collect():
+            values = tuple(row)
+            accs = [_accumulator(agg, list(values[part])) for (_, agg), part in
+                    zip(self.partial.aggregates, slices, strict=True)]
+            self._merge((int(values[0]), int(values[1])), values[2:len(keys)], accs,
+                        int(values[len(keys) + len(bands)]))
         for i, (_, agg) in enumerate(self.partial.aggregates):
             if isinstance(agg, TopKItems):
                 self._top_items(df, keys, i, agg)
-        for i, agg in float_sums.items():
-            self._float_sum(df, keys, i, agg)
-
-    def _float_sum(self, df: DataFrame, keys: list[str], i: int, agg: Sum) -> None:
-        """Add the finite values of float sum ``i`` to the open windows' partials, exactly.
-
-        Spark adds the integers ``m`` of ``x = m * 2**e`` (:func:`_binary_parts`) per band of
-        exponents as DECIMAL(38,0), which is exact; the driver turns those totals into floats
-        that add up to the same number (:func:`_exact_floats`) and merges them with
-        ``agg.merge``.
-        """
-        x = F.col(f"_in{i}")
-        exponent, mantissa = _binary_parts(x)
-        totals = (df.filter(_finite(x))
-                  .groupBy(*keys, exponent.alias("_e"))
-                  .agg(F.sum(mantissa).alias("_m")))
-        terms: dict[tuple[tuple[int, int], tuple[Any, ...]], list[tuple[int, int]]] = {}
-        for row in totals.collect():
-            group = ((int(row["_start"]), int(row["_end"])),
-                     tuple(row[k] for k in self.partial.keys))
-            terms.setdefault(group, []).append((int(row["_m"]), int(row["_e"])))
-        for (window, key), group_terms in terms.items():
-            accs = self._open[window][key]
-            accs[i] = agg.merge(accs[i], [0, 0, _exact_floats(group_terms)])
 
     def _top_items(self, df: DataFrame, keys: list[str], i: int, agg: TopKItems) -> None:
         counts = (df.filter(F.col(f"_in{i}").isNotNull())
@@ -342,8 +330,9 @@ def _finite(x: Column) -> Column:
 
 
 def _binary_parts(x: Column) -> tuple[Column, Column]:
-    """Columns ``(e, m)`` with ``x == m * 2**e`` exactly for every finite double ``x``: ``m``
-    an integer, as DECIMAL(31,0), and ``e`` the first exponent of its band (see above).
+    """Columns ``(e, m)`` with ``x == m * 2**e`` exactly for a finite double ``x``: ``m`` an
+    integer, as DECIMAL(31,0), and ``e`` where its band of ``_EXPONENT_BAND`` exponents starts;
+    for a NULL ``x``, a NULL ``m``.
 
     The exponent of ``x``'s last bit is ``floor(log2(|x|)) - 52``, and never below -1074,
     where the subnormals' last bit sits; ``x`` over it is an integer below 2**53. Spark's
@@ -363,30 +352,24 @@ def _binary_parts(x: Column) -> tuple[Column, Column]:
     integer = (x / F.pow(two, last)).cast("bigint").cast("decimal(20,0)")
     into_band = F.pmod(last - F.lit(_MIN_EXPONENT), F.lit(_EXPONENT_BAND))
     return (last - into_band,
-            integer * F.pow(two, into_band).cast("bigint").cast("decimal(11,0)"))
+            integer * F.pow(two, into_band).cast("bigint").cast("decimal(10,0)"))
 
 
-def _exact_floats(terms: list[tuple[int, int]]) -> list[float]:
-    """Floats whose exact sum is ``sum(m * 2**e for m, e in terms)``: [0.0] for zero.
+def _exact_floats(total: int, e: int) -> list[float]:
+    """Floats whose exact sum is ``total * 2**e``: [0.0] for zero.
 
-    The total is one Python integer times ``2**low``; cut into 52-bit chunks, each chunk times
-    its power of two is a double, exactly. A total of 2**1024 or more has no such chunks: it
-    becomes ±inf, what a float addition overflows to. That is the one case where the stage is
-    not exact (it is while each micro-batch's total per window and key is below 2**1024); the
-    reference's exact partials overflow there too, to infinities that depend on the order of
-    the values.
+    Cut into 52-bit chunks, each chunk times its power of two is a double, exactly. A total of
+    2**1024 or more has no such chunks: it becomes ±inf, what a float addition overflows to.
+    That is the one case where the stage is not exact (it is while the values of one band, at
+    one site, in one micro-batch, window and key add up to less than 2**1024); the reference's
+    exact partials overflow there too, to infinities that depend on the order of the values.
     """
-    nonzero = [(m, e) for m, e in terms if m]
-    if not nonzero:
-        return [0.0]
-    low = min(e for _, e in nonzero)
-    total = sum(m << (e - low) for m, e in nonzero)
     sign, rest, shift = -1.0 if total < 0 else 1.0, abs(total), 0
     chunks = []
     try:
         while rest:
             if chunk := rest & ((1 << _MANTISSA_BITS) - 1):
-                chunks.append(sign * math.ldexp(chunk, low + shift))
+                chunks.append(sign * math.ldexp(chunk, e + shift))
             rest >>= _MANTISSA_BITS
             shift += _MANTISSA_BITS
     except OverflowError:
@@ -394,22 +377,20 @@ def _exact_floats(terms: list[tuple[int, int]]) -> list[float]:
     return chunks or [0.0]
 
 
-def _width(agg: Aggregate) -> int:
-    return 2 if isinstance(agg, Sum) else 1
-
-
 def _spark_partial(agg: Aggregate, column: str, *, floating: bool = False) -> list[Column]:
     """Spark aggregate expressions whose values make ``agg``'s accumulator.
 
-    ``floating``: ``agg`` is a sum of doubles, whose finite values :meth:`LocalStage._float_sum`
-    adds; here it takes the count of values and the few that are not finite (an expression's
-    overflow: ±inf, NaN), which the driver adds as the reference does.
+    ``floating``: ``agg`` is a sum of doubles, whose finite values ``column`` has as integers
+    in ``{column}_m`` for the exponent band ``{column}_e`` (see ``LocalStage._aggregate``);
+    those that are not finite (an expression's overflow: ±inf, NaN) are counted. (Counts, not
+    ``collect_list``: that would cost Spark its fast hash aggregate.)
     """
     c = F.col(column)
     if isinstance(agg, Count):
         return [F.count(F.lit(1)) if agg.expr is None else F.count(c)]
     if isinstance(agg, Sum) and floating:  # and Avg, a Sum
-        return [F.count(c), F.collect_list(F.when(~_finite(c), c))]
+        return [F.count(c), F.sum(f"{column}_m"), F.any_value(f"{column}_e"),
+                *(F.count(F.when(c == F.lit(v), True)) for v in _NON_FINITE)]
     if isinstance(agg, Sum):  # DECIMAL(38, 0): a bigint total can overflow, Python's int cannot
         return [F.count(c), F.try_sum(c.cast("decimal(38,0)"))]
     if isinstance(agg, Min):
@@ -433,12 +414,17 @@ def _spark_partial(agg: Aggregate, column: str, *, floating: bool = False) -> li
 def _accumulator(agg: Aggregate, values: list[Any]) -> Any:
     """``agg``'s accumulator from the values of its Spark aggregate expressions."""
     if isinstance(agg, Sum):
-        count, total = values
-        if not count:
+        if not values[0]:
             return agg.create()
-        if isinstance(total, list):  # a float sum's non-finite values (see _spark_partial)
-            return agg.merge([int(count), 0, []], [0, 0, total])
-        return [int(count), int(total), []]
+        if len(values) == 2:  # integers: the count and the total
+            return [int(values[0]), int(values[1]), []]
+        count, total, band, *non_finite = values  # doubles (see _spark_partial)
+        acc = [int(count), 0, []]
+        for value, times in zip(_NON_FINITE, non_finite, strict=True):
+            acc = agg.merge(acc, [0, 0, [value] * times])
+        if total is not None:
+            acc = agg.merge(acc, [0, 0, _exact_floats(int(total), band)])
+        return acc
     if isinstance(agg, CountDistinct):
         return set(values[0])
     if isinstance(agg, Quantile):
