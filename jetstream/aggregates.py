@@ -154,13 +154,18 @@ def _add_exactly(partials: list[float], x: float) -> None:
     """Add ``x`` to ``partials`` (Shewchuk): they stay non-overlapping and sum exactly.
 
     So a float sum does not depend on the order of its terms or on how they were split over
-    sites: ``math.fsum(partials)`` is the correctly rounded total either way.
+    sites: ``math.fsum(partials)`` is the correctly rounded total either way. The exception
+    is a total beyond the largest double: it becomes the infinity (or, with infinities of
+    both signs, the NaN) that float addition gives, and stays that.
     """
     i = 0
     for y in partials:
         if abs(x) < abs(y):
             x, y = y, x
         hi = x + y
+        if not math.isfinite(hi):
+            partials[:] = [hi]
+            return
         lo = y - (hi - x)
         if lo:
             partials[i] = lo

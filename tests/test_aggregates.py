@@ -648,3 +648,12 @@ def test_kind_exact_and_decomposable(agg: Aggregate, kind: AggregateKind) -> Non
     assert agg.kind is kind
     assert agg.exact is (kind is not AggregateKind.APPROXIMATE)
     assert agg.decomposable is (kind is not AggregateKind.HOLISTIC)
+
+
+def test_a_float_sum_past_the_largest_double_is_infinite_not_an_error() -> None:
+    total = js.sum("x")
+    assert total.extract(one_pass(total, [1e308, 1e308])) == math.inf
+    assert total.extract(one_pass(total, [1e308, 1e308, 1.0])) == math.inf
+    assert math.isnan(total.extract(one_pass(total, [math.inf, -math.inf, 2.0])))
+    assert total.extract(total.merge(one_pass(total, [-1e308]),
+                                     one_pass(total, [-1e308]))) == -math.inf
