@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -79,14 +80,17 @@ def test_bad_query_file_gets_a_clear_error(tmp_path: Path,
     assert "--input" in capsys.readouterr().err
 
 
-def test_console_script_help_and_demo_notice() -> None:
+def test_console_script_help_and_the_demo() -> None:
     jetstream = Path(sys.executable).parent / "jetstream"
     command = [str(jetstream)] if jetstream.exists() else [sys.executable, "-m", "jetstream"]
     help_text = subprocess.run([*command, "--help"], capture_output=True, text=True, check=True)
-    for name in ("explain", "local", "demo"):
+    for name in ("explain", "local", "run", "results", "demo"):
         assert name in help_text.stdout
-    demo = subprocess.run([*command, "demo"], capture_output=True, text=True, check=True)
-    assert "not built yet" in demo.stdout
+    demo = subprocess.run([*command, "demo"], capture_output=True, text=True, check=True,
+                          timeout=300, env={**os.environ, "COLUMNS": "120"})
+    assert "sites up: 3/3" in demo.stderr and "crossed the wide area" in demo.stderr
+    assert demo.stdout.count("3/3 sites") == 5  # every window of the sample, from every site
+    assert "site1.example.com" in demo.stdout
     missing = subprocess.run([*command], capture_output=True, text=True)
     assert missing.returncode == 2 and "COMMAND" in missing.stderr
 
