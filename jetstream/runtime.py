@@ -150,18 +150,19 @@ class QueryRun:
 
     def _run_live(self) -> None:
         stream = self.stage.start(self.options.trigger_s)
-        seen, quiet_since = -1, time.monotonic()
+        seen, quiet_since, idle = -1, time.monotonic(), False
         while not self._stop.wait(TICK_S):
             if not stream.isActive:
                 raise PlanError(f"the streaming query stopped: {stream.exception()}")
             records = self.stage.stats.records_in
             if records != seen:
-                seen, quiet_since = records, time.monotonic()
+                seen, quiet_since, idle = records, time.monotonic(), False
                 if self.stage.watermark is not None:
                     self.merger.progress(self.site, self.stage.watermark)
-            elif time.monotonic() - quiet_since >= self.options.idle_s:
+            elif not idle and time.monotonic() - quiet_since >= self.options.idle_s:
                 self.stage.flush()  # idle: close what is open, hold no window back
                 self.merger.progress(self.site, ENDED)
+                idle = True
         stream.stop()
 
     def _local(self, window: tuple[int, int], rows: list[dict[str, Any]], events: int) -> None:

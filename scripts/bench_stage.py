@@ -44,9 +44,9 @@ def write_logs(folder: Path, events: int, domains: int, seed: int = 7) -> int:
         lines = [HEADER]
         for i in range(part, min(part + per_file, events)):
             d = chosen[i]
-            status, size = 200 if i % 20 else 404, (i * 7919) % 500_000
+            status, nbytes = 200 if i % 20 else 404, (i * 7919) % 500_000
             lines.append(f"{1_767_225_600_000 + i * 2},fra,198.51.100.{i % 250},{d},"
-                         f"http://{d}/a/{i % 40}.js,{status},{size},{(i % 997) / 10},HIT\n")
+                         f"http://{d}/a/{i % 40}.js,{status},{nbytes},{(i % 997) / 10},HIT\n")
         text = "".join(lines)
         (folder / f"part-{part // per_file:04d}.csv").write_text(text)
         size += len(text)
