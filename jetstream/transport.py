@@ -16,6 +16,7 @@ import dataclasses
 import logging
 import queue
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 
@@ -57,8 +58,13 @@ def _key(message: pb.PushMessage) -> AckKey:
 class PartialSender:
     """Sends encoded partial batches and progress to one parent until each is acknowledged."""
 
-    def __init__(self, address: str, *, max_backoff_s: float = 5.0) -> None:
+    def __init__(self, address: str, *, max_backoff_s: float = 5.0,
+                 on_ack: Callable[[pb.PartialBatch, float, int], None] | None = None) -> None:
+        """``on_ack(batch, seconds, backlog)`` hears of each acknowledged batch: how long it
+        took from ``send`` to its ack, and how many batches are still unacknowledged."""
         self.address = address
+        self._on_ack = on_ack
+        self._sent_at: dict[AckKey, float] = {}
         self.bytes_sent = 0
         self.batches_sent = 0
         self._max_backoff_s = max_backoff_s
@@ -81,6 +87,7 @@ class PartialSender:
         with self._lock:
             self._unacked.pop(key, None)  # a newer progress report goes after the batches
             self._unacked[key] = message
+            self._sent_at.setdefault(key, time.monotonic())
         self._queue.put(message)
 
     @property
@@ -145,8 +152,12 @@ class PartialSender:
             else:
                 key = _batch_key(ack.query, ack.window_start_ms, ack.origin, ack.partition,
                                  ack.sequence, ack.revision)
-            self._unacked.pop(key, None)
+            message = self._unacked.pop(key, None)
+            sent_at = self._sent_at.pop(key, None)
+            backlog = sum(m.HasField("batch") for m in self._unacked.values())
             self._lock.notify_all()
+        if self._on_ack and message is not None and sent_at is not None and not ack.progress:
+            self._on_ack(message.batch, time.monotonic() - sent_at, backlog)
 
 
 class DataPlaneServicer(rpc.DataPlaneServicer):

@@ -173,3 +173,19 @@ def test_progress_follows_the_batches_it_covers(receiver: Receiver) -> None:
                 ("sfo", 20, True)], 10)
     finally:
         sender.close()
+
+
+def test_each_acknowledged_batch_is_timed(receiver: Receiver) -> None:
+    timed: list[tuple[int, float, int]] = []
+    sender = PartialSender(f"127.0.0.1:{receiver.port}",
+                           on_ack=lambda b, s, backlog: timed.append(
+                               (b.window_start_ms, s, backlog)))
+    try:
+        for w in (0, 10, 20):
+            sender.send(message(w, sequence=w))
+        sender.send_progress(pb.Progress(query="q", origin="sfo", watermark_ms=30, sequence=99))
+        assert sender.flush(10)
+        assert sorted(w for w, _, _ in timed) == [0, 10, 20]  # batches only, once each
+        assert all(0 <= s < 10 and 0 <= backlog <= 2 for _, s, backlog in timed)
+    finally:
+        sender.close()
