@@ -9,6 +9,7 @@ with zlib when that is smaller. Decoding checks everything a peer could get wron
 from __future__ import annotations
 
 import json
+import math
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -43,6 +44,10 @@ class PartialBatch:
     wan_bytes: int = 0  # wide-area bytes this window cost below its sender
     closed_at_ms: int = 0  # wall-clock time the first site closed the window
     revision: int = 0  # a correction of the same window from the same origin counts up
+    #: Truncated (degraded) partials: per row, how much of the ranking value may be missing
+    #: from it, and a bound on the ranking value of any key left out. None/0: exact.
+    slack: tuple[float, ...] | None = None
+    omitted: float = 0.0
 
     @property
     def identity(self) -> tuple[str, int, int, str, int, int]:
@@ -52,11 +57,13 @@ class PartialBatch:
 
 
 def encode_batch(batch: PartialBatch, aggregate: WindowAggregate) -> pb.PartialBatch:
-    document = {
+    document: dict[str, Any] = {
         "keys": {k: [row[k] for row in batch.rows] for k in aggregate.keys},
         "partials": {name: [agg.encode(agg.compact(row[name])) for row in batch.rows]
                      for name, agg in aggregate.aggregates},
     }
+    if batch.slack is not None:
+        document["bounds"] = {"slack": list(batch.slack), "omitted": batch.omitted}
     raw = json.dumps(document, separators=(",", ":"), allow_nan=False).encode()
     packed = zlib.compress(raw, 6)
     compressed = len(packed) < len(raw)
@@ -92,6 +99,7 @@ def decode_batch(message: pb.PartialBatch, aggregate: WindowAggregate) -> Partia
         msg = f"{where}: unreadable payload: {e}"
         raise DataError(msg) from None
     rows = _rows(document, aggregate, where)
+    slack, omitted = _bounds(document.get("bounds"), len(rows), where)
     return PartialBatch(
         query=message.query, window=(message.window_start_ms, message.window_end_ms),
         origin=message.origin, rows=rows, partition=message.partition, attempt=message.attempt,
@@ -99,12 +107,13 @@ def decode_batch(message: pb.PartialBatch, aggregate: WindowAggregate) -> Partia
         complete=message.complete, level=message.level,
         covers=frozenset(message.covers) or frozenset({message.origin}),
         wan_bytes=message.wan_bytes, closed_at_ms=message.closed_at_ms,
-        revision=message.revision)
+        revision=message.revision, slack=slack, omitted=omitted)
 
 
 def _rows(document: Any, aggregate: WindowAggregate, where: str) -> tuple[dict[str, Any], ...]:
     names = [name for name, _ in aggregate.aggregates]
-    if (not isinstance(document, dict) or set(document) != {"keys", "partials"}
+    if (not isinstance(document, dict) or not {"keys", "partials"} <= set(document)
+            or not set(document) <= {"keys", "partials", "bounds"}
             or not isinstance(document["keys"], dict)
             or sorted(document["keys"]) != sorted(aggregate.keys)
             or not isinstance(document["partials"], dict)
@@ -134,3 +143,19 @@ def _rows(document: Any, aggregate: WindowAggregate, where: str) -> tuple[dict[s
                 msg = f"{where}: {e}"
                 raise DataError(msg) from None
     return tuple(rows)
+
+
+def _bounds(bounds: Any, count: int, where: str) -> tuple[tuple[float, ...] | None, float]:
+    """A truncated batch's per-row slack and omitted bound (None, 0.0 when exact)."""
+    if bounds is None:
+        return None, 0.0
+
+    def bound(x: Any) -> bool:
+        return isinstance(x, int | float) and not isinstance(x, bool) and 0 <= x < math.inf
+
+    if (not isinstance(bounds, dict) or set(bounds) != {"slack", "omitted"}
+            or not isinstance(bounds["slack"], list) or len(bounds["slack"]) != count
+            or not all(map(bound, bounds["slack"])) or not bound(bounds["omitted"])):
+        msg = f"{where}: its bounds are not {count} non-negative slacks and an omitted bound"
+        raise DataError(msg)
+    return tuple(float(x) for x in bounds["slack"]), float(bounds["omitted"])

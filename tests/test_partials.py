@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import zlib
@@ -12,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jetstream as js
+from jetstream.errors import DataError
 from jetstream.operators import Phase, WindowAggregate
 from jetstream.partials import PartialBatch, decode_batch, encode_batch
 from jetstream.v1 import dataplane_pb2 as pb
@@ -118,3 +120,16 @@ GOOD_COLUMNS = {"keys": {"domain": ["a.com"]},
 def test_garbage_is_refused_with_a_reason(changes: dict[str, Any], message: str) -> None:
     with pytest.raises(js.DataError, match="partial batch from .* for q: " + re.escape(message)):
         decode_batch(tampered(**changes), PARTIAL)
+
+
+def test_a_truncated_batch_carries_its_bounds_and_bad_bounds_are_refused() -> None:
+    rows = partial_rows([{"domain": d, "latency_ms": 1.0, "bytes": 10, "status": 200,
+                          "client_ip": "10.0.0.1", "url": "/a"} for d in ("a.com", "b.com")])
+    sent = batch(rows, slack=(0.0, 2.0), omitted=1.5, level=2)
+    received = decode_batch(encode_batch(sent, PARTIAL), PARTIAL)
+    assert (received.slack, received.omitted, received.level) == ((0.0, 2.0), 1.5, 2)
+    assert decode_batch(encode_batch(batch(()), PARTIAL), PARTIAL).slack is None
+    for bad in [(0.0,), (0.0, -1.0), (0.0, 2.0, 1.0)]:
+        message = encode_batch(dataclasses.replace(sent, slack=bad), PARTIAL)
+        with pytest.raises(DataError, match="bounds"):
+            decode_batch(message, PARTIAL)
