@@ -1,0 +1,448 @@
+"""Which degradation level a stream ships over one wide-area link, decided from what the link did.
+
+:class:`LinkPolicy` is the per-link feedback loop of JetStream (NSDI'14) and AWStream
+(SIGCOMM'18) as pure, clock-injected Python: the sender reports each acknowledged window, the
+policy answers with the level to encode the next windows at.
+
+The policy, in brief. It keeps a smoothed estimate of the link's throughput in bytes/s that
+one outlying window does not move. It steps *down* (coarser) when a window at the current level
+would take more than ``down_fraction`` (0.8) of the budget to send -- the budget is the window
+length, or the SLO's ``max_latency`` if smaller -- or when the backlog behind the acknowledged
+window exceeds ``max_backlog_windows`` and grows, or stays put for ``min_interval_s``; it then
+jumps straight to the most accurate level that fits. It steps *up* (finer) one level at a time,
+as a probe, only after ``min_interval_s`` at the current level and only when the finer level
+would take less than ``up_fraction`` (0.5) of the budget. It cannot oscillate: no two changes
+are closer than ``min_interval_s``, with one exception, a step down because the backlog grew
+-- windows at the current level are piling up, so waiting would only add latency, and this may
+happen every window, even right after a probe. A backlog of heavier windows sent before a step
+down is not blamed on the new level. And a probe lands on a level predicted at under 0.5 of the
+budget, so the 0.8 step-down threshold is reached again only if the link itself got slower.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
+
+from jetstream.errors import DataError, PlanError
+
+if TYPE_CHECKING:
+    from jetstream.dsl import SLO
+
+__all__ = ["DegradationLevel", "LevelChange", "LinkPolicy", "LinkSLO", "degradation_ladder"]
+
+#: Weight of a new sample in the throughput and volume averages.
+SMOOTHING = 0.3
+#: A sample this many times above or below the average is an outlier until the next confirms it.
+OUTLIER_FACTOR = 2.0
+
+
+@dataclass(frozen=True)
+class DegradationLevel:
+    """One way to encode a stream's windows: ``index`` 0 is exact, higher is coarser.
+
+    ``bytes_per_window`` is what a window is expected to weigh at this level, absolute or
+    relative to the other levels (the policy learns the scale from the windows it sees);
+    ``error_bound`` is the relative error a result may carry at this level (0.0 when exact).
+    """
+
+    index: int
+    name: str
+    bytes_per_window: float
+    error_bound: float
+
+
+def degradation_ladder(
+        levels: Iterable[tuple[str, float, float]]) -> tuple[DegradationLevel, ...]:
+    """Levels from ``(name, bytes_per_window, error_bound)`` triples, most accurate first."""
+    return tuple(DegradationLevel(i, name, float(size), float(error))
+                 for i, (name, size, error) in enumerate(levels))
+
+
+@dataclass(frozen=True)
+class LinkSLO:
+    """The parts of a query's SLO one link's policy honours, in plain units.
+
+    ``max_latency_s``: seconds a window may take to cross the link; ``max_error``: the largest
+    ``error_bound`` a level may have; ``max_wan_bps``: bits per second the query may use on the
+    link (treated as a link that slow). None leaves a bound out.
+    """
+
+    max_latency_s: float | None = None
+    max_error: float | None = None
+    max_wan_bps: float | None = None
+
+    def __post_init__(self) -> None:
+        for name, unit in (("max_latency_s", "seconds"), ("max_wan_bps", "bits per second")):
+            value = getattr(self, name)
+            if value is not None and not (_is_number(value) and 0 < value < math.inf):
+                msg = f"link slo: {name} must be a positive number of {unit}, not {value!r}"
+                raise PlanError(msg)
+        if self.max_error is not None and not (_is_number(self.max_error)
+                                               and 0 <= self.max_error < math.inf):
+            msg = f"link slo: max_error must be a fraction >= 0, not {self.max_error!r}"
+            raise PlanError(msg)
+
+    @classmethod
+    def from_slo(cls, slo: SLO) -> LinkSLO:
+        """The link's share of a query's :class:`jetstream.SLO` (``max_wan_kbps`` is kbit/s)."""
+        ms, kbps = slo.max_latency_ms, slo.max_wan_kbps
+        return cls(max_latency_s=None if ms is None else ms / 1000,
+                   max_error=slo.max_error,
+                   max_wan_bps=None if kbps is None else kbps * 1000)
+
+
+class LevelChange(NamedTuple):
+    """One change of level; ``reason`` starts with ``"backlog grew"``, ``"too slow"``,
+    ``"backlog stuck"`` or ``"probe"``."""
+
+    time: float
+    from_level: DegradationLevel
+    to_level: DegradationLevel
+    reason: str
+
+
+class _RobustAverage:
+    """An EWMA that ignores one outlier: a sample more than OUTLIER_FACTOR off the average waits
+    for the next sample; if that one is off the same way, the average jumps to the pair's mean
+    (the level shifted), otherwise the outlier is forgotten."""
+
+    def __init__(self) -> None:
+        self.value: float | None = None
+        self.latest: float | None = None
+        self._suspect: float | None = None
+
+    def add(self, sample: float) -> None:
+        self.latest = sample
+        if self.value is None:
+            self.value = sample
+            return
+        if self.value / OUTLIER_FACTOR <= sample <= self.value * OUTLIER_FACTOR:
+            self.value += SMOOTHING * (sample - self.value)
+            self._suspect = None
+        elif self._suspect is not None and (self._suspect > self.value) == (sample > self.value):
+            self.value = (self._suspect + sample) / 2
+            self._suspect = None
+        else:
+            self._suspect = sample
+
+
+class LinkPolicy:
+    """The degradation level of one stream over one link, fed one observation per window.
+
+    Parameters
+    ----------
+    levels
+        The stream's levels, most accurate first: ``index`` counts from 0, ``bytes_per_window``
+        does not increase and ``error_bound`` does not decrease along the list.
+    window_s
+        The window length in seconds: a link that cannot send a window per window falls behind.
+    slo
+        A :class:`LinkSLO` or a query's :class:`jetstream.SLO`. Levels above ``max_error`` are
+        never chosen; ``max_latency`` shrinks the budget below the window length;
+        ``max_wan_bps`` caps the throughput the policy plans with.
+    min_interval_s
+        Least time between two changes of level, except a step down because the backlog grew.
+    down_fraction, up_fraction
+        Step down when the current level needs more than ``down_fraction`` of the budget;
+        step up when the finer level needs less than ``up_fraction`` (the gap is hysteresis).
+    max_backlog_windows
+        Windows that may wait unacknowledged behind the one just acknowledged before the
+        policy calls the link too slow (raise it on links whose round trip exceeds a window).
+    clock
+        Seconds, monotonic; tests pass a fake one.
+
+    Raises
+    ------
+    PlanError
+        If the levels are empty or out of order, no level meets ``max_error``, or a parameter
+        is out of range.
+    """
+
+    def __init__(self, levels: Sequence[DegradationLevel], *, window_s: float,
+                 slo: LinkSLO | SLO | None = None, min_interval_s: float = 5.0,
+                 down_fraction: float = 0.8, up_fraction: float = 0.5,
+                 max_backlog_windows: int = 1,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._levels = _checked_levels(levels)
+        if not (_is_number(window_s) and 0 < window_s < math.inf):
+            msg = f"link policy: window_s must be a positive number of seconds, not {window_s!r}"
+            raise PlanError(msg)
+        if not (_is_number(min_interval_s) and 0 <= min_interval_s < math.inf):
+            msg = f"link policy: min_interval_s must be >= 0 seconds, not {min_interval_s!r}"
+            raise PlanError(msg)
+        if not (_is_number(up_fraction) and _is_number(down_fraction)
+                and 0 < up_fraction < down_fraction <= 1):
+            msg = (f"link policy: need 0 < up_fraction < down_fraction <= 1 (the gap keeps "
+                   f"the level from flapping), not {up_fraction!r} and {down_fraction!r}")
+            raise PlanError(msg)
+        if isinstance(max_backlog_windows, bool) or not isinstance(max_backlog_windows, int) \
+                or max_backlog_windows < 0:
+            msg = (f"link policy: max_backlog_windows must be an int >= 0, "
+                   f"not {max_backlog_windows!r}")
+            raise PlanError(msg)
+        if slo is not None and not isinstance(slo, LinkSLO) and not hasattr(slo, "max_latency_ms"):
+            msg = f"link policy: slo must be a LinkSLO or a jetstream.SLO, not {slo!r}"
+            raise PlanError(msg)
+        self._slo = slo if slo is None or isinstance(slo, LinkSLO) else LinkSLO.from_slo(slo)
+        self.window_s = float(window_s)
+        self.min_interval_s = float(min_interval_s)
+        self.down_fraction = float(down_fraction)
+        self.up_fraction = float(up_fraction)
+        self.max_backlog_windows = max_backlog_windows
+        self._clock = clock
+
+        max_error = self._slo.max_error if self._slo else None
+        allowed = [lv for lv in self._levels if max_error is None or lv.error_bound <= max_error]
+        if not allowed:
+            first = self._levels[0]
+            msg = (f"link policy: max_error={max_error:g} allows no level; the most accurate, "
+                   f"{first.name!r}, has error_bound {first.error_bound:g}")
+            raise PlanError(msg)
+        self._coarsest = allowed[-1].index
+        latency = self._slo.max_latency_s if self._slo else None
+        self.budget_s = self.window_s if latency is None else min(self.window_s, latency)
+        wan_bps = self._slo.max_wan_bps if self._slo else None
+        self._rate_cap = math.inf if wan_bps is None else wan_bps / 8
+
+        self._current = 0
+        self._changed_at: float | None = None
+        self._throughput = _RobustAverage()
+        self._volume = _RobustAverage()  # window bytes per unit of bytes_per_window
+        self._last_backlog: int | None = None
+        self._last_was_evidence = False
+        self._backlog_since: tuple[float, int] | None = None  # (time, backlog) it went over
+        self._history: list[LevelChange] = []
+        self._violation: str | None = None
+
+    # --- what callers read ---------------------------------------------------------------
+
+    @property
+    def level(self) -> DegradationLevel:
+        """The level to encode the next windows at."""
+        return self._levels[self._current]
+
+    @property
+    def levels(self) -> tuple[DegradationLevel, ...]:
+        return self._levels
+
+    @property
+    def coarsest_allowed(self) -> DegradationLevel:
+        """The coarsest level whose error bound the SLO's ``max_error`` admits."""
+        return self._levels[self._coarsest]
+
+    @property
+    def history(self) -> list[LevelChange]:
+        """Every change of level so far, oldest first (a copy)."""
+        return list(self._history)
+
+    @property
+    def violation(self) -> str | None:
+        """Why the latency bound cannot be met even at the coarsest allowed level, or None."""
+        return self._violation
+
+    @property
+    def throughput(self) -> float | None:
+        """The smoothed throughput of the link in bytes/s (before the SLO's cap), or None."""
+        return self._throughput.value
+
+    def send_time_s(self, level: DegradationLevel | int) -> float | None:
+        """Predicted seconds from starting to send a window at ``level`` to its ack, or None
+        before the first window with bytes in it."""
+        return self._send_time(self._index(level), self._rate())
+
+    # --- the feedback loop -------------------------------------------------------------------
+
+    def observe(self, window_bytes: float, send_s: float, backlog_windows: int, *,
+                level: DegradationLevel | int | None = None) -> DegradationLevel:
+        """Account for one acknowledged window and return the level for the next windows.
+
+        ``window_bytes`` were sent in ``send_s`` seconds (from the start of sending to the
+        ack); ``backlog_windows`` wait unacknowledged behind it. ``level`` is the level the
+        window was encoded at (default: the current one); pass it for windows encoded before
+        a change, so that they teach the policy the link's speed but not how much the new
+        level weighs, and a backlog of old, heavier windows is not blamed on the new level.
+
+        Raises
+        ------
+        DataError
+            If a number is negative, not finite, or ``send_s`` is not positive.
+        """
+        if not (_is_number(window_bytes) and 0 <= window_bytes < math.inf):
+            msg = f"link policy: window_bytes must be a finite number >= 0, not {window_bytes!r}"
+            raise DataError(msg)
+        if not (_is_number(send_s) and 0 < send_s < math.inf):
+            msg = f"link policy: send_s must be a positive number of seconds, not {send_s!r}"
+            raise DataError(msg)
+        if isinstance(backlog_windows, bool) or not isinstance(backlog_windows, int) \
+                or backlog_windows < 0:
+            msg = f"link policy: backlog_windows must be an int >= 0, not {backlog_windows!r}"
+            raise DataError(msg)
+        encoded = self._current if level is None else self._index(level)
+        now = self._clock()
+        if window_bytes > 0:
+            self._throughput.add(window_bytes / send_s)
+            self._volume.add(window_bytes / self._levels[encoded].bytes_per_window)
+
+        # Only a window at the current level or coarser says the current level is too heavy.
+        evidence = encoded >= self._current
+        over = backlog_windows > self.max_backlog_windows
+        grew = (evidence and self._last_was_evidence and self._last_backlog is not None
+                and backlog_windows > self._last_backlog)
+        previous_backlog = self._last_backlog
+        self._last_backlog, self._last_was_evidence = backlog_windows, evidence
+        if evidence:
+            if not over:
+                self._backlog_since = None
+            elif self._backlog_since is None:
+                self._backlog_since = (now, backlog_windows)
+
+        if self._throughput.value is not None:
+            self._decide(now, backlog_windows, previous_backlog, over, grew, evidence)
+        self._violation = self._check_violation()
+        return self.level
+
+    def _decide(self, now: float, backlog: int, previous: int | None, over: bool, grew: bool,
+                evidence: bool) -> None:
+        if over and grew:  # the one change allowed inside min_interval_s
+            self._step_down(now, f"backlog grew from {previous} to {backlog} windows")
+            return
+        if self._changed_at is not None and now - self._changed_at < self.min_interval_s:
+            return
+        current = self._current
+        t = self._send_time(current, self._rate())
+        down_at = self.down_fraction * self.budget_s
+        if t is not None and t > down_at:
+            self._step_down(now, f"too slow: a window at {self.level.name!r} takes about "
+                                 f"{t:.3g}s, over {down_at:.3g}s")
+            return
+        since = self._backlog_since
+        if over and since is not None and now - since[0] >= self.min_interval_s \
+                and backlog >= since[1]:
+            self._step_down(now, f"backlog stuck at {backlog} windows for "
+                                 f"{now - since[0]:.3g}s")
+            return
+        if current == 0 or over or not evidence:
+            return
+        finer = self._send_time(current - 1, self._cautious_rate())
+        up_at = self.up_fraction * self.budget_s
+        if finer is not None and finer < up_at:
+            self._change(now, current - 1, f"probe: a window at "
+                         f"{self._levels[current - 1].name!r} should take about {finer:.3g}s, "
+                         f"under {up_at:.3g}s")
+
+    def _step_down(self, now: float, reason: str) -> None:
+        """To the most accurate allowed level that fits the pessimistic rate, at least one
+        coarser; the coarsest allowed if none fits."""
+        if self._current >= self._coarsest:
+            return
+        rate = self._cautious_rate()
+        target = self._coarsest
+        for index in range(self._current + 1, self._coarsest + 1):
+            t = self._send_time(index, rate)
+            if t is not None and t <= self.down_fraction * self.budget_s:
+                target = index
+                break
+        self._change(now, target, reason)
+
+    def _change(self, now: float, index: int, reason: str) -> None:
+        self._history.append(LevelChange(now, self.level, self._levels[index], reason))
+        self._current = index
+        self._changed_at = now
+        self._backlog_since = None
+
+    def _check_violation(self) -> str | None:
+        if self._current != self._coarsest:
+            return None
+        rate = self._rate()
+        t = self._send_time(self._current, rate)
+        if t is None or t <= self.budget_s:
+            return None
+        slo = self._slo
+        if slo is not None and slo.max_latency_s is not None \
+                and slo.max_latency_s <= self.window_s:
+            bound = f"slo max_latency={slo.max_latency_s:g}s"
+        else:
+            bound = f"the window length {self.window_s:g}s"
+        allowed = ("" if self._coarsest == len(self._levels) - 1 or slo is None
+                   else f" that max_error={slo.max_error:g} allows")
+        capped = (f" (capped by slo max_wan_bps={self._rate_cap * 8:g})"
+                  if rate is not None and rate >= self._rate_cap else "")
+        return (f"{bound} cannot be met: a window at {self.level.name!r}, the coarsest level"
+                f"{allowed}, takes about {t:.3g}s at {rate:.4g} bytes/s{capped}: "
+                f"{t - self.budget_s:.3g}s ({t / self.budget_s:.3g}x) over the "
+                f"{self.budget_s:g}s budget")
+
+    # --- estimates ---------------------------------------------------------------------------
+
+    def _rate(self) -> float | None:
+        """The smoothed throughput the policy plans with, capped by the SLO."""
+        value = self._throughput.value
+        return None if value is None else min(value, self._rate_cap)
+
+    def _cautious_rate(self) -> float | None:
+        """The lower of the smoothed and the latest throughput: how far to step down, and
+        whether to step up, are decided as if the latest window told the truth when it is worse."""
+        value, latest = self._throughput.value, self._throughput.latest
+        if value is None or latest is None:
+            return None
+        return min(value, latest, self._rate_cap)
+
+    def _send_time(self, index: int, rate: float | None) -> float | None:
+        # The link's round trip is folded into the throughput: a finer level is predicted a
+        # little slower than it will be, which only makes step ups more careful.
+        volume = self._volume.value
+        if rate is None or volume is None:
+            return None
+        return volume * self._levels[index].bytes_per_window / rate
+
+    def _index(self, level: DegradationLevel | int) -> int:
+        index = level.index if isinstance(level, DegradationLevel) else level
+        if isinstance(index, bool) or not isinstance(index, int) \
+                or not 0 <= index < len(self._levels):
+            msg = f"link policy: no level {level!r}; levels are 0..{len(self._levels) - 1}"
+            raise DataError(msg)
+        return index
+
+
+def _checked_levels(levels: Sequence[DegradationLevel]) -> tuple[DegradationLevel, ...]:
+    levels = tuple(levels)
+    if not levels:
+        msg = "link policy: needs at least one level, e.g. DegradationLevel(0, 'exact', 1.0, 0.0)"
+        raise PlanError(msg)
+    for position, lv in enumerate(levels):
+        if not isinstance(lv, DegradationLevel):
+            msg = f"link policy: level {position} must be a DegradationLevel, not {lv!r}"
+            raise PlanError(msg)
+        if lv.index != position:
+            msg = (f"link policy: level {lv.name!r} has index {lv.index} but is at position "
+                   f"{position}; list levels most accurate first, indexed from 0")
+            raise PlanError(msg)
+        if not (_is_number(lv.bytes_per_window) and 0 < lv.bytes_per_window < math.inf):
+            msg = (f"link policy: level {lv.name!r} needs a positive bytes_per_window, "
+                   f"not {lv.bytes_per_window!r}")
+            raise PlanError(msg)
+        if not (_is_number(lv.error_bound) and 0 <= lv.error_bound < math.inf):
+            msg = (f"link policy: level {lv.name!r} needs an error_bound >= 0, "
+                   f"not {lv.error_bound!r}")
+            raise PlanError(msg)
+    for finer, coarser in itertools.pairwise(levels):
+        if coarser.bytes_per_window > finer.bytes_per_window:
+            msg = (f"link policy: level {coarser.name!r} is coarser than {finer.name!r} but "
+                   f"weighs more ({coarser.bytes_per_window:g} > {finer.bytes_per_window:g} "
+                   f"bytes per window); order levels from heaviest to lightest")
+            raise PlanError(msg)
+        if coarser.error_bound < finer.error_bound:
+            msg = (f"link policy: level {coarser.name!r} is coarser than {finer.name!r} but "
+                   f"has a smaller error_bound ({coarser.error_bound:g} < "
+                   f"{finer.error_bound:g}); order levels from exact to coarsest")
+            raise PlanError(msg)
+    return levels
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)

@@ -1,0 +1,393 @@
+"""Truncated exact top-N: a degraded partial that keeps the N highest-ranked rows and says
+how much it may have left out, so that merges and further truncations keep sound bounds.
+
+A :class:`BoundedPartial` holds exact accumulators for the rows it kept, and two kinds of
+bound on what it left out, for a ranking aggregate that only grows with more data (a count,
+or a sum of non-negative values):
+
+* per row, ``slack``: the ranking value of that key may be up to ``slack`` higher than the
+  kept row says, because some contributor dropped the key;
+* ``omitted``: a key that has no row has a ranking value of at most ``omitted``.
+
+So a row's ranking value lies in ``[lb, ub]`` with ``lb`` the extracted value and
+``ub = lb + slack``. Before and after, with ``n = 1``::
+
+    rows a:5 b:3 c:1, omitted 0  --truncate-->  rows a:5 (slack 0), omitted 3
+    (a:5 s0 | omitted 3) + (b:4 s0 | omitted 2)  --merge-->  a:5 s2, b:4 s3, omitted 5
+
+The other aggregates of a row summarise only the contributors that kept the key: where a row
+is not ``complete``, a count or a sum of non-negative values is a lower bound, a max a lower
+bound, a min an upper bound, and an average neither. ``complete`` is tracked apart from
+``slack`` because a dropped key may have a ranking value of 0 (a sum of zero bytes) and still
+carry other aggregates.
+
+Bounds are computed exactly and rounded up to floats, so float sums never round a bound
+below the value it bounds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, NamedTuple
+
+from jetstream.aggregates import Aggregate, Count, Sum
+from jetstream.errors import DataError, PlanError
+from jetstream.operators import WindowAggregate
+
+__all__ = [
+    "BoundedPartial",
+    "RankBounds",
+    "TopKBounds",
+    "bounds",
+    "exact_partial",
+    "merge_bounded",
+    "top_k_bounds",
+    "truncate",
+]
+
+Row = dict[str, Any]
+Key = tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class BoundedPartial:
+    """Partial rows of one window, some keys possibly dropped, with bounds on what is missing.
+
+    Attributes
+    ----------
+    rows
+        One row per group key: key columns -> value, aggregate names -> accumulator.
+    slack
+        Per row, how much its ranking value may exceed the extracted one (>= 0).
+    omitted
+        No key without a row has a ranking value above this (>= 0).
+    complete
+        Per row, whether every contributor kept the key: then every aggregate is exact.
+    truncated
+        Whether any contributor dropped a row; False means the partial is exact.
+    """
+
+    rows: tuple[Row, ...]
+    slack: tuple[float, ...]
+    omitted: float
+    complete: tuple[bool, ...]
+    truncated: bool
+
+    def __post_init__(self) -> None:
+        if not len(self.rows) == len(self.slack) == len(self.complete):
+            msg = (f"bounded partial: {len(self.rows)} rows, but {len(self.slack)} slacks and "
+                   f"{len(self.complete)} completeness flags; give one of each per row")
+            raise DataError(msg)
+        for what, bound in [*(("a slack", s) for s in self.slack), ("omitted", self.omitted)]:
+            if not bound >= 0:  # also refuses NaN
+                msg = f"bounded partial: {what} is {bound!r}; bounds must be non-negative"
+                raise DataError(msg)
+
+    @property
+    def exact(self) -> bool:
+        return not self.truncated
+
+
+def exact_partial(rows: Iterable[Row]) -> BoundedPartial:
+    """Rows that nothing was dropped from, as a bounded partial (slack 0, omitted 0)."""
+    kept = tuple(dict(row) for row in rows)
+    return BoundedPartial(kept, (0.0,) * len(kept), 0.0, (True,) * len(kept), False)
+
+
+def truncate(rows: Sequence[Row] | BoundedPartial, aggregate: WindowAggregate, rank: str,
+             n: int, *, slack: Sequence[float] | None = None,
+             omitted: float = 0.0) -> BoundedPartial:
+    """Keep the ``n`` rows with the largest upper bound of ``rank``, and bound the rest.
+
+    A dropped key's ranking value is at most its upper bound, so the new ``omitted`` is the
+    larger of the old one and the largest upper bound dropped. As in the final top-k, a NULL
+    ranking value (a sum of no values) ranks below a 0, and ties go to the smaller group key.
+
+    Parameters
+    ----------
+    rows
+        Partial rows of one window (not mutated), or a :class:`BoundedPartial` to truncate
+        further (then leave ``slack`` and ``omitted`` out: it carries its own).
+    aggregate
+        The partial aggregate the rows come from: its ``keys`` and ``aggregates``.
+    rank
+        The name of the ranking aggregate: a count, or a sum of non-negative values.
+    n
+        How many rows to keep.
+    slack, omitted
+        Bounds that plain ``rows`` already carry; a row with slack 0 counts as complete.
+        None and 0.0: the rows are exact.
+
+    Returns
+    -------
+    BoundedPartial
+        At most ``n`` rows, by upper bound descending, then group key ascending.
+
+    Raises
+    ------
+    PlanError
+        If ``rank`` names no aggregate, or one that is not a count or a sum, or ``n`` is not
+        a positive integer.
+    DataError
+        If a ranking value is negative or not finite, or a group key appears twice.
+    """
+    _check_rank(aggregate, rank)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        msg = f"truncate: n must be a positive integer, not {n!r}; keep at least one row"
+        raise PlanError(msg)
+    partial = _as_bounded(rows, slack, omitted)
+    ranked = _ranked(partial, aggregate, rank)
+    order = sorted(range(len(ranked)),
+                   key=lambda i: (-ranked[i].ub, ranked[i].null, ranked[i].order))
+    kept, dropped = order[:n], order[n:]
+    return BoundedPartial(
+        tuple(dict(partial.rows[i]) for i in kept),
+        tuple(partial.slack[i] for i in kept),
+        max([partial.omitted, *(ranked[i].ub for i in dropped)]),
+        tuple(partial.complete[i] for i in kept),
+        partial.truncated or bool(dropped))
+
+
+def merge_bounded(partials: Iterable[BoundedPartial],
+                  aggregate: WindowAggregate) -> BoundedPartial:
+    """Merge bounded partials of one window key by key; nothing the inputs hold is changed.
+
+    A key's ranking value in an input that has no row for it is at most that input's
+    ``omitted``, so a merged row's slack is, summed over the inputs, its slack where it has a
+    row and the input's ``omitted`` where not; a key with no row anywhere is bounded by the
+    sum of the ``omitted``.
+
+    Parameters
+    ----------
+    partials
+        The inputs; not mutated (accumulators are merged into fresh ones).
+    aggregate
+        The partial aggregate the rows come from.
+
+    Returns
+    -------
+    BoundedPartial
+        One row per key of any input, in the order the keys first appear.
+
+    Raises
+    ------
+    DataError
+        If a group key appears twice in one input.
+    """
+    inputs = list(partials)
+    aggregates = aggregate.aggregates
+    merged: dict[Key, Row] = {}
+    # Per key: the exact sum of (slack - omitted) over the inputs holding it, so that adding
+    # the sum of all omitted gives the slack; and over the truncated inputs, how many hold it.
+    excess: dict[Key, Fraction] = {}
+    held_by_truncated: dict[Key, int] = {}
+    complete: dict[Key, bool] = {}
+    for partial in inputs:
+        seen: set[Key] = set()
+        for row, slack, whole in zip(partial.rows, partial.slack, partial.complete,
+                                     strict=True):
+            key = tuple(row[k] for k in aggregate.keys)
+            if key in seen:
+                raise _twice("merge_bounded", key)
+            seen.add(key)
+            out = merged.get(key)
+            if out is None:
+                out = merged[key] = {k: row[k] for k in aggregate.keys} | {
+                    name: agg.create() for name, agg in aggregates}
+                excess[key], held_by_truncated[key], complete[key] = Fraction(0), 0, True
+            for name, agg in aggregates:
+                out[name] = agg.merge(out[name], row[name])
+            excess[key] += Fraction(slack) - Fraction(partial.omitted)
+            held_by_truncated[key] += partial.truncated
+            complete[key] = complete[key] and whole
+    all_omitted = sum((Fraction(p.omitted) for p in inputs), Fraction(0))
+    truncated = sum(p.truncated for p in inputs)
+    keys = list(merged)
+    return BoundedPartial(
+        tuple(merged[key] for key in keys),
+        tuple(_round_up(all_omitted + excess[key]) for key in keys),
+        _round_up(all_omitted),
+        tuple(complete[key] and held_by_truncated[key] == truncated for key in keys),
+        truncated > 0)
+
+
+@dataclass(frozen=True)
+class RankBounds:
+    """Per row of a bounded partial, the interval its ranking value lies in.
+
+    ``lb`` is the extracted value (NULL counts as 0), ``ub`` is ``lb`` plus the row's slack;
+    a key without a row ranks at most ``omitted``. Where ``complete`` is False the row's other
+    aggregates are partial too (see the module docstring).
+    """
+
+    rows: tuple[Row, ...]
+    lb: tuple[int | float, ...]
+    ub: tuple[int | float, ...]
+    complete: tuple[bool, ...]
+    omitted: float
+
+
+def bounds(partial: BoundedPartial, aggregate: WindowAggregate, rank: str) -> RankBounds:
+    """The lower and upper bound of every row's ranking value, and the bound on the others.
+
+    Raises
+    ------
+    PlanError
+        If ``rank`` names no aggregate, or one that is not a count or a sum.
+    DataError
+        If a ranking value is negative or not finite, or a group key appears twice.
+    """
+    _check_rank(aggregate, rank)
+    ranked = _ranked(partial, aggregate, rank)
+    return RankBounds(partial.rows, tuple(r.lb for r in ranked), tuple(r.ub for r in ranked),
+                      partial.complete, partial.omitted)
+
+
+@dataclass(frozen=True)
+class TopKBounds:
+    """The final top-k by lower bound, and what the bounds prove about it.
+
+    Attributes
+    ----------
+    rows, lb, ub, complete
+        The top-k rows, by ``lb`` descending, then group key ascending, and their bounds.
+    guaranteed
+        Per row, whether it is in the true top-k whatever was dropped: its ``lb`` is at least
+        every other row's ``ub`` and ``omitted``, so at most ``k - 1`` keys can rank above it.
+        (With ties at the k-th value, "in the top-k" means ranking at least that value.)
+    error_bound
+        The largest ``(ub - lb) / max(lb, 1)`` over the rows: 0.0 when every value is exact.
+    """
+
+    rows: tuple[Row, ...]
+    lb: tuple[int | float, ...]
+    ub: tuple[int | float, ...]
+    complete: tuple[bool, ...]
+    guaranteed: tuple[bool, ...]
+    error_bound: float
+
+
+def top_k_bounds(partial: BoundedPartial, aggregate: WindowAggregate, rank: str,
+                 k: int) -> TopKBounds:
+    """The ``k`` rows the final top-k picks by extracted value, and which of them are certain.
+
+    Rows are picked as the final top-k operator picks them: largest ``lb`` first, a NULL
+    below a 0, ties to the smaller group key.
+
+    Raises
+    ------
+    PlanError
+        If ``rank`` names no aggregate, or one that is not a count or a sum, or ``k`` is not
+        a positive integer.
+    DataError
+        If a ranking value is negative or not finite, or a group key appears twice.
+    """
+    _check_rank(aggregate, rank)
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        msg = f"top_k_bounds: k must be a positive integer, not {k!r}"
+        raise PlanError(msg)
+    ranked = _ranked(partial, aggregate, rank)
+    order = sorted(range(len(ranked)),
+                   key=lambda i: (-ranked[i].lb, ranked[i].null, ranked[i].order))
+    top, rest = order[:k], order[k:]
+    beaten = max([partial.omitted, *(ranked[i].ub for i in rest)])
+    return TopKBounds(
+        rows=tuple(partial.rows[i] for i in top),
+        lb=tuple(ranked[i].lb for i in top),
+        ub=tuple(ranked[i].ub for i in top),
+        complete=tuple(partial.complete[i] for i in top),
+        guaranteed=tuple(ranked[i].lb >= beaten for i in top),
+        error_bound=max(((ranked[i].ub - ranked[i].lb) / max(ranked[i].lb, 1) for i in top),
+                        default=0.0))
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def _check_rank(aggregate: WindowAggregate, rank: str) -> Aggregate:
+    found = dict(aggregate.aggregates).get(rank)
+    if found is None:
+        names = ", ".join(repr(name) for name, _ in aggregate.aggregates)
+        msg = f"truncate: no aggregate named {rank!r} to rank by; name one of {names}"
+        raise PlanError(msg)
+    # Exact types: a subclass may extract something else (Avg, a Sum, extracts a mean, and
+    # a dropped mean is not bounded by what the kept rows show).
+    if type(found) not in (Count, Sum):
+        msg = (f"truncate: cannot rank by {rank!r}, a {found}; dropping rows bounds only a "
+               "count or a sum of non-negative values: rank by one of those")
+        raise PlanError(msg)
+    return found
+
+
+def _as_bounded(rows: Sequence[Row] | BoundedPartial, slack: Sequence[float] | None,
+                omitted: float) -> BoundedPartial:
+    if isinstance(rows, BoundedPartial):
+        if slack is not None or omitted != 0.0:
+            msg = "truncate: a bounded partial carries its own slack and omitted; give neither"
+            raise DataError(msg)
+        return rows
+    slacks = tuple(slack) if slack is not None else (0.0,) * len(rows)
+    return BoundedPartial(tuple(rows), slacks, omitted, tuple(s == 0 for s in slacks),
+                          omitted > 0 or any(s > 0 for s in slacks))
+
+
+class _Ranked(NamedTuple):
+    order: tuple[tuple[int, Any], ...]  # the group key as the final top-k orders it
+    lb: int | float
+    ub: int | float
+    null: bool  # the extracted value was NULL: it ranks below a 0
+
+
+def _ranked(partial: BoundedPartial, aggregate: WindowAggregate, rank: str) -> list[_Ranked]:
+    agg = dict(aggregate.aggregates)[rank]
+    out = []
+    seen: set[Key] = set()
+    for row, slack in zip(partial.rows, partial.slack, strict=True):
+        key = tuple(row[k] for k in aggregate.keys)
+        if key in seen:
+            raise _twice("truncate", key)
+        seen.add(key)
+        value = agg.extract(row[rank])
+        lb = 0 if value is None else value
+        if isinstance(lb, bool) or not isinstance(lb, int | float) or not 0 <= lb < math.inf:
+            msg = (f"truncate: {rank} = {agg} of key {key!r} is {value!r}; ranking needs "
+                   "finite, non-negative values (a sum of non-negative ones)")
+            raise DataError(msg)
+        out.append(_Ranked(tuple(_sort_key(v) for v in key), lb, _upper(lb, slack), value is None))
+    return out
+
+
+def _upper(lb: int | float, slack: float) -> int | float:
+    if slack == 0:
+        return lb
+    ub = _round_up(Fraction(lb) + Fraction(slack))
+    # A float lb is the partial sum rounded to nearest: the sum itself may be above it.
+    return math.nextafter(ub, math.inf) if isinstance(lb, float) else ub
+
+
+def _round_up(exact: Fraction) -> float:
+    """The smallest float >= ``exact`` (infinity past the largest float)."""
+    try:
+        rounded = float(exact)
+    except OverflowError:
+        return math.inf
+    return rounded if rounded >= exact else math.nextafter(rounded, math.inf)
+
+
+def _sort_key(value: Any) -> tuple[int, Any]:
+    """Orders a group key value as the final top-k does: NULL, numbers, text, the rest."""
+    if value is None:
+        return (0, 0)
+    if isinstance(value, int | float):
+        return (1, value)
+    if isinstance(value, str):
+        return (2, value)
+    return (3, repr(value))
+
+
+def _twice(step: str, key: Key) -> DataError:
+    return DataError(f"{step}: group key {key!r} has two rows in one partial; "
+                     "merge a partial's rows per key first")
