@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from jetstream.approx.truncate import BoundedPartial, exact_partial, merge_bounded
 from jetstream.operators import WindowAggregate
 from jetstream.partials import PartialBatch
 
@@ -42,6 +43,15 @@ class MergedWindow:
     closed_at_ms: int = 0
     revision: int = 0  # 0 the first time the window goes out, then 1, 2, ... (corrections)
     inputs_complete: bool = True  # whether every batch merged was complete itself
+    #: When an input was truncated (a degraded level): per row, how much of the ranking
+    #: value may be missing, and a bound on any key left out (see jetstream.approx.truncate).
+    slack: tuple[float, ...] | None = None
+    omitted: float = 0.0
+
+    @property
+    def bounded(self) -> BoundedPartial:
+        """The rows with their truncation bounds (exact: zero slack)."""
+        return _bounded(self.rows, self.slack, self.omitted)
 
     @property
     def complete(self) -> bool:
@@ -139,9 +149,29 @@ class WindowMerger:
 
     def _merge(self, window: Window, pending: _Pending, missing: frozenset[str]
                ) -> MergedWindow:
+        batches = list(pending.batches.values())
+        pending.sent, pending.revision = self._versions(pending), pending.revision + 1
+        slack: tuple[float, ...] | None = None
+        omitted = 0.0
+        if any(b.slack is not None for b in batches):
+            merged = merge_bounded([_bounded(b.rows, b.slack, b.omitted) for b in batches],
+                                   self.aggregate)
+            rows, slack, omitted = merged.rows, merged.slack, merged.omitted
+        else:
+            rows = self._merge_rows(batches)
+        return MergedWindow(
+            window, rows, frozenset(pending.batches), missing,
+            events=sum(b.events for b in batches),
+            error_bound=max((b.error_bound for b in batches), default=0.0),
+            covers=frozenset().union(*(b.covers or {b.origin} for b in batches)),
+            wan_bytes=sum(b.wan_bytes for b in batches),
+            closed_at_ms=min((b.closed_at_ms for b in batches if b.closed_at_ms), default=0),
+            revision=pending.revision, inputs_complete=all(b.complete for b in batches),
+            slack=slack, omitted=omitted)
+
+    def _merge_rows(self, batches: list[PartialBatch]) -> tuple[dict[str, Any], ...]:
         aggregates = self.aggregate.aggregates
         groups: dict[tuple[Any, ...], dict[str, Any]] = {}
-        batches = list(pending.batches.values())
         for batch in batches:
             for row in batch.rows:
                 key = tuple(row[k] for k in self.aggregate.keys)
@@ -151,12 +181,14 @@ class WindowMerger:
                         name: agg.create() for name, agg in aggregates}
                 for name, agg in aggregates:
                     merged[name] = agg.merge(merged[name], row[name])
-        pending.sent, pending.revision = self._versions(pending), pending.revision + 1
-        return MergedWindow(
-            window, tuple(groups.values()), frozenset(pending.batches), missing,
-            events=sum(b.events for b in batches),
-            error_bound=max((b.error_bound for b in batches), default=0.0),
-            covers=frozenset().union(*(b.covers or {b.origin} for b in batches)),
-            wan_bytes=sum(b.wan_bytes for b in batches),
-            closed_at_ms=min((b.closed_at_ms for b in batches if b.closed_at_ms), default=0),
-            revision=pending.revision, inputs_complete=all(b.complete for b in batches))
+        return tuple(groups.values())
+
+
+def _bounded(rows: Iterable[Mapping[str, Any]], slack: tuple[float, ...] | None,
+             omitted: float) -> BoundedPartial:
+    """Rows off the wire as a bounded partial; a row without slack counts as complete (the
+    wire does not say whether a contributor dropped a key at no cost to its ranking value)."""
+    kept = tuple(dict(row) for row in rows)
+    if slack is None:
+        return exact_partial(kept)
+    return BoundedPartial(kept, slack, omitted, tuple(s == 0 for s in slack), True)

@@ -18,6 +18,7 @@ window is final.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import tempfile
@@ -30,10 +31,13 @@ from typing import Any
 
 from jetstream.aggregator import ENDED, MergedWindow, WindowMerger
 from jetstream.aggtree.planner import Fragment
+from jetstream.approx.levels import levels_for, ranking, rows_kept
+from jetstream.approx.policy import LinkPolicy
+from jetstream.approx.truncate import top_k_bounds, truncate
 from jetstream.dsl import Query
 from jetstream.errors import PlanError
 from jetstream.local import finish_from_partials
-from jetstream.operators import Phase, WindowAggregate
+from jetstream.operators import Phase, Window, WindowAggregate
 from jetstream.partials import PartialBatch, encode_batch
 from jetstream.queryfile import query_from_source
 from jetstream.results import WindowResult
@@ -77,6 +81,7 @@ class SiteOptions:
     deadline_s: float | None = None  # overrides the SLO's max_latency for window deadlines
     idle_s: float = 5.0  # an input without records this long is idle
     trigger_s: float = 1.0  # micro-batch interval of a live local stage
+    level_interval_s: float = 5.0  # a link's degradation level changes at most this often
     #: The local stage's Spark master; None: what the controller says (the topology's).
     #: Given up front, Spark starts before anything else (see ``SiteRuntime.session``).
     spark_master: str | None = None
@@ -97,8 +102,16 @@ class QueryRun:
                         if self.query.slo and self.query.slo.max_latency_ms else None)
         self.merger = WindowMerger(self.partial, inputs, deadline_s=options.deadline_s
                                    or slo_deadline or DEFAULT_DEADLINE_S)
-        self.sender = (PartialSender(assignment.parent_address)
-                       if assignment.parent_address else None)
+        self.ranking = ranking(self.query)
+        self.policy: LinkPolicy | None = None
+        self.sender: PartialSender | None = None
+        if assignment.parent_address:
+            window = next(op for op in map(self.query.plan().op, self.query.plan().topological())
+                          if isinstance(op, Window))
+            self.policy = LinkPolicy(levels_for(self.ranking), slo=self.query.slo,
+                                     window_s=window.spec.every_ms / 1000,
+                                     min_interval_s=options.level_interval_s)
+            self.sender = PartialSender(assignment.parent_address, on_ack=self._acked)
         self._sequence = itertools.count(1)
         self._reported: tuple[int | None, bool] = (None, False)
         self._published_finish = False
@@ -189,11 +202,11 @@ class QueryRun:
                 self._published_finish = finished
             return
         for m in merged:
-            self.sender.send(encode_batch(PartialBatch(
+            self.sender.send(encode_batch(self._degraded(PartialBatch(
                 self.name, m.window, self.site, m.rows, sequence=next(self._sequence),
                 events=m.events, error_bound=m.error_bound, complete=m.complete,
                 covers=m.covers, wan_bytes=m.wan_bytes, closed_at_ms=m.closed_at_ms,
-                revision=m.revision), self.partial))
+                revision=m.revision, slack=m.slack, omitted=m.omitted), m), self.partial))
         report = (self.merger.watermark, finished)
         if report != self._reported and report[0] is not None:
             self.sender.send_progress(pb.Progress(
@@ -201,14 +214,51 @@ class QueryRun:
                 sequence=next(self._sequence)))
             self._reported = report
 
+    def _degraded(self, batch: PartialBatch, merged: MergedWindow) -> PartialBatch:
+        """The batch at the link's current level: truncated to its top keys, with bounds."""
+        assert self.policy is not None
+        level = self.policy.level
+        keep = rows_kept(level, self.ranking)
+        if keep is None or self.ranking is None:
+            return batch
+        cut = truncate(merged.bounded, self.partial, self.ranking.by, keep)
+        return dataclasses.replace(batch, rows=cut.rows, slack=cut.slack, omitted=cut.omitted,
+                                   level=level.index)
+
+    def _acked(self, batch: pb.PartialBatch, seconds: float, backlog: int) -> None:
+        assert self.policy is not None
+        before = self.policy.level
+        after = self.policy.observe(batch.ByteSize(), max(seconds, 1e-6), backlog,
+                                    level=batch.level)
+        if after != before:
+            log.info("%s at %s: link to %s now at level %r (%s)", self.name, self.site,
+                     self.assignment.fragment.parent, after.name,
+                     self.policy.history[-1].reason if self.policy.history else "")
+
     def _finish(self, merged: MergedWindow) -> list[WindowResult]:
         now_ms = time.time_ns() // 1_000_000
-        return [WindowResult(
-            r.query, r.window_start, r.window_end, r.rows, r.exact, r.error_bound,
-            sites_reporting=len(merged.covers), sites_expected=len(self.assignment.covers),
+        results = finish_from_partials(self.query, {merged.window: list(merged.rows)})
+        if merged.slack is not None and self.ranking is not None:
+            results = [self._with_bounds(r, merged) for r in results]
+        return [dataclasses.replace(
+            r, sites_reporting=len(merged.covers), sites_expected=len(self.assignment.covers),
             latency_s=(now_ms - merged.closed_at_ms) / 1000 if merged.closed_at_ms else 0.0,
-            wan_bytes=merged.wan_bytes, revision=merged.revision)
-            for r in finish_from_partials(self.query, {merged.window: list(merged.rows)})]
+            wan_bytes=merged.wan_bytes, revision=merged.revision) for r in results]
+
+    def _with_bounds(self, result: WindowResult, merged: MergedWindow) -> WindowResult:
+        """Each top-k row with its ranking value's ``lb``/``ub`` and whether it is certain."""
+        assert self.ranking is not None
+        top = top_k_bounds(merged.bounded, self.partial, self.ranking.by, self.ranking.k)
+        keys = self.partial.keys
+        known = {tuple(row[k] for k in keys): (lb, ub, sure, whole) for row, lb, ub, sure, whole
+                 in zip(top.rows, top.lb, top.ub, top.guaranteed, top.complete, strict=True)}
+        rows = []
+        for row in result.rows:
+            lb, ub, sure, whole = known.get(tuple(row.get(k) for k in keys),
+                                            (None, None, False, False))
+            rows.append({**row, "lb": lb, "ub": ub, "guaranteed": sure, "complete": whole})
+        return dataclasses.replace(result, rows=rows, exact=False,
+                                   error_bound=max(result.error_bound or 0.0, top.error_bound))
 
     def stop(self) -> None:
         self._stop.set()
