@@ -30,8 +30,11 @@ logs = js.source('cdn_logs', schema=js.CDN_LOG_SCHEMA)
 query = js.Query('thin', logs.window(js.tumbling('1s'), watermark='0s').group_by('domain')
                  .agg(requests=js.count()).top_k(5, by='requests'))
 """
-WINDOWS = 24
-DROP, RESTORE = 5, 12  # the link is 10x thinner for the windows in [DROP, RESTORE)
+WINDOWS = 26
+DROP, RESTORE = 4, 14  # the link is 10x thinner for the windows in [DROP, RESTORE)
+#: How many windows the level may take to react (acks of slow windows arrive late, and a
+#: loaded machine delays them further).
+REACTION = 6
 
 
 class ThrottledLink(rpc.DataPlaneServicer):
@@ -102,7 +105,7 @@ def test_a_thin_link_degrades_with_bounds_that_hold_and_recovers() -> None:
 
     history = [(round(c.time, 1), c.from_level.index, c.to_level.index, c.reason[:40])
                for c in run.policy.history]
-    assert max(levels[DROP:DROP + 4]) > 0, (levels, history)  # stepped down within 4 windows
+    assert max(levels[DROP:DROP + REACTION]) > 0, (levels, history)  # stepped down in time
     assert levels[-1] == 0, (levels, history)  # and climbed back once the link recovered
     latest = {r.window_start: r for r in results}
     assert len(latest) == WINDOWS
