@@ -35,7 +35,7 @@ from jetstream.operators import (
 )
 from jetstream.plan import LogicalPlan
 from jetstream.results import WindowResult
-from jetstream.schema import DataType
+from jetstream.schema import DataType, value_order
 
 __all__ = ["LocalRun", "RunStats", "finish_from_partials", "run_local"]
 
@@ -327,22 +327,11 @@ def _rows_step(op: Operator, rows: list[Row]) -> list[Row]:
         # Ties go to the smaller group key, then to the smaller other columns: a total order
         # on what a row holds, so the top k never depends on the order rows arrived in.
         columns = [*op.tie_break, *(c for c in op.schema.names if c not in op.tie_break)]
-        ranked = sorted(rows, key=lambda r: tuple(_sort_key(r[c]) for c in columns))
+        ranked = sorted(rows, key=lambda r: tuple(value_order(r[c]) for c in columns))
         # Python's sort is stable also in reverse, so ties keep that order.
         ranked.sort(key=lambda r: _rank(r[op.by]), reverse=True)
         return ranked[: op.k]
     return [_transform(op, r) for r in rows]
-
-
-def _sort_key(value: Any) -> tuple[int, Any]:
-    """Orders any column value: NULL first, then numbers, then text, then the rest by repr."""
-    if value is None:
-        return (0, 0)
-    if isinstance(value, int | float):
-        return (1, value)
-    if isinstance(value, str):
-        return (2, value)
-    return (3, repr(value))
 
 
 def _rank(value: Any) -> tuple[bool, Any]:

@@ -10,7 +10,7 @@ from typing import Any
 
 from jetstream.errors import PlanError
 
-__all__ = ["CDN_LOG_SCHEMA", "DataType", "Field", "Schema"]
+__all__ = ["CDN_LOG_SCHEMA", "DataType", "Field", "Schema", "value_order"]
 
 
 class DataType(enum.Enum):
@@ -160,3 +160,16 @@ CDN_LOG_SCHEMA = Schema.of(
     },
     event_time="ts",
 )
+
+
+def value_order(value: Any) -> tuple[int, Any]:
+    """A sort key for any column value: NULL first, then numbers, then text, then the rest by
+    repr. The final top-k breaks ties with it, and so does everything that must pick the same
+    rows (the truncated partials of a degraded link)."""
+    if value is None:
+        return (0, 0)
+    if isinstance(value, int | float):
+        return (1, value)
+    if isinstance(value, str):
+        return (2, value)
+    return (3, repr(value))

@@ -36,6 +36,7 @@ from typing import Any, NamedTuple
 from jetstream.aggregates import Aggregate, Count, Sum
 from jetstream.errors import DataError, PlanError
 from jetstream.operators import WindowAggregate
+from jetstream.schema import value_order
 
 __all__ = [
     "BoundedPartial",
@@ -356,7 +357,8 @@ def _ranked(partial: BoundedPartial, aggregate: WindowAggregate, rank: str) -> l
             msg = (f"truncate: {rank} = {agg} of key {key!r} is {value!r}; ranking needs "
                    "finite, non-negative values (a sum of non-negative ones)")
             raise DataError(msg)
-        out.append(_Ranked(tuple(_sort_key(v) for v in key), lb, _upper(lb, slack), value is None))
+        order = tuple(value_order(v) for v in key)
+        out.append(_Ranked(order, lb, _upper(lb, slack), value is None))
     return out
 
 
@@ -375,17 +377,6 @@ def _round_up(exact: Fraction) -> float:
     except OverflowError:
         return math.inf
     return rounded if rounded >= exact else math.nextafter(rounded, math.inf)
-
-
-def _sort_key(value: Any) -> tuple[int, Any]:
-    """Orders a group key value as the final top-k does: NULL, numbers, text, the rest."""
-    if value is None:
-        return (0, 0)
-    if isinstance(value, int | float):
-        return (1, value)
-    if isinstance(value, str):
-        return (2, value)
-    return (3, repr(value))
 
 
 def _twice(step: str, key: Key) -> DataError:
