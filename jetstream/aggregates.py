@@ -322,6 +322,13 @@ def check_int(value: int, low: int, high: int, what: str) -> None:
         raise PlanError(msg)
 
 
+def check_positive(value: object, what: str, hint: str = "") -> None:
+    """Refuse a count that is not a positive integer; ``hint`` says what to ask for instead."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        msg = f"{what} must be a positive integer, not {value!r}" + (f"; {hint}" if hint else "")
+        raise PlanError(msg)
+
+
 def check_fraction(q: float, what: str) -> None:
     if not isinstance(q, int | float) or isinstance(q, bool) or not 0.0 <= q <= 1.0:
         msg = f"{what}: q must be a fraction in [0, 1], not {q!r}"

@@ -6,7 +6,7 @@ import argparse
 import json
 import logging
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -129,7 +129,15 @@ def _output(results: list[WindowResult], path: str | None) -> None:
             write_json_lines(results, out)
 
 
+def _progress(command: str) -> Callable[[str], None]:
+    """Prints a long command's progress on stderr, each line naming the command."""
+    def say(line: str) -> None:
+        print(f"jetstream {command}: {line}", file=sys.stderr, flush=True)
+    return say
+
+
 def _run(args: argparse.Namespace) -> int:
+    say = _progress("run")
     query_file, input_dir = Path(args.query), Path(args.input)
     load_query(query_file)  # refuse a bad query before starting anything
     if not input_dir.is_dir():
@@ -138,11 +146,8 @@ def _run(args: argparse.Namespace) -> int:
     topology = load_topology(args.topology)
     missing = [s.name for s in topology.sites if s.sources and not (input_dir / s.name).is_dir()]
     if missing:
-        print(f"jetstream run: note: no input folder for {', '.join(missing)} in {input_dir}; "
-              "those sites read nothing", file=sys.stderr)
-
-    def say(line: str) -> None:
-        print(f"jetstream run: {line}", file=sys.stderr, flush=True)
+        say(f"note: no input folder for {', '.join(missing)} in {input_dir}; "
+            "those sites read nothing")
 
     with LocalCluster(Path(args.topology), input_dir, replay=True,
                       window_deadline_s=args.window_deadline, say=say) as cluster:
@@ -166,13 +171,11 @@ def _report(results: LocalRun, out: TextIO) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    say = _progress("demo")
     examples = Path(__file__).resolve().parent.parent / "examples"
     if not (examples / "logs").is_dir():
         msg = f"the demo needs the sample logs of a source checkout ({examples / 'logs'})"
         raise PlanError(msg)
-
-    def say(line: str) -> None:
-        print(f"jetstream demo: {line}", file=sys.stderr, flush=True)
 
     say("the CDN top-k query across the three sites of local-3dc, replaying the sample logs "
         "(a live demo with generated logs and shaped links is on its way)")
@@ -182,8 +185,9 @@ def _demo(args: argparse.Namespace) -> int:
     console = Console()
     for result in results:
         console.print(render_window(result))
+    root = load_topology(DEFAULT_TOPOLOGY).root
     raw = sum(f.stat().st_size for f in (examples / "logs").glob("*/*.csv")
-              if f.parent.name != load_topology(DEFAULT_TOPOLOGY).root)
+              if f.parent.name != root)
     wan = sum(r.wan_bytes or 0 for r in results)
     say(f"{wan:,} bytes of partials crossed the wide area, where shipping the other sites' "
         f"raw logs would take {raw:,}")

@@ -23,7 +23,6 @@ from jetstream.operators import (
     KeyPartition,
     Map,
     Operator,
-    Phase,
     Select,
     Source,
     TopK,
@@ -231,8 +230,7 @@ def finish_from_partials(query: Query, partials: Mapping[WindowBounds, list[Row]
     is what the root of the aggregation tree runs, with the reference executor's own steps.
     """
     plan = query.plan()
-    nodes = [n for n in plan.topological() if isinstance(plan.op(n), WindowAggregate)
-             and plan.op(n).phase is Phase.PARTIAL]  # type: ignore[attr-defined]
+    nodes = plan.partial_aggregates()
     if not nodes:
         msg = f"query {query.name} has no partial aggregates; optimize it first"
         raise PlanError(msg)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from jetstream.operators import Operator, Source, Window, WindowAggregate
+from jetstream.operators import Operator, Phase, Source, Window, WindowAggregate
 
 __all__ = ["LogicalPlan", "new_node_id"]
 
@@ -64,6 +64,11 @@ class LogicalPlan:
 
     def sources(self) -> list[Source]:
         return [op for op in map(self.op, self.topological()) if isinstance(op, Source)]
+
+    def partial_aggregates(self) -> list[int]:
+        """The nodes of the partial aggregates (what sites send up the tree), in order."""
+        return [n for n in self.topological() if isinstance(op := self.op(n), WindowAggregate)
+                and op.phase is Phase.PARTIAL]
 
     def upstream(self, node: int) -> Iterable[Operator]:
         """The operators ``node`` reads from, nearest first along the first input."""

@@ -37,7 +37,7 @@ from jetstream.approx.truncate import top_k_bounds, truncate
 from jetstream.dsl import Query
 from jetstream.errors import PlanError
 from jetstream.local import finish_from_partials
-from jetstream.operators import Phase, Window, WindowAggregate
+from jetstream.operators import WindowAggregate
 from jetstream.partials import PartialBatch, encode_batch
 from jetstream.queryfile import query_from_source
 from jetstream.results import WindowResult
@@ -107,8 +107,9 @@ class QueryRun:
         self.sender: PartialSender | None = None
         if assignment.parent_address and not options.replay:
             # Replay compresses time, so its backlog says nothing about the link: it stays exact.
-            window = next(op for op in map(self.query.plan().op, self.query.plan().topological())
-                          if isinstance(op, Window))
+            plan = self.query.plan()
+            window = plan.window_of(plan.partial_aggregates()[0])
+            assert window is not None, "the DSL windows every aggregate"
             self.policy = LinkPolicy(levels_for(self.ranking), slo=self.query.slo,
                                      window_s=window.spec.every_ms / 1000,
                                      min_interval_s=options.level_interval_s)
@@ -120,14 +121,10 @@ class QueryRun:
         self._stop = threading.Event()
         self.stage: Any = None
         self.failure: str | None = None
-        self._threads = [threading.Thread(target=self._pump, name=f"merge-{fragment.query}",
-                                          daemon=True)]
+        threading.Thread(target=self._pump, name=f"merge-{fragment.query}", daemon=True).start()
         if fragment.sources:
-            self._threads.append(threading.Thread(
-                target=self._run_stage, args=(spark,), name=f"stage-{fragment.query}",
-                daemon=True))
-        for thread in self._threads:
-            thread.start()
+            threading.Thread(target=self._run_stage, args=(spark,), daemon=True,
+                             name=f"stage-{fragment.query}").start()
 
     @property
     def name(self) -> str:
@@ -360,13 +357,11 @@ def distributed(query: Query) -> Query:
 def partial_aggregate(query: Query) -> WindowAggregate:
     """The partial aggregate of an optimized query: what sites send each other."""
     plan = query.plan()
-    partials = [plan.op(n) for n in plan.topological()
-                if isinstance(plan.op(n), WindowAggregate)
-                and plan.op(n).phase is Phase.PARTIAL]  # type: ignore[attr-defined]
+    partials = plan.partial_aggregates()
     if not partials:
         msg = (f"query {query.name}: only windowed aggregates run across sites; add "
                ".window(...).group_by(...).agg(...) or run it with `jetstream local`")
         raise PlanError(msg)
-    op = partials[0]  # a source read twice has one partial per branch, all alike
+    op = plan.op(partials[0])  # a source read twice has one partial per branch, all alike
     assert isinstance(op, WindowAggregate)
     return op

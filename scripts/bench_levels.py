@@ -25,7 +25,7 @@ from jetstream.aggregator import WindowMerger
 from jetstream.approx.levels import levels_for, ranking, rows_kept
 from jetstream.approx.tput import tput_top_k
 from jetstream.approx.truncate import exact_partial, top_k_bounds, truncate
-from jetstream.operators import Phase, WindowAggregate
+from jetstream.operators import WindowAggregate
 from jetstream.partials import PartialBatch, encode_batch
 
 LOGS = js.source("cdn_logs", schema=js.CDN_LOG_SCHEMA)
@@ -57,8 +57,8 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=5)
     args = parser.parse_args()
     plan = QUERY.plan()
-    partial = next(op for op in map(plan.op, plan.topological())
-                   if isinstance(op, WindowAggregate) and op.phase is Phase.PARTIAL)
+    partial = plan.op(plan.partial_aggregates()[0])
+    assert isinstance(partial, WindowAggregate)
     rank = ranking(QUERY)
     assert rank is not None
     count = dict(partial.aggregates)["requests"]

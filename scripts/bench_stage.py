@@ -22,7 +22,6 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 import jetstream as js
-from jetstream.operators import Phase, WindowAggregate
 from jetstream.partials import PartialBatch, encode_batch
 from jetstream.queryfile import load_query
 from jetstream.stage.compile import spark_schema
@@ -63,8 +62,7 @@ def main() -> None:
     spark.sparkContext.setLogLevel("ERROR")
     query = js.optimize(load_query(ROOT / "examples" / "cdn_topk.py"))
     plan = query.plan()
-    partial = next(plan.op(n) for n in plan.topological() if isinstance(plan.op(n), WindowAggregate)
-                   and plan.op(n).phase is Phase.PARTIAL)  # type: ignore[attr-defined]
+    partial = plan.op(plan.partial_aggregates()[0])
     with tempfile.TemporaryDirectory() as tmp:
         logs = Path(tmp) / "logs"
         raw_bytes = write_logs(logs, args.events, args.domains)

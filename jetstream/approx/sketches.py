@@ -13,7 +13,13 @@ from typing import Any, ClassVar
 
 import datasketches as ds
 
-from jetstream.aggregates import Aggregate, AggregateKind, check_fraction, check_int
+from jetstream.aggregates import (
+    Aggregate,
+    AggregateKind,
+    check_fraction,
+    check_int,
+    check_positive,
+)
 from jetstream.errors import PlanError
 from jetstream.schema import DataType
 
@@ -142,9 +148,7 @@ class TopKItems(_Sketch):
     kind: ClassVar[AggregateKind] = AggregateKind.APPROXIMATE
 
     def __post_init__(self) -> None:
-        if not isinstance(self.k, int) or isinstance(self.k, bool) or self.k < 1:
-            msg = f"{self.name}: k must be a positive integer, not {self.k!r}"
-            raise PlanError(msg)
+        check_positive(self.k, f"{self.name}: k")
         # At DataSketches' smallest size (3) our property tests saw merged sketches report an
         # upper bound below the true count, so the smallest size offered is 4.
         check_int(self.lg_max_k, 4, 26, f"{self.name}: lg_max_k")

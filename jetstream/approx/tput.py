@@ -28,7 +28,8 @@ from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-from jetstream.errors import DataError, PlanError
+from jetstream.aggregates import check_positive
+from jetstream.errors import DataError
 
 __all__ = [
     "Round2Request",
@@ -390,9 +391,7 @@ def tput_top_k(site_scores: Sequence[Mapping[str, Score]], k: int) -> TputResult
 
 
 def _check_k(k: int) -> None:
-    if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
-        msg = f"tput: k must be a positive integer, not {k!r}; ask for at least one key"
-        raise PlanError(msg)
+    check_positive(k, "tput: k", "ask for at least one key")
 
 
 def _check_score(key: str, score: Score) -> None:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, NamedTuple
 
-from jetstream.aggregates import Aggregate, Count, Sum
+from jetstream.aggregates import Aggregate, Count, Sum, check_positive
 from jetstream.errors import DataError, PlanError
 from jetstream.operators import WindowAggregate
 from jetstream.schema import value_order
@@ -136,9 +136,7 @@ def truncate(rows: Sequence[Row] | BoundedPartial, aggregate: WindowAggregate, r
         If a ranking value is negative or not finite, or a group key appears twice.
     """
     _check_rank(aggregate, rank)
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        msg = f"truncate: n must be a positive integer, not {n!r}; keep at least one row"
-        raise PlanError(msg)
+    check_positive(n, "truncate: n", "keep at least one row")
     partial = _as_bounded(rows, slack, omitted)
     ranked = _ranked(partial, aggregate, rank)
     order = sorted(range(len(ranked)),
@@ -287,9 +285,7 @@ def top_k_bounds(partial: BoundedPartial, aggregate: WindowAggregate, rank: str,
         If a ranking value is negative or not finite, or a group key appears twice.
     """
     _check_rank(aggregate, rank)
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        msg = f"top_k_bounds: k must be a positive integer, not {k!r}"
-        raise PlanError(msg)
+    check_positive(k, "top_k_bounds: k")
     ranked = _ranked(partial, aggregate, rank)
     order = sorted(range(len(ranked)),
                    key=lambda i: (-ranked[i].lb, ranked[i].null, ranked[i].order))

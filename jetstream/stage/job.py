@@ -43,7 +43,6 @@ from jetstream.dsl import Query
 from jetstream.errors import PlanError
 from jetstream.operators import (
     Operator,
-    Phase,
     Select,
     Source,
     Where,
@@ -290,8 +289,7 @@ class LocalStage:
 
 def _site_chain(plan: Any, name: str) -> list[Operator]:
     """Source, record steps, partial aggregate: the part of the plan a site runs."""
-    partials = [n for n in plan.topological() if isinstance(plan.op(n), WindowAggregate)
-                and plan.op(n).phase is Phase.PARTIAL]
+    partials = plan.partial_aggregates()
     if len(partials) != 1:
         msg = (f"query {name}: the local stage runs one partial aggregate, the plan has "
                f"{len(partials)} (optimize the query; one source per site)")
