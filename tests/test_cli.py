@@ -115,3 +115,24 @@ def test_results_table_shows_the_newest_windows_and_how_complete_they_are() -> N
     assert "00:00:00" not in final and "00:00:40, 00:00:50) UTC" in final
     assert "3/3 sites" in final and "correction 1" in final and "99" in final
     assert "880 B wide-area" in final and "a.example.com" in final
+
+
+def test_run_refuses_a_missing_query_or_input_before_starting_anything(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--query", str(tmp_path / "nope.py"), "--input", str(SAMPLE_LOGS)]) == 1
+    assert "nope.py: no such query file" in capsys.readouterr().err
+    assert main(["run", "--query", str(EXAMPLE), "--input", str(tmp_path / "none")]) == 1
+    assert "not a directory (it should hold one folder per site)" in capsys.readouterr().err
+
+
+def test_results_output_appends_every_result_as_it_passes(tmp_path: Path) -> None:
+    from jetstream.cli import _also_to
+    from jetstream.results import WindowResult
+
+    sink = tmp_path / "out.jsonl"
+    sink.write_text('{"earlier": true}\n')
+    passed = [WindowResult("q", w, w + 10, [{"n": w}]) for w in (0, 10)]
+    assert list(_also_to(iter(passed), str(sink))) == passed
+    lines = [json.loads(line) for line in sink.read_text().splitlines()]
+    assert lines[0] == {"earlier": True}
+    assert [line["window_start"] for line in lines[1:]] == [0, 10]

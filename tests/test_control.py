@@ -161,6 +161,28 @@ def test_submit_deploys_each_alive_site_its_fragment(controller: GlobalControlle
     assert sites.stops == []
 
 
+def test_a_query_no_site_could_run_is_refused_at_submit(controller: GlobalController) -> None:
+    register_all(controller)
+    plain = ("import jetstream as js\nlogs = js.source('cdn_logs', schema=js.CDN_LOG_SCHEMA)\n"
+             "query = js.Query('plain', logs.where(js.col('status') < 500))\n")
+    with pytest.raises(PlanError, match=r"end the query with \.window\(\.\.\.\)"):
+        controller.submit(plain)
+    assert "plain" not in controller.queries
+
+
+def test_finished_results_stop_the_query_everywhere_and_free_its_name(
+        controller: GlobalController, sites: FakeSites, source: str) -> None:
+    register_all(controller)
+    controller.submit(source)
+    controller.publish(QUERY, [WindowResult(QUERY, 0, 10_000, [{"domain": "a.com"}])], False)
+    assert controller.queries[QUERY].state == "running" and sites.stops == []
+    controller.publish(QUERY, [], True)
+    assert controller.queries[QUERY].state == "finished"
+    assert sorted(sites.stops) == sorted((address(s), QUERY) for s in SITES)
+    assert [r.window_start for r in controller.results.follow(QUERY, stop=lambda: False)] == [0]
+    assert controller.submit(source).state == "running"  # the name may be used again
+
+
 def test_a_site_that_registers_late_gets_its_fragment_then(
         controller: GlobalController, sites: FakeSites, source: str) -> None:
     controller.register_site("ams", address("ams"))
