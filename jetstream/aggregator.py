@@ -47,11 +47,12 @@ class MergedWindow:
     #: value may be missing, and a bound on any key left out (see jetstream.approx.truncate).
     slack: tuple[float, ...] | None = None
     omitted: float = 0.0
+    complete_rows: tuple[bool, ...] | None = None  # per row, whether every input kept it
 
     @property
     def bounded(self) -> BoundedPartial:
         """The rows with their truncation bounds (exact: zero slack)."""
-        return _bounded(self.rows, self.slack, self.omitted)
+        return _bounded(self.rows, self.slack, self.omitted, self.complete_rows)
 
     @property
     def complete(self) -> bool:
@@ -152,11 +153,13 @@ class WindowMerger:
         batches = list(pending.batches.values())
         pending.sent, pending.revision = self._versions(pending), pending.revision + 1
         slack: tuple[float, ...] | None = None
-        omitted = 0.0
+        omitted, complete = 0.0, None
         if any(b.slack is not None for b in batches):
-            merged = merge_bounded([_bounded(b.rows, b.slack, b.omitted) for b in batches],
-                                   self.aggregate)
+            merged = merge_bounded(
+                [_bounded(b.rows, b.slack, b.omitted, b.complete_rows) for b in batches],
+                self.aggregate)
             rows, slack, omitted = merged.rows, merged.slack, merged.omitted
+            complete = merged.complete
         else:
             rows = self._merge_rows(batches)
         return MergedWindow(
@@ -167,7 +170,7 @@ class WindowMerger:
             wan_bytes=sum(b.wan_bytes for b in batches),
             closed_at_ms=min((b.closed_at_ms for b in batches if b.closed_at_ms), default=0),
             revision=pending.revision, inputs_complete=all(b.complete for b in batches),
-            slack=slack, omitted=omitted)
+            slack=slack, omitted=omitted, complete_rows=complete)
 
     def _merge_rows(self, batches: list[PartialBatch]) -> tuple[dict[str, Any], ...]:
         aggregates = self.aggregate.aggregates
@@ -185,10 +188,12 @@ class WindowMerger:
 
 
 def _bounded(rows: Iterable[Mapping[str, Any]], slack: tuple[float, ...] | None,
-             omitted: float) -> BoundedPartial:
-    """Rows off the wire as a bounded partial; a row without slack counts as complete (the
-    wire does not say whether a contributor dropped a key at no cost to its ranking value)."""
+             omitted: float, complete: tuple[bool, ...] | None) -> BoundedPartial:
+    """Rows off the wire as a bounded partial; without completeness flags, a row without
+    slack counts as complete."""
     kept = tuple(dict(row) for row in rows)
     if slack is None:
         return exact_partial(kept)
-    return BoundedPartial(kept, slack, omitted, tuple(s == 0 for s in slack), True)
+    return BoundedPartial(kept, slack, omitted,
+                          complete if complete is not None else tuple(s == 0 for s in slack),
+                          True)

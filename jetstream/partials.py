@@ -1,13 +1,16 @@
 """Partial batches: one window's partial aggregates from one origin, and their wire form.
 
 The payload is columnar JSON — the group keys column by column, then each aggregate's
-accumulators (``Aggregate.encode``: numbers and lists, or a sketch's own bytes) — compressed
-with zlib when that is smaller. Decoding checks everything a peer could get wrong and raises
-:class:`~jetstream.errors.DataError` naming it, so a bad batch is refused, never merged.
+accumulators (``Aggregate.encode``: numbers and lists, or a sketch's own bytes) — or, at a
+sketch degradation level, a frequent-items sketch of the keys (:mod:`jetstream.approx.items`);
+compressed with zlib when that is smaller. Decoding checks everything a peer could get wrong
+and raises :class:`~jetstream.errors.DataError` naming it, so a bad batch is refused, never
+merged.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import zlib
@@ -15,11 +18,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from jetstream.approx.items import ItemsSketch, from_items
+from jetstream.approx.truncate import BoundedPartial
 from jetstream.errors import DataError
 from jetstream.operators import WindowAggregate
 from jetstream.v1 import dataplane_pb2 as pb
 
-__all__ = ["MAX_PAYLOAD_BYTES", "PartialBatch", "decode_batch", "encode_batch"]
+__all__ = ["MAX_PAYLOAD_BYTES", "PartialBatch", "decode_batch", "encode_batch", "summarised"]
 
 #: The largest payload a receiver accepts, compressed or not.
 MAX_PAYLOAD_BYTES = 8 * 1024 * 1024
@@ -48,6 +53,12 @@ class PartialBatch:
     #: from it, and a bound on the ranking value of any key left out. None/0: exact.
     slack: tuple[float, ...] | None = None
     omitted: float = 0.0
+    #: Per row of a truncated batch, whether every contributor kept the key (then all its
+    #: aggregates are exact). None: the rows with no slack.
+    complete_rows: tuple[bool, ...] | None = None
+    #: At a sketch level, what goes over the wire instead of ``rows`` (which is then empty);
+    #: a received one arrives as rows with bounds.
+    items: ItemsSketch | None = None
 
     @property
     def identity(self) -> tuple[str, int, int, str, int, int]:
@@ -56,24 +67,49 @@ class PartialBatch:
                 self.revision)
 
 
+def summarised(batch: PartialBatch, summary: BoundedPartial | ItemsSketch,
+               level: int) -> PartialBatch:
+    """``batch`` carrying ``summary`` (what a degradation level made of its rows) instead."""
+    if isinstance(summary, ItemsSketch):
+        return dataclasses.replace(batch, rows=(), slack=None, omitted=0.0, complete_rows=None,
+                                   items=summary, level=level)
+    if not summary.truncated:
+        return dataclasses.replace(batch, rows=summary.rows, slack=None, omitted=0.0,
+                                   complete_rows=None, items=None, level=level)
+    return dataclasses.replace(batch, rows=summary.rows, slack=summary.slack,
+                               omitted=summary.omitted, complete_rows=summary.complete,
+                               items=None, level=level)
+
+
 def encode_batch(batch: PartialBatch, aggregate: WindowAggregate) -> pb.PartialBatch:
+    if batch.items is not None:
+        kind, raw = pb.SUMMARY_KIND_FREQUENT_ITEMS, batch.items.serialize()
+    else:
+        kind, raw = pb.SUMMARY_KIND_ROWS, _document(batch, aggregate)
+    packed = zlib.compress(raw, 6)
+    compressed = len(packed) < len(raw)
+    return pb.PartialBatch(
+        query=batch.query, window_start_ms=batch.window[0], window_end_ms=batch.window[1],
+        origin=batch.origin, partition=batch.partition, attempt=batch.attempt,
+        sequence=batch.sequence, kind=kind, level=batch.level,
+        payload=packed if compressed else raw, compressed=compressed, events=batch.events,
+        error_bound=batch.error_bound, complete=batch.complete, covers=sorted(batch.covers),
+        wan_bytes=batch.wan_bytes, closed_at_ms=batch.closed_at_ms, revision=batch.revision,
+        ranked_by=batch.items.rank if batch.items else "",
+        items_extra=batch.items.extra if batch.items else 0.0)
+
+
+def _document(batch: PartialBatch, aggregate: WindowAggregate) -> bytes:
     document: dict[str, Any] = {
         "keys": {k: [row[k] for row in batch.rows] for k in aggregate.keys},
         "partials": {name: [agg.encode(agg.compact(row[name])) for row in batch.rows]
                      for name, agg in aggregate.aggregates},
     }
     if batch.slack is not None:
-        document["bounds"] = {"slack": list(batch.slack), "omitted": batch.omitted}
-    raw = json.dumps(document, separators=(",", ":"), allow_nan=False).encode()
-    packed = zlib.compress(raw, 6)
-    compressed = len(packed) < len(raw)
-    return pb.PartialBatch(
-        query=batch.query, window_start_ms=batch.window[0], window_end_ms=batch.window[1],
-        origin=batch.origin, partition=batch.partition, attempt=batch.attempt,
-        sequence=batch.sequence, kind=pb.SUMMARY_KIND_ROWS, level=batch.level,
-        payload=packed if compressed else raw, compressed=compressed, events=batch.events,
-        error_bound=batch.error_bound, complete=batch.complete, covers=sorted(batch.covers),
-        wan_bytes=batch.wan_bytes, closed_at_ms=batch.closed_at_ms, revision=batch.revision)
+        complete = batch.complete_rows or tuple(s == 0 for s in batch.slack)
+        document["bounds"] = {"slack": list(batch.slack), "omitted": batch.omitted,
+                              "complete": list(complete)}
+    return json.dumps(document, separators=(",", ":"), allow_nan=False).encode()
 
 
 def decode_batch(message: pb.PartialBatch, aggregate: WindowAggregate) -> PartialBatch:
@@ -85,7 +121,7 @@ def decode_batch(message: pb.PartialBatch, aggregate: WindowAggregate) -> Partia
     if message.window_end_ms <= message.window_start_ms:
         msg = f"{where}: window [{message.window_start_ms}, {message.window_end_ms}) is empty"
         raise DataError(msg)
-    if message.kind != pb.SUMMARY_KIND_ROWS:
+    if message.kind not in (pb.SUMMARY_KIND_ROWS, pb.SUMMARY_KIND_FREQUENT_ITEMS):
         msg = f"{where}: summary kind {message.kind} is not understood here"
         raise DataError(msg)
     if len(message.payload) > MAX_PAYLOAD_BYTES:
@@ -94,12 +130,21 @@ def decode_batch(message: pb.PartialBatch, aggregate: WindowAggregate) -> Partia
     try:
         raw = (zlib.decompressobj().decompress(message.payload, MAX_PAYLOAD_BYTES)
                if message.compressed else message.payload)
-        document = json.loads(raw)
+        document = None if message.kind == pb.SUMMARY_KIND_FREQUENT_ITEMS else json.loads(raw)
     except (zlib.error, ValueError, UnicodeDecodeError) as e:
         msg = f"{where}: unreadable payload: {e}"
         raise DataError(msg) from None
-    rows = _rows(document, aggregate, where)
-    slack, omitted = _bounds(document.get("bounds"), len(rows), where)
+    slack: tuple[float, ...] | None
+    complete: tuple[bool, ...] | None
+    if document is None:
+        try:
+            read = from_items(raw, message.items_extra, aggregate, message.ranked_by)
+        except DataError as e:
+            raise DataError(f"{where}: {e}") from None
+        rows, slack, omitted, complete = read.rows, read.slack, read.omitted, read.complete
+    else:
+        rows = _rows(document, aggregate, where)
+        slack, omitted, complete = _bounds(document.get("bounds"), len(rows), where)
     return PartialBatch(
         query=message.query, window=(message.window_start_ms, message.window_end_ms),
         origin=message.origin, rows=rows, partition=message.partition, attempt=message.attempt,
@@ -107,7 +152,7 @@ def decode_batch(message: pb.PartialBatch, aggregate: WindowAggregate) -> Partia
         complete=message.complete, level=message.level,
         covers=frozenset(message.covers) or frozenset({message.origin}),
         wan_bytes=message.wan_bytes, closed_at_ms=message.closed_at_ms,
-        revision=message.revision, slack=slack, omitted=omitted)
+        revision=message.revision, slack=slack, omitted=omitted, complete_rows=complete)
 
 
 def _rows(document: Any, aggregate: WindowAggregate, where: str) -> tuple[dict[str, Any], ...]:
@@ -145,17 +190,23 @@ def _rows(document: Any, aggregate: WindowAggregate, where: str) -> tuple[dict[s
     return tuple(rows)
 
 
-def _bounds(bounds: Any, count: int, where: str) -> tuple[tuple[float, ...] | None, float]:
-    """A truncated batch's per-row slack and omitted bound (None, 0.0 when exact)."""
+def _bounds(bounds: Any, count: int, where: str
+            ) -> tuple[tuple[float, ...] | None, float, tuple[bool, ...] | None]:
+    """A truncated batch's per-row slack, omitted bound and completeness (None, 0.0, None
+    when exact)."""
     if bounds is None:
-        return None, 0.0
+        return None, 0.0, None
 
     def bound(x: Any) -> bool:
         return isinstance(x, int | float) and not isinstance(x, bool) and 0 <= x < math.inf
 
-    if (not isinstance(bounds, dict) or set(bounds) != {"slack", "omitted"}
+    if (not isinstance(bounds, dict) or set(bounds) != {"slack", "omitted", "complete"}
             or not isinstance(bounds["slack"], list) or len(bounds["slack"]) != count
-            or not all(map(bound, bounds["slack"])) or not bound(bounds["omitted"])):
-        msg = f"{where}: its bounds are not {count} non-negative slacks and an omitted bound"
+            or not all(map(bound, bounds["slack"])) or not bound(bounds["omitted"])
+            or not isinstance(bounds["complete"], list) or len(bounds["complete"]) != count
+            or not all(isinstance(c, bool) for c in bounds["complete"])):
+        msg = (f"{where}: its bounds are not {count} non-negative slacks, an omitted bound "
+               f"and {count} completeness flags")
         raise DataError(msg)
-    return tuple(float(x) for x in bounds["slack"]), float(bounds["omitted"])
+    return (tuple(float(x) for x in bounds["slack"]), float(bounds["omitted"]),
+            tuple(bounds["complete"]))

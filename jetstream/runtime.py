@@ -31,14 +31,14 @@ from typing import Any
 
 from jetstream.aggregator import ENDED, MergedWindow, WindowMerger
 from jetstream.aggtree.planner import Fragment
-from jetstream.approx.levels import levels_for, ranking, rows_kept
+from jetstream.approx.levels import degrade, levels_for, ranking
 from jetstream.approx.policy import LinkPolicy
-from jetstream.approx.truncate import top_k_bounds, truncate
+from jetstream.approx.truncate import top_k_bounds
 from jetstream.dsl import Query
 from jetstream.errors import PlanError
 from jetstream.local import finish_from_partials
 from jetstream.operators import WindowAggregate
-from jetstream.partials import PartialBatch, encode_batch
+from jetstream.partials import PartialBatch, encode_batch, summarised
 from jetstream.queryfile import query_from_source
 from jetstream.results import WindowResult
 from jetstream.rewrite import optimize
@@ -205,7 +205,8 @@ class QueryRun:
                 self.name, m.window, self.site, m.rows, sequence=next(self._sequence),
                 events=m.events, error_bound=m.error_bound, complete=m.complete,
                 covers=m.covers, wan_bytes=m.wan_bytes, closed_at_ms=m.closed_at_ms,
-                revision=m.revision, slack=m.slack, omitted=m.omitted), m), self.partial))
+                revision=m.revision, slack=m.slack, omitted=m.omitted,
+                complete_rows=m.complete_rows), m), self.partial))
         report = (self.merger.watermark, finished)
         if report != self._reported and report[0] is not None:
             self.sender.send_progress(pb.Progress(
@@ -214,16 +215,13 @@ class QueryRun:
             self._reported = report
 
     def _degraded(self, batch: PartialBatch, merged: MergedWindow) -> PartialBatch:
-        """The batch at the link's current level: truncated to its top keys, with bounds."""
-        if self.policy is None:
+        """The batch at the link's current level: truncated to its top keys, or a sketch of
+        them, with bounds."""
+        if self.policy is None or self.ranking is None:
             return batch
         level = self.policy.level
-        keep = rows_kept(level, self.ranking)
-        if keep is None or self.ranking is None:
-            return batch
-        cut = truncate(merged.bounded, self.partial, self.ranking.by, keep)
-        return dataclasses.replace(batch, rows=cut.rows, slack=cut.slack, omitted=cut.omitted,
-                                   level=level.index)
+        return summarised(batch, degrade(merged.bounded, self.partial, self.ranking, level),
+                          level.index)
 
     def _acked(self, batch: pb.PartialBatch, seconds: float, backlog: int) -> None:
         if self.policy is None:

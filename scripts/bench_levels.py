@@ -5,12 +5,13 @@ Usage: python scripts/bench_levels.py [--sites 8] [--domains 5000] [--events 200
 
 Each site sees ``--events`` requests a window over ``--domains`` domains: half of them follow
 one worldwide Zipf(1.1) popularity, half the site's own regional Zipf(1.1) order. For every
-level of the CDN top-k query (exact, then truncation to 32k/8k/2k keys), every site's window
-is encoded as the partial batch it would send; the root merges them and reports the top 10 with
-bounds. Prints bytes per window (all sites) and the accuracy against the exact answer: recall of
-the top 10, the largest relative error of a reported count (lower bound against the truth), the
-largest stated bound, and how many rows were guaranteed. TPUT's line counts the (key, count)
-pairs its three rounds ship, at 16 bytes a pair, against the exact partials.
+level of the CDN top-k query (exact, then truncation to 32k/8k/2k keys, then frequent-items
+sketches), every site's window is encoded as the partial batch it would send and decoded as its
+parent would; the root merges them and reports the top 10 with bounds. Prints bytes per window
+(all sites) and the accuracy against the exact answer: recall of the top 10, the largest
+relative error of a reported count (lower bound against the truth), the largest stated bound,
+and how many rows were guaranteed. TPUT's line counts the (key, count) pairs its three rounds
+ship, at 16 bytes a pair, against the exact partials.
 """
 
 from __future__ import annotations
@@ -22,11 +23,11 @@ from typing import Any
 
 import jetstream as js
 from jetstream.aggregator import WindowMerger
-from jetstream.approx.levels import levels_for, ranking, rows_kept
+from jetstream.approx.levels import degrade, levels_for, ranking
 from jetstream.approx.tput import tput_top_k
-from jetstream.approx.truncate import exact_partial, top_k_bounds, truncate
+from jetstream.approx.truncate import exact_partial, top_k_bounds
 from jetstream.operators import WindowAggregate
-from jetstream.partials import PartialBatch, encode_batch
+from jetstream.partials import PartialBatch, decode_batch, encode_batch, summarised
 
 LOGS = js.source("cdn_logs", schema=js.CDN_LOG_SCHEMA)
 QUERY = js.optimize(js.Query("cdn-topk", LOGS.window(js.tumbling("10s")).group_by("domain")
@@ -74,16 +75,14 @@ def main() -> None:
         kth = true_top[-1][1]
         rows = [[{"domain": d, "requests": n} for d, n in c.items()] for c in sites]
         for level in levels_for(rank):
-            keep = rows_kept(level, rank)
-            sent = [exact_partial(r) if keep is None else truncate(r, partial, "requests", keep)
-                    for r in rows]
-            size = sum(encode_batch(PartialBatch(
-                "q", (0, 10_000), f"s{i}", b.rows, slack=None if b.exact else b.slack,
-                omitted=b.omitted), partial).ByteSize() for i, b in enumerate(sent))
+            sent = [encode_batch(summarised(
+                PartialBatch("q", (0, 10_000), f"s{i}", ()),
+                degrade(exact_partial(r), partial, rank, level), level.index), partial)
+                for i, r in enumerate(rows)]
+            size = sum(message.ByteSize() for message in sent)
             merger = WindowMerger(partial, [f"s{i}" for i in range(len(sent))], deadline_s=0)
-            for i, b in enumerate(sent):
-                merger.add(PartialBatch("q", (0, 10_000), f"s{i}", b.rows,
-                                        slack=None if b.exact else b.slack, omitted=b.omitted))
+            for message in sent:
+                merger.add(decode_batch(message, partial))
             (merged,) = merger.ready()
             top = top_k_bounds(merged.bounded, partial, "requests", rank.k)
             got = [row["domain"] for row in top.rows]

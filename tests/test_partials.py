@@ -13,6 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jetstream as js
+from jetstream.approx.items import to_items
+from jetstream.approx.truncate import exact_partial
 from jetstream.errors import DataError
 from jetstream.operators import Phase, WindowAggregate
 from jetstream.partials import PartialBatch, decode_batch, encode_batch
@@ -128,8 +130,36 @@ def test_a_truncated_batch_carries_its_bounds_and_bad_bounds_are_refused() -> No
     sent = batch(rows, slack=(0.0, 2.0), omitted=1.5, level=2)
     received = decode_batch(encode_batch(sent, PARTIAL), PARTIAL)
     assert (received.slack, received.omitted, received.level) == ((0.0, 2.0), 1.5, 2)
+    assert received.complete_rows == (True, False)  # by default: the rows without slack
+    kept = dataclasses.replace(sent, complete_rows=(False, False))
+    assert decode_batch(encode_batch(kept, PARTIAL), PARTIAL).complete_rows == (False, False)
     assert decode_batch(encode_batch(batch(()), PARTIAL), PARTIAL).slack is None
     for bad in [(0.0,), (0.0, -1.0), (0.0, 2.0, 1.0)]:
         message = encode_batch(dataclasses.replace(sent, slack=bad), PARTIAL)
         with pytest.raises(DataError, match="bounds"):
             decode_batch(message, PARTIAL)
+
+
+def test_a_sketch_level_batch_carries_a_frequent_items_sketch() -> None:
+    records = [{"domain": d, "latency_ms": 1.0, "bytes": 10, "status": 200,
+                "client_ip": "10.0.0.1", "url": "/a"} for d in ["a.com"] * 5 + ["b.com"] * 2]
+    rows = partial_rows(records)
+    sketch = to_items(exact_partial(rows), PARTIAL, "n", 4)
+    message = encode_batch(batch((), items=sketch, level=4), PARTIAL)
+    assert message.kind == pb.SUMMARY_KIND_FREQUENT_ITEMS and message.ranked_by == "n"
+    received = decode_batch(message, PARTIAL)
+    assert [(r["domain"], r["n"]) for r in received.rows] == [("a.com", 5), ("b.com", 2)]
+    assert (received.slack, received.omitted, received.complete_rows, received.level) == (
+        (0.0, 0.0), 0.0, (False, False), 4)
+    for changes, words in [({"payload": b"nonsense"}, "not a frequent-items sketch"),
+                           ({"ranked_by": "lo"}, "ranked by .lo., which is not a count or a sum"),
+                           ({"items_extra": -1.0}, "extra error")]:
+        bad = pb.PartialBatch()
+        bad.CopyFrom(message)
+        for name, value in changes.items():
+            setattr(bad, name, value)
+        if "payload" in changes:
+            bad.compressed = False
+        with pytest.raises(DataError, match="partial batch from sfo for q: frequent items: "
+                           + words):
+            decode_batch(bad, PARTIAL)

@@ -38,7 +38,7 @@ class _Sketch(Aggregate):
     def decode(self, data: Any) -> Any:
         try:
             return type(self).sketch_type.deserialize(base64.b64decode(data, validate=True))
-        except (TypeError, ValueError, RuntimeError) as e:
+        except (TypeError, ValueError, RuntimeError, IndexError) as e:
             msg = f"{self.name}: not a serialized sketch: {e}"
             raise ValueError(msg) from None
 
