@@ -48,6 +48,7 @@ class MergedWindow:
     slack: tuple[float, ...] | None = None
     omitted: float = 0.0
     complete_rows: tuple[bool, ...] | None = None  # per row, whether every input kept it
+    warnings: tuple[str, ...] = ()  # the inputs' warnings, each once
 
     @property
     def bounded(self) -> BoundedPartial:
@@ -170,7 +171,8 @@ class WindowMerger:
             wan_bytes=sum(b.wan_bytes for b in batches),
             closed_at_ms=min((b.closed_at_ms for b in batches if b.closed_at_ms), default=0),
             revision=pending.revision, inputs_complete=all(b.complete for b in batches),
-            slack=slack, omitted=omitted, complete_rows=complete)
+            slack=slack, omitted=omitted, complete_rows=complete,
+            warnings=tuple(sorted({w for b in batches for w in b.warnings})))
 
     def _merge_rows(self, batches: list[PartialBatch]) -> tuple[dict[str, Any], ...]:
         aggregates = self.aggregate.aggregates

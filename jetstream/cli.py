@@ -89,6 +89,14 @@ def _cancel(args: argparse.Namespace) -> int:
     return 0
 
 
+def _level(args: argparse.Namespace) -> int:
+    now = ControllerClient(args.controller).set_level(args.name, args.site, args.level or "")
+    how = "pinned by an operator" if now.pinned else "chosen by the link's policy"
+    print(f"{args.name}: link {now.link} at {now.level!r} ({how})")
+    print("levels: " + ", ".join(f"{i} {name!r}" for i, name in enumerate(now.levels)))
+    return 0
+
+
 def _results(args: argparse.Namespace) -> int:
     results = ControllerClient(args.controller).results(args.name, args.timeout)
     if args.output:
@@ -283,6 +291,18 @@ def _parser() -> argparse.ArgumentParser:
     cancel.add_argument("name", help="the query's name")
     cancel.add_argument("--controller", default=DEFAULT_CONTROLLER, metavar="HOST:PORT")
     cancel.set_defaults(run=_cancel)
+
+    level = commands.add_parser(
+        "level", help="show or pin the degradation level of a site's link to its parent",
+        description="Without LEVEL, show where the link of SITE to its parent is for query "
+        "NAME. With LEVEL (a level's name or index), hold it there; 'auto' hands the choice "
+        "back to the link's policy. The running query is not restarted; levels past the "
+        "query's SLO max_error are refused.")
+    level.add_argument("name", help="the query's name")
+    level.add_argument("site", help="the site whose link to its parent to show or pin")
+    level.add_argument("level", nargs="?", help="a level's name or index, or 'auto'")
+    level.add_argument("--controller", default=DEFAULT_CONTROLLER, metavar="HOST:PORT")
+    level.set_defaults(run=_level)
 
     results = commands.add_parser(
         "results", help="follow a query's results: a live table, or JSON lines",

@@ -28,6 +28,8 @@ __all__ = ["MAX_PAYLOAD_BYTES", "PartialBatch", "decode_batch", "encode_batch", 
 
 #: The largest payload a receiver accepts, compressed or not.
 MAX_PAYLOAD_BYTES = 8 * 1024 * 1024
+#: The most warnings a batch may carry (one per link on its way is plenty).
+MAX_WARNINGS = 64
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ class PartialBatch:
     #: At a sketch level, what goes over the wire instead of ``rows`` (which is then empty);
     #: a received one arrives as rows with bounds.
     items: ItemsSketch | None = None
+    warnings: tuple[str, ...] = ()  # what links on the way could not do (see WindowResult)
 
     @property
     def identity(self) -> tuple[str, int, int, str, int, int]:
@@ -96,7 +99,7 @@ def encode_batch(batch: PartialBatch, aggregate: WindowAggregate) -> pb.PartialB
         error_bound=batch.error_bound, complete=batch.complete, covers=sorted(batch.covers),
         wan_bytes=batch.wan_bytes, closed_at_ms=batch.closed_at_ms, revision=batch.revision,
         ranked_by=batch.items.rank if batch.items else "",
-        items_extra=batch.items.extra if batch.items else 0.0)
+        items_extra=batch.items.extra if batch.items else 0.0, warnings=batch.warnings)
 
 
 def _document(batch: PartialBatch, aggregate: WindowAggregate) -> bytes:
@@ -123,6 +126,9 @@ def decode_batch(message: pb.PartialBatch, aggregate: WindowAggregate) -> Partia
         raise DataError(msg)
     if message.kind not in (pb.SUMMARY_KIND_ROWS, pb.SUMMARY_KIND_FREQUENT_ITEMS):
         msg = f"{where}: summary kind {message.kind} is not understood here"
+        raise DataError(msg)
+    if len(message.warnings) > MAX_WARNINGS or any(len(w) > 1000 for w in message.warnings):
+        msg = f"{where}: more than {MAX_WARNINGS} warnings, or one over 1000 characters"
         raise DataError(msg)
     if len(message.payload) > MAX_PAYLOAD_BYTES:
         msg = f"{where}: payload of {len(message.payload)} bytes is over the limit"
@@ -152,7 +158,8 @@ def decode_batch(message: pb.PartialBatch, aggregate: WindowAggregate) -> Partia
         complete=message.complete, level=message.level,
         covers=frozenset(message.covers) or frozenset({message.origin}),
         wan_bytes=message.wan_bytes, closed_at_ms=message.closed_at_ms,
-        revision=message.revision, slack=slack, omitted=omitted, complete_rows=complete)
+        revision=message.revision, slack=slack, omitted=omitted, complete_rows=complete,
+        warnings=tuple(message.warnings))
 
 
 def _rows(document: Any, aggregate: WindowAggregate, where: str) -> tuple[dict[str, Any], ...]:

@@ -20,8 +20,9 @@ class WindowResult:
     A result of the distributed path also says how complete it is (``sites_reporting`` of
     ``sites_expected`` source sites), how long after the first site closed the window it was
     made (``latency_s``), the wide-area bytes the window cost (``wan_bytes``), and its
-    ``revision``: 0, then 1, 2, ... each time a late site's data corrects it. The reference
-    executor leaves these None.
+    ``revision``: 0, then 1, 2, ... each time a late site's data corrects it, and
+    ``warnings``: what a link on the way could not do (meet the SLO's latency without going
+    past its ``max_error``, say). The reference executor leaves these None (warnings empty).
     """
 
     query: str
@@ -35,6 +36,7 @@ class WindowResult:
     latency_s: float | None = None
     wan_bytes: int | None = None
     revision: int = 0
+    warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -35,7 +35,7 @@ from jetstream.approx.levels import degrade, levels_for, ranking
 from jetstream.approx.policy import LinkPolicy
 from jetstream.approx.truncate import top_k_bounds
 from jetstream.dsl import Query
-from jetstream.errors import PlanError
+from jetstream.errors import ControlPlaneError, DataError, PlanError
 from jetstream.local import finish_from_partials
 from jetstream.operators import WindowAggregate
 from jetstream.partials import PartialBatch, encode_batch, summarised
@@ -85,6 +85,16 @@ class SiteOptions:
     #: The local stage's Spark master; None: what the controller says (the topology's).
     #: Given up front, Spark starts before anything else (see ``SiteRuntime.session``).
     spark_master: str | None = None
+
+
+@dataclass(frozen=True)
+class LinkLevel:
+    """The degradation level of a site's link to its parent, for one query."""
+
+    link: str  # "site -> parent"
+    level: str
+    pinned: bool  # held by an operator rather than chosen by the policy
+    levels: tuple[str, ...]  # every level of the link, exact first
 
 
 class QueryRun:
@@ -206,7 +216,7 @@ class QueryRun:
                 events=m.events, error_bound=m.error_bound, complete=m.complete,
                 covers=m.covers, wan_bytes=m.wan_bytes, closed_at_ms=m.closed_at_ms,
                 revision=m.revision, slack=m.slack, omitted=m.omitted,
-                complete_rows=m.complete_rows), m), self.partial))
+                complete_rows=m.complete_rows, warnings=self._warnings(m)), m), self.partial))
         report = (self.merger.watermark, finished)
         if report != self._reported and report[0] is not None:
             self.sender.send_progress(pb.Progress(
@@ -222,6 +232,48 @@ class QueryRun:
         level = self.policy.level
         return summarised(batch, degrade(merged.bounded, self.partial, self.ranking, level),
                           level.index)
+
+    def set_level(self, level: str) -> LinkLevel:
+        """Hold the link to the parent at ``level`` (a name or an index), hand it back to the
+        policy (``"auto"``), or, with ``""``, only say where it is.
+
+        Raises
+        ------
+        ControlPlaneError
+            If this site sends nowhere (the root), the run replays (its links stay exact), or
+            there is no such level or the SLO's ``max_error`` does not allow it.
+        """
+        link = f"{self.site} -> {self.assignment.fragment.parent or '(none)'}"
+        if self.policy is None:
+            why = "it is the root" if self.sender is None else "a replay keeps every link exact"
+            msg = f"{self.name} at {self.site} has no degradable link: {why}"
+            raise ControlPlaneError(msg)
+        if level:
+            names = [lv.name for lv in self.policy.levels]
+            chosen: int | None = None
+            if level != "auto":
+                chosen = int(level) if level.isdigit() else (
+                    names.index(level) if level in names else None)
+                if chosen is None or chosen >= len(names):
+                    msg = (f"{self.name}: link {link} has no level {level!r}; its levels are "
+                           f"{', '.join(f'{i} {n!r}' for i, n in enumerate(names))}, or 'auto'")
+                    raise ControlPlaneError(msg)
+            try:
+                self.policy.pin(chosen)
+            except DataError as e:
+                raise ControlPlaneError(f"{self.name}: {e}") from None
+            log.info("%s: link %s %s", self.name, link,
+                     "back to the policy" if chosen is None else f"pinned at {level!r}")
+        return LinkLevel(link, self.policy.level.name, self.policy.pinned,
+                         tuple(lv.name for lv in self.policy.levels))
+
+    def _warnings(self, merged: MergedWindow) -> tuple[str, ...]:
+        """The inputs' warnings, and this link's if it cannot keep the SLO."""
+        violation = self.policy.violation if self.policy is not None else None
+        if violation is None:
+            return merged.warnings
+        link = f"link {self.site} -> {self.assignment.fragment.parent}: {violation}"
+        return tuple(sorted({*merged.warnings, link}))
 
     def _acked(self, batch: pb.PartialBatch, seconds: float, backlog: int) -> None:
         if self.policy is None:
@@ -242,7 +294,8 @@ class QueryRun:
         return [dataclasses.replace(
             r, sites_reporting=len(merged.covers), sites_expected=len(self.assignment.covers),
             latency_s=(now_ms - merged.closed_at_ms) / 1000 if merged.closed_at_ms else 0.0,
-            wan_bytes=merged.wan_bytes, revision=merged.revision) for r in results]
+            wan_bytes=merged.wan_bytes, revision=merged.revision,
+            warnings=list(merged.warnings)) for r in results]
 
     def _with_bounds(self, result: WindowResult, merged: MergedWindow) -> WindowResult:
         """Each top-k row with its ranking value's ``lb``/``ub`` and whether it is certain."""
@@ -303,6 +356,14 @@ class SiteRuntime:
             self.stop(query)
         if self._spark is not None:
             self._spark.stop()
+
+    def set_level(self, query: str, level: str) -> LinkLevel:
+        """See :meth:`QueryRun.set_level`; also refuses a query that does not run here."""
+        run = self.run(query)
+        if run is None:
+            msg = f"{query} does not run at {self.site}"
+            raise ControlPlaneError(msg)
+        return run.set_level(level)
 
     def run(self, query: str) -> QueryRun | None:
         with self._lock:

@@ -57,7 +57,7 @@ def result_to_proto(result: WindowResult) -> pb.WindowResult:
                           sites_reporting=result.sites_reporting or 0,
                           sites_expected=result.sites_expected or 0,
                           latency_s=result.latency_s or 0.0, wan_bytes=result.wan_bytes or 0,
-                          revision=result.revision)
+                          revision=result.revision, warnings=result.warnings)
     if result.error_bound is not None:
         msg.error_bound = result.error_bound
     return msg
@@ -72,7 +72,7 @@ def result_from_proto(msg: pb.WindowResult) -> WindowResult:
                         sites_expected=msg.sites_expected or None,
                         latency_s=msg.latency_s if msg.sites_expected else None,
                         wan_bytes=msg.wan_bytes if msg.sites_expected else None,
-                        revision=msg.revision)
+                        revision=msg.revision, warnings=list(msg.warnings))
 
 
 def slo_to_proto(slo: SLO) -> pb.SLO:

@@ -133,3 +133,14 @@ def test_a_window_waits_only_for_inputs_whose_watermark_has_not_passed_it() -> N
     assert not merger.finished  # nobody has ended
     merger.progress("ams", 10_000)
     assert merger.watermark == 10_000
+
+
+def test_warnings_from_below_go_up_once_each() -> None:
+    _, site_query, partial = split(js.Query("q", QUERIES[0]))
+    merger = WindowMerger(partial, ["ams", "sfo"], deadline_s=5, clock=lambda: 0.0)
+    for site, warnings in [("ams", ("link ams -> dc: too thin",)),
+                           ("sfo", ("link ams -> dc: too thin", "link sfo -> dc: too"))]:
+        (batch,) = site_batches(site_query, partial, site, [log(1_000)])
+        merger.add(dataclasses.replace(batch, warnings=warnings))
+    (merged,) = merger.ready()
+    assert merged.warnings == ("link ams -> dc: too thin", "link sfo -> dc: too")

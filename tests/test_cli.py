@@ -105,7 +105,8 @@ def test_results_table_shows_the_newest_windows_and_how_complete_they_are() -> N
         return WindowResult("cdn-topk", start, start + 10_000,
                             [{"domain": "a.example.com", "requests": n, "kb": 1.5}],
                             sites_reporting=2 + revision, sites_expected=3, latency_s=0.4,
-                            wan_bytes=880, revision=revision)
+                            wan_bytes=880, revision=revision,
+                            warnings=["link sfo -> dc: too thin"] if revision else [])
 
     console = Console(record=True, width=120, force_terminal=False)
     shown = [result(w * 10_000, w) for w in range(5)] + [result(40_000, 99, revision=1)]
@@ -115,6 +116,7 @@ def test_results_table_shows_the_newest_windows_and_how_complete_they_are() -> N
     assert "00:00:00" not in final and "00:00:40, 00:00:50) UTC" in final
     assert "3/3 sites" in final and "correction 1" in final and "99" in final
     assert "880 B wide-area" in final and "a.example.com" in final
+    assert "warning: link sfo -> dc: too thin" in final
 
 
 def test_run_refuses_a_missing_query_or_input_before_starting_anything(

@@ -11,9 +11,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import grpc
+import pytest
 
 import jetstream as js
 from jetstream.aggtree.planner import Fragment
+from jetstream.approx.policy import LinkPolicy
 from jetstream.control.server import start_server
 from jetstream.partials import encode_batch
 from jetstream.queryfile import query_from_source
@@ -59,13 +61,14 @@ def window_events(w: int, rnd: random.Random) -> list[dict[str, Any]]:
     return [log(w * 1000 + i % 1000, f"d{d}.example.com") for i, d in enumerate(domains)]
 
 
-def test_a_thin_link_degrades_with_bounds_that_hold_and_recovers() -> None:
-    query = query_from_source(SOURCE, "<test>")
+def through_thin_link(source: str, events: list[list[dict[str, Any]]], thin: range,
+                      pin: str = "") -> tuple[list[WindowResult], list[int], LinkPolicy]:
+    """Send each window's events from an edge site to the root, one window a second, over a
+    link that is 10x thinner for the windows in ``thin``: the results, and the level the edge
+    chose after each window. ``pin``: an operator holds the link at that level."""
+    query = query_from_source(source, "<test>")
     _, site_query, partial = split(query)
-    rnd = random.Random(5)
-    events = [window_events(w, rnd) for w in range(WINDOWS)]
     batches = [site_batches(site_query, partial, "pop", e)[0] for e in events]
-
     results: list[WindowResult] = []
     done = threading.Event()
 
@@ -75,7 +78,7 @@ def test_a_thin_link_degrades_with_bounds_that_hold_and_recovers() -> None:
             done.set()
 
     root = SiteRuntime("dc", SiteOptions(deadline_s=30), publish)
-    root.deploy(Assignment(Fragment("thin", "dc", children=("edge",), final=True), SOURCE,
+    root.deploy(Assignment(Fragment("thin", "dc", children=("edge",), final=True), source,
                            covers=("pop",)))
     exact_bytes = max(encode_batch(b, partial).ByteSize() for b in batches)
     link = ThrottledLink(root.servicer, rate=exact_bytes / 0.1)
@@ -83,34 +86,48 @@ def test_a_thin_link_degrades_with_bounds_that_hold_and_recovers() -> None:
                                   "jetstream.v1.DataPlane")], 0)
     edge = SiteRuntime("edge", SiteOptions(deadline_s=30, level_interval_s=1.5),
                        lambda *_: None)
-    edge.deploy(Assignment(Fragment("thin", "edge", children=("pop",), parent="dc"), SOURCE,
+    edge.deploy(Assignment(Fragment("thin", "edge", children=("pop",), parent="dc"), source,
                            parent_address=f"127.0.0.1:{port}", covers=("pop",)))
     run = edge.run("thin")
     assert run is not None and run.policy is not None
+    if pin:
+        edge.set_level("thin", pin)
     levels = []
     try:
         for w, batch in enumerate(batches):  # one window a second, as a live stream makes them
             # An exact window takes 0.1 s to send, and 2 s (twice the window) while thin.
-            link.rate = exact_bytes / (2.0 if DROP <= w < RESTORE else 0.1)
+            link.rate = exact_bytes / (2.0 if w in thin else 0.1)
             run.merger.add(batch)
             run.merger.progress("pop", batch.window[1])
             time.sleep(1.0)
             levels.append(run.policy.level.index)
         run.merger.progress("pop", ENDED, ended=True)
-        assert done.wait(60), f"{len(results)} results"
+        assert done.wait(90), f"{len(results)} results"
     finally:
         edge.close()
         root.close()
         server.stop(grace=0).wait()
+    return results, levels, run.policy
+
+
+def test_a_thin_link_degrades_with_bounds_that_hold_and_recovers() -> None:
+    query = query_from_source(SOURCE, "<test>")
+    rnd = random.Random(5)
+    events = [window_events(w, rnd) for w in range(WINDOWS)]
+    results, levels, policy = through_thin_link(SOURCE, events, range(DROP, RESTORE))
 
     history = [(round(c.time, 1), c.from_level.index, c.to_level.index, c.reason[:40])
-               for c in run.policy.history]
+               for c in policy.history]
     assert max(levels[DROP:DROP + REACTION]) > 0, (levels, history)  # stepped down in time
     assert levels[-1] == 0, (levels, history)  # and climbed back once the link recovered
     latest = {r.window_start: r for r in results}
     assert len(latest) == WINDOWS
     degraded = [r for r in latest.values() if not r.exact]
     assert degraded, history
+    # Exact all along, the thin windows would queue up: 1 s more latency each, 10 s by the
+    # end. Degraded, the windows after the reaction keep up with the stream.
+    settled = [latest[w * 1000].latency_s or 0.0 for w in range(DROP + REACTION, RESTORE)]
+    assert max(settled) < 5.0, (settled, history)
     for result in latest.values():
         truth = js.run_local(query, events[result.window_start // 1000])[0]
         true_counts = {row["domain"]: row["requests"] for row in truth.rows}
@@ -124,6 +141,61 @@ def test_a_thin_link_degrades_with_bounds_that_hold_and_recovers() -> None:
             if row["guaranteed"]:
                 assert counts >= kth, (row, true_counts)
         assert result.error_bound is not None and result.error_bound >= 0
+
+
+def test_a_link_that_cannot_meet_the_slo_within_max_error_says_so_in_the_results() -> None:
+    exact_only = SOURCE.replace(".top_k(5, by='requests'))",
+                                ".top_k(5, by='requests'), slo=js.SLO(max_error=0.0))")
+    assert exact_only != SOURCE
+    rnd = random.Random(6)
+    events = [window_events(w, rnd) for w in range(10)]
+    results, levels, policy = through_thin_link(exact_only, events, range(2, 10))
+
+    assert set(levels) == {0}  # max_error 0: nothing but exact, however thin the link
+    assert policy.violation is not None
+    warned = [r for r in results if r.warnings]
+    assert warned, [r.latency_s for r in results]
+    assert all(r.exact for r in results)
+    (warning,) = warned[-1].warnings
+    assert warning.startswith("link edge -> dc: the window length 1s cannot be met"), warning
+    assert "coarsest level that max_error=0 allows" in warning
+
+
+def test_an_operator_pins_the_level_of_a_running_link() -> None:
+    rnd = random.Random(7)
+    events = [window_events(w, rnd) for w in range(3)]
+    results, levels, policy = through_thin_link(SOURCE, events, range(0), pin="top 10")
+    assert set(levels) == {3} and policy.pinned  # a fast link, and yet held at 'top 10'
+    for result in results:
+        assert not result.exact and len(result.rows) == 5
+        for row in result.rows:
+            assert row["lb"] <= _true_count(events[result.window_start // 1000],
+                                            row["domain"]) <= row["ub"]
+
+
+def test_pinning_refuses_what_the_link_does_not_have() -> None:
+    edge = SiteRuntime("edge", SiteOptions(), lambda *_: None)
+    root = SiteRuntime("dc", SiteOptions(), lambda *_: None)
+    try:
+        edge.deploy(Assignment(Fragment("thin", "edge", children=("pop",), parent="dc"),
+                               SOURCE, parent_address="127.0.0.1:1", covers=("pop",)))
+        root.deploy(Assignment(Fragment("thin", "dc", children=("edge",), final=True), SOURCE,
+                               covers=("pop",)))
+        now = edge.set_level("thin", "")
+        assert (now.link, now.level, now.pinned) == ("edge -> dc", "exact", False)
+        assert now.levels[:3] == ("exact", "top 160", "top 40")
+        for level, words in [("top 7", "no level 'top 7'; its levels are 0 'exact'"),
+                             ("99", "no level '99'")]:
+            with pytest.raises(js.ControlPlaneError, match=words):
+                edge.set_level("thin", level)
+        with pytest.raises(js.ControlPlaneError, match="thin at dc has no degradable link: "
+                                                       "it is the root"):
+            root.set_level("thin", "auto")
+        with pytest.raises(js.ControlPlaneError, match="other does not run at edge"):
+            edge.set_level("other", "auto")
+    finally:
+        edge.close()
+        root.close()
 
 
 def _true_count(events: list[dict[str, Any]], domain: str) -> int:

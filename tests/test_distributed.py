@@ -17,6 +17,7 @@ import pytest
 from jetstream.aggtree.planner import Fragment
 from jetstream.control.launch import LocalCluster, replay
 from jetstream.control.server import start_server
+from jetstream.errors import ControlPlaneError
 from jetstream.local import run_local
 from jetstream.partials import PartialBatch, encode_batch
 from jetstream.queryfile import load_query, query_from_source
@@ -110,6 +111,12 @@ def test_live_sites_with_quiet_neighbours_still_close_their_windows(tmp_path: Pa
     with LocalCluster(TOPOLOGY, tmp_path / "input", idle_timeout_s=2,
                       logs=tmp_path / "logs") as cluster:
         cluster.client.submit(path)
+        # An operator asks about sfo's link, through the controller to sfo's process.
+        now = cluster.client.set_level("live", "sfo", "auto")
+        assert (now.link, now.level, now.pinned, list(now.levels)) == (
+            "sfo -> ams", "exact", False, ["exact"])  # no top-k: nothing to degrade to
+        with pytest.raises(ControlPlaneError, match="ams sends live over no link"):
+            cluster.client.set_level("live", "ams")
         lines = (LOGS / "ams" / "part-000.csv").read_text().splitlines(keepends=True)
         half = len(lines) // 2
         for i, chunk in enumerate([lines[:half], lines[:1] + lines[half:]]):

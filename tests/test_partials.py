@@ -163,3 +163,12 @@ def test_a_sketch_level_batch_carries_a_frequent_items_sketch() -> None:
         with pytest.raises(DataError, match="partial batch from sfo for q: frequent items: "
                            + words):
             decode_batch(bad, PARTIAL)
+
+
+def test_warnings_travel_and_a_flood_of_them_is_refused() -> None:
+    sent = batch((), warnings=("link a -> b: too thin",))
+    assert decode_batch(encode_batch(sent, PARTIAL), PARTIAL).warnings == sent.warnings
+    for flood in [("w",) * 65, ("w" * 1001,)]:
+        message = encode_batch(dataclasses.replace(sent, warnings=flood), PARTIAL)
+        with pytest.raises(DataError, match="warnings"):
+            decode_batch(message, PARTIAL)

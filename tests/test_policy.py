@@ -253,6 +253,24 @@ def test_max_error_caps_the_level_and_a_thin_link_reports_the_latency_it_misses(
     assert "over the 0.5s budget" in policy.violation
 
 
+def test_an_operator_pins_a_level_and_unpinning_hands_it_back_to_the_policy() -> None:
+    policy, clock = make_policy(slo=LinkSLO(max_error=0.02))
+    assert policy.pin(2).name == "kll-64" and policy.pinned
+    # A fast link would have the policy probe back up; pinned, it stays put.
+    simulate(policy, clock, steps((0, 4e7),), 30)
+    assert policy.level.index == 2
+    assert [c.reason for c in policy.history] == ["pinned by an operator"]
+    with pytest.raises(js.DataError, match="'kll-16' is past the SLO's max_error; the "
+                                           "coarsest it allows is 'kll-64'"):
+        policy.pin(3)
+    clock.now = 0.0  # the next simulation starts its clock at 0 again
+    policy.pin(None)
+    assert not policy.pinned
+    simulate(policy, clock, steps((0, 4e7),), 30)
+    assert policy.level.index == 0  # probed back up, one level per interval
+    assert policy.history[1].time - policy.history[0].time >= MIN_INTERVAL_S
+
+
 def test_without_an_slo_the_window_length_is_the_bound() -> None:
     policy, clock = make_policy()
     simulate(policy, clock, steps((0, 1e4)), 40)

@@ -44,9 +44,11 @@ ROWS = st.dictionaries(st.text(min_size=1, max_size=6),
 
 
 @given(st.lists(ROWS, max_size=4), st.booleans(),
-       st.one_of(st.none(), st.floats(0, 1)), st.integers(0, 2**40))
-def test_window_result_round_trip(rows, exact, bound, start) -> None:
-    result = js.WindowResult("q", start, start + 10_000, rows, exact, bound)
+       st.one_of(st.none(), st.floats(0, 1)), st.integers(0, 2**40),
+       st.lists(st.text(max_size=20), max_size=2))
+def test_window_result_round_trip(rows, exact, bound, start, warnings) -> None:
+    result = js.WindowResult("q", start, start + 10_000, rows, exact, bound,
+                             warnings=warnings)
     message = wire.result_to_proto(result)
     decoded = wire.result_from_proto(pb.WindowResult.FromString(message.SerializeToString()))
     assert decoded == result

@@ -218,6 +218,7 @@ class LinkPolicy:
         self._backlog_since: tuple[float, int] | None = None  # (time, backlog) it went over
         self._history: list[LevelChange] = []
         self._violation: str | None = None
+        self._pinned = False
 
     # --- what callers read ---------------------------------------------------------------
 
@@ -254,6 +255,35 @@ class LinkPolicy:
         """Predicted seconds from starting to send a window at ``level`` to its ack, or None
         before the first window with bytes in it."""
         return self._send_time(self._index(level), self._rate())
+
+    @property
+    def pinned(self) -> bool:
+        """Whether an operator holds the level (see :meth:`pin`)."""
+        return self._pinned
+
+    def pin(self, level: DegradationLevel | int | None) -> DegradationLevel:
+        """Hold the link at ``level`` until ``pin(None)`` hands the choice back to the policy,
+        which goes on measuring the link meanwhile. Returns the level now in force.
+
+        Raises
+        ------
+        DataError
+            If there is no such level, or the SLO's ``max_error`` does not allow it.
+        """
+        now = self._clock()
+        if level is None:
+            self._pinned = False
+            self._changed_at = now  # the policy decides again after min_interval_s
+            return self.level
+        index = self._index(level)
+        if index > self._coarsest:
+            msg = (f"link policy: level {self._levels[index].name!r} is past the SLO's "
+                   f"max_error; the coarsest it allows is {self.coarsest_allowed.name!r}")
+            raise DataError(msg)
+        if index != self._current:
+            self._change(now, index, "pinned by an operator")
+        self._pinned = True
+        return self.level
 
     # --- the feedback loop -------------------------------------------------------------------
 
@@ -301,7 +331,7 @@ class LinkPolicy:
             elif self._backlog_since is None:
                 self._backlog_since = (now, backlog_windows)
 
-        if self._throughput.value is not None:
+        if self._throughput.value is not None and not self._pinned:
             self._decide(now, backlog_windows, previous_backlog, over, grew, evidence)
         self._violation = self._check_violation()
         return self.level

@@ -65,6 +65,11 @@ class ControllerClient:
     def cancel(self, query: str) -> None:
         self._call("CancelQuery", pb.CancelQueryRequest(query=query))
 
+    def set_level(self, query: str, site: str, level: str = "") -> pb.SetLevelResponse:
+        response: pb.SetLevelResponse = self._call("SetLevel", pb.SetLevelRequest(
+            query=query, site=site, level=level))
+        return response
+
     def results(self, query: str, timeout_s: float | None = None) -> Iterator[WindowResult]:
         """The query's results as they arrive, until it is cancelled or ``timeout_s`` passes."""
         stream = self._stub.StreamResults(pb.StreamResultsRequest(query=query),

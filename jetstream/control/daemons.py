@@ -59,6 +59,10 @@ class _SiteClients:
     def stop(self, address: str, query: str) -> None:
         self._call(address, "StopFragment", pb.StopFragmentRequest(query=query))
 
+    def set_level(self, address: str, request: pb.SetLevelRequest) -> pb.SetLevelResponse:
+        response: pb.SetLevelResponse = self._call(address, "SetLevel", request)
+        return response
+
     def _call(self, address: str, method: str, request: object) -> Any:
         try:
             return getattr(self._stub(address), method)(request, timeout=CALL_TIMEOUT_S)
@@ -85,7 +89,8 @@ def run_controller(topology: Topology, port: int, *, host: str = "127.0.0.1",
     controller = GlobalController(topology, clients.deploy, clients.stop,
                                   heartbeat_timeout_s=heartbeat_timeout_s)
     clients.addresses = lambda site: controller.sites[site].address or ""
-    servicer = GlobalControllerServicer(controller, heartbeat_interval_s)
+    servicer = GlobalControllerServicer(controller, heartbeat_interval_s,
+                                        set_level=clients.set_level)
     server, bound = start_server([(rpc.add_GlobalControllerServicer_to_server, servicer,
                                    "jetstream.v1.GlobalController")], port, host)
     stop = stop or threading.Event()

@@ -289,6 +289,33 @@ class GlobalController:
                 (state.name, piece, server) for piece, server in placements]
             state.deployed.add(name)
 
+    def link_owner(self, query: str, site: str) -> str:
+        """The address of the site controller whose link to its parent carries ``query``
+        from ``site``.
+
+        Raises
+        ------
+        ControlPlaneError
+            If the query is not running, the site is not in its tree below the root, or the
+            site is down.
+        """
+        with self.lock:
+            state = self._query(query)
+            site_state = self._site(site)
+            if not state.active or state.plan is None:
+                msg = f"query {query} is {state.state}, not running"
+                raise ControlPlaneError(msg)
+            fragment = state.plan.fragments.get(site)
+            if fragment is None or not fragment.parent:
+                sending = sorted(s for s, f in state.plan.fragments.items() if f.parent)
+                msg = (f"{site} sends {query} over no link (it is the root, or not in the "
+                       f"query's tree); sites with a link: {', '.join(sending)}")
+                raise ControlPlaneError(msg)
+            if not site_state.alive or site_state.address is None:
+                msg = f"site {site} is down"
+                raise ControlPlaneError(msg)
+            return site_state.address
+
     def _stop_on(self, site: str, query: str) -> None:
         state = self.sites[site]
         state.placements = [p for p in state.placements if p[0] != query]

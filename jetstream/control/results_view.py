@@ -55,7 +55,8 @@ def render_window(result: WindowResult) -> Group:
         table.add_row(*(_cell(row.get(c)) for c in columns))
     if len(result.rows) > MAX_ROWS:
         table.caption = f"{len(result.rows) - MAX_ROWS} more rows"
-    return Group(heading, table)
+    notes = [Text(f"warning: {w}", style="yellow") for w in result.warnings]
+    return Group(heading, table, *notes)
 
 
 def follow_table(results: Iterable[WindowResult], console: Console | None = None) -> int:

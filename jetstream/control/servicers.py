@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import NoReturn
 
 import grpc
@@ -30,10 +30,16 @@ def _abort(context: grpc.ServicerContext, error: JetstreamError) -> NoReturn:
     raise AssertionError("abort returns only by raising")
 
 
+#: Relays a SetLevel request to the site controller at an address.
+LevelRelay = Callable[[str, pb.SetLevelRequest], pb.SetLevelResponse]
+
+
 class GlobalControllerServicer(rpc.GlobalControllerServicer):
-    def __init__(self, controller: GlobalController, heartbeat_interval_s: float) -> None:
+    def __init__(self, controller: GlobalController, heartbeat_interval_s: float, *,
+                 set_level: LevelRelay | None = None) -> None:
         self.controller = controller
         self.heartbeat_interval_s = heartbeat_interval_s
+        self._set_level = set_level
 
     def SubmitQuery(self, request: pb.SubmitQueryRequest,
                     context: grpc.ServicerContext) -> pb.SubmitQueryResponse:
@@ -94,6 +100,17 @@ class GlobalControllerServicer(rpc.GlobalControllerServicer):
         except JetstreamError as e:
             _abort(context, e)
         return pb.HeartbeatResponse(queries=queries)
+
+    def SetLevel(self, request: pb.SetLevelRequest,
+                 context: grpc.ServicerContext) -> pb.SetLevelResponse:
+        if self._set_level is None:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "this controller relays no levels")
+        assert self._set_level is not None
+        try:
+            return self._set_level(self.controller.link_owner(request.query, request.site),
+                                   request)
+        except JetstreamError as e:
+            _abort(context, e)
 
     def PublishResults(self, request: pb.PublishResultsRequest,
                        context: grpc.ServicerContext) -> pb.PublishResultsResponse:
@@ -157,4 +174,13 @@ class SiteControllerServicer(rpc.SiteControllerServicer):
                      context: grpc.ServicerContext) -> pb.StopFragmentResponse:
         self._ready(context).stop(request.query)
         return pb.StopFragmentResponse()
+
+    def SetLevel(self, request: pb.SetLevelRequest,
+                 context: grpc.ServicerContext) -> pb.SetLevelResponse:
+        try:
+            now = self._ready(context).set_level(request.query, request.level)
+        except JetstreamError as e:
+            _abort(context, e)
+        return pb.SetLevelResponse(link=now.link, level=now.level, pinned=now.pinned,
+                                   levels=now.levels)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from jetstream.aggtree.planner import Fragment
 from jetstream.aggtree.topology import Server
 from jetstream.errors import ControlPlaneError
-from jetstream.runtime import Assignment, SiteRuntime
+from jetstream.runtime import Assignment, LinkLevel, SiteRuntime
 
 __all__ = ["Piece", "SiteController"]
 
@@ -71,6 +71,13 @@ class SiteController:
             if self.runtime is not None:
                 self.runtime.stop(query)
             return self._deployments.pop(query, None) is not None
+
+    def set_level(self, query: str, level: str) -> LinkLevel:
+        """An operator's hold on this site's link for ``query`` (see ``QueryRun.set_level``)."""
+        if self.runtime is None:
+            msg = f"site {self.site} runs no data plane"
+            raise ControlPlaneError(msg)
+        return self.runtime.set_level(query, level)
 
     def running(self) -> list[str]:
         with self._lock:

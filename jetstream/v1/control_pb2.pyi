@@ -245,3 +245,25 @@ class StopFragmentRequest(_message.Message):
 class StopFragmentResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class SetLevelRequest(_message.Message):
+    __slots__ = ("query", "site", "level")
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    SITE_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    query: str
+    site: str
+    level: str
+    def __init__(self, query: _Optional[str] = ..., site: _Optional[str] = ..., level: _Optional[str] = ...) -> None: ...
+
+class SetLevelResponse(_message.Message):
+    __slots__ = ("link", "level", "pinned", "levels")
+    LINK_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    PINNED_FIELD_NUMBER: _ClassVar[int]
+    LEVELS_FIELD_NUMBER: _ClassVar[int]
+    link: str
+    level: str
+    pinned: bool
+    levels: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, link: _Optional[str] = ..., level: _Optional[str] = ..., pinned: _Optional[bool] = ..., levels: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -75,6 +75,11 @@ class GlobalControllerStub:
                 request_serializer=jetstream_dot_v1_dot_control__pb2.PublishResultsRequest.SerializeToString,
                 response_deserializer=jetstream_dot_v1_dot_control__pb2.PublishResultsResponse.FromString,
                 _registered_method=True)
+        self.SetLevel = channel.unary_unary(
+                '/jetstream.v1.GlobalController/SetLevel',
+                request_serializer=jetstream_dot_v1_dot_control__pb2.SetLevelRequest.SerializeToString,
+                response_deserializer=jetstream_dot_v1_dot_control__pb2.SetLevelResponse.FromString,
+                _registered_method=True)
 
 
 class GlobalControllerServicer:
@@ -131,6 +136,13 @@ class GlobalControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetLevel(self, request, context):
+        """An operator's hold on the degradation level of one site's link to its parent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GlobalControllerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -173,6 +185,11 @@ def add_GlobalControllerServicer_to_server(servicer, server):
                     servicer.PublishResults,
                     request_deserializer=jetstream_dot_v1_dot_control__pb2.PublishResultsRequest.FromString,
                     response_serializer=jetstream_dot_v1_dot_control__pb2.PublishResultsResponse.SerializeToString,
+            ),
+            'SetLevel': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetLevel,
+                    request_deserializer=jetstream_dot_v1_dot_control__pb2.SetLevelRequest.FromString,
+                    response_serializer=jetstream_dot_v1_dot_control__pb2.SetLevelResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -401,6 +418,33 @@ class GlobalController:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def SetLevel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/jetstream.v1.GlobalController/SetLevel',
+            jetstream_dot_v1_dot_control__pb2.SetLevelRequest.SerializeToString,
+            jetstream_dot_v1_dot_control__pb2.SetLevelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class SiteControllerStub:
     """Missing associated documentation comment in .proto file."""
@@ -421,6 +465,11 @@ class SiteControllerStub:
                 request_serializer=jetstream_dot_v1_dot_control__pb2.StopFragmentRequest.SerializeToString,
                 response_deserializer=jetstream_dot_v1_dot_control__pb2.StopFragmentResponse.FromString,
                 _registered_method=True)
+        self.SetLevel = channel.unary_unary(
+                '/jetstream.v1.SiteController/SetLevel',
+                request_serializer=jetstream_dot_v1_dot_control__pb2.SetLevelRequest.SerializeToString,
+                response_deserializer=jetstream_dot_v1_dot_control__pb2.SetLevelResponse.FromString,
+                _registered_method=True)
 
 
 class SiteControllerServicer:
@@ -438,6 +487,12 @@ class SiteControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetLevel(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SiteControllerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -450,6 +505,11 @@ def add_SiteControllerServicer_to_server(servicer, server):
                     servicer.StopFragment,
                     request_deserializer=jetstream_dot_v1_dot_control__pb2.StopFragmentRequest.FromString,
                     response_serializer=jetstream_dot_v1_dot_control__pb2.StopFragmentResponse.SerializeToString,
+            ),
+            'SetLevel': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetLevel,
+                    request_deserializer=jetstream_dot_v1_dot_control__pb2.SetLevelRequest.FromString,
+                    response_serializer=jetstream_dot_v1_dot_control__pb2.SetLevelResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -506,6 +566,33 @@ class SiteController:
             '/jetstream.v1.SiteController/StopFragment',
             jetstream_dot_v1_dot_control__pb2.StopFragmentRequest.SerializeToString,
             jetstream_dot_v1_dot_control__pb2.StopFragmentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetLevel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/jetstream.v1.SiteController/SetLevel',
+            jetstream_dot_v1_dot_control__pb2.SetLevelRequest.SerializeToString,
+            jetstream_dot_v1_dot_control__pb2.SetLevelResponse.FromString,
             options,
             channel_credentials,
             insecure,

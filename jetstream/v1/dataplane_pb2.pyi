@@ -45,7 +45,7 @@ class Progress(_message.Message):
     def __init__(self, query: _Optional[str] = ..., origin: _Optional[str] = ..., watermark_ms: _Optional[int] = ..., ended: _Optional[bool] = ..., sequence: _Optional[int] = ...) -> None: ...
 
 class PartialBatch(_message.Message):
-    __slots__ = ("query", "window_start_ms", "window_end_ms", "origin", "partition", "attempt", "sequence", "kind", "level", "payload", "compressed", "events", "error_bound", "complete", "covers", "wan_bytes", "closed_at_ms", "revision", "ranked_by", "items_extra")
+    __slots__ = ("query", "window_start_ms", "window_end_ms", "origin", "partition", "attempt", "sequence", "kind", "level", "payload", "compressed", "events", "error_bound", "complete", "covers", "wan_bytes", "closed_at_ms", "revision", "ranked_by", "items_extra", "warnings")
     QUERY_FIELD_NUMBER: _ClassVar[int]
     WINDOW_START_MS_FIELD_NUMBER: _ClassVar[int]
     WINDOW_END_MS_FIELD_NUMBER: _ClassVar[int]
@@ -66,6 +66,7 @@ class PartialBatch(_message.Message):
     REVISION_FIELD_NUMBER: _ClassVar[int]
     RANKED_BY_FIELD_NUMBER: _ClassVar[int]
     ITEMS_EXTRA_FIELD_NUMBER: _ClassVar[int]
+    WARNINGS_FIELD_NUMBER: _ClassVar[int]
     query: str
     window_start_ms: int
     window_end_ms: int
@@ -86,7 +87,8 @@ class PartialBatch(_message.Message):
     revision: int
     ranked_by: str
     items_extra: float
-    def __init__(self, query: _Optional[str] = ..., window_start_ms: _Optional[int] = ..., window_end_ms: _Optional[int] = ..., origin: _Optional[str] = ..., partition: _Optional[int] = ..., attempt: _Optional[int] = ..., sequence: _Optional[int] = ..., kind: _Optional[_Union[SummaryKind, str]] = ..., level: _Optional[int] = ..., payload: _Optional[bytes] = ..., compressed: _Optional[bool] = ..., events: _Optional[int] = ..., error_bound: _Optional[float] = ..., complete: _Optional[bool] = ..., covers: _Optional[_Iterable[str]] = ..., wan_bytes: _Optional[int] = ..., closed_at_ms: _Optional[int] = ..., revision: _Optional[int] = ..., ranked_by: _Optional[str] = ..., items_extra: _Optional[float] = ...) -> None: ...
+    warnings: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, query: _Optional[str] = ..., window_start_ms: _Optional[int] = ..., window_end_ms: _Optional[int] = ..., origin: _Optional[str] = ..., partition: _Optional[int] = ..., attempt: _Optional[int] = ..., sequence: _Optional[int] = ..., kind: _Optional[_Union[SummaryKind, str]] = ..., level: _Optional[int] = ..., payload: _Optional[bytes] = ..., compressed: _Optional[bool] = ..., events: _Optional[int] = ..., error_bound: _Optional[float] = ..., complete: _Optional[bool] = ..., covers: _Optional[_Iterable[str]] = ..., wan_bytes: _Optional[int] = ..., closed_at_ms: _Optional[int] = ..., revision: _Optional[int] = ..., ranked_by: _Optional[str] = ..., items_extra: _Optional[float] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("query", "window_start_ms", "origin", "partition", "sequence", "revision", "progress")
