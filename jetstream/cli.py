@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import sys
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TextIO
@@ -178,27 +179,144 @@ def _report(results: LocalRun, out: TextIO) -> None:
         print(f"    e.g. {rejected.where}: {rejected.reason}", file=out)
 
 
+def _gen_logs(args: argparse.Namespace) -> int:
+    # Imported here so that only this command pays for loading numpy.
+    import contextlib
+    import re
+    import threading
+    import time
+
+    from jetstream.loggen import FlashCrowd, LogSpec, write_live, write_logs
+    from jetstream.windows import parse_duration
+
+    say = _progress("gen-logs")
+    sites = [s.name for s in load_topology(args.topology).sites_with("cdn_logs")]
+    if not sites:
+        msg = f"--topology {args.topology}: no site holds a cdn_logs source to write logs for"
+        raise PlanError(msg)
+    crowds = []
+    for text in args.flash_crowd:
+        m = re.fullmatch(r"([^@]+)@([^:]+):(\d+(?:\.\d+)?)-(\d+(?:\.\d+)?)", text)
+        if not m:
+            msg = (f"--flash-crowd {text!r}: write it DOMAIN@SITE:START-END in seconds from "
+                   "the start, e.g. site500.example.com@sfo:10-40")
+            raise PlanError(msg)
+        crowds.append(FlashCrowd(m[1], m[2], float(m[3]), float(m[4])))
+    shape = {"domains": args.domains, "zipf": args.zipf, "regional": args.regional}
+    spec = LogSpec(**{k: v for k, v in shape.items() if v is not None},
+                   flash_crowds=tuple(crowds))
+    out, began = Path(args.out), time.perf_counter()
+
+    if args.live:
+        if args.start is not None or args.files != 1:
+            msg = "--start and --files mean nothing with --live: live logs are stamped now"
+            raise PlanError(msg)
+        chunk_ms = parse_duration(args.chunk, "--chunk")
+        chunks = (-(-parse_duration(args.duration, "--duration") // chunk_ms)
+                  if args.duration else None)
+        stop, total = threading.Event(), 0
+
+        def on_chunk(index: int, records: int) -> None:
+            nonlocal total
+            total += records
+            say(f"chunk {index}: {records:,} records ({records * 1000 / chunk_ms:,.0f}/s)")
+            if chunks is not None and index + 1 >= chunks:
+                stop.set()
+
+        say(f"live logs for {', '.join(sites)} into {out}, {args.rate:g} records/s per site"
+            + ("" if chunks else "; Ctrl-C stops"))
+        with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C ends a live run: no error
+            write_live(out, sites, rate=args.rate, spec=spec, seed=args.seed,
+                       chunk_s=chunk_ms / 1000, stop=stop, on_chunk=on_chunk)
+    else:
+        duration_ms = parse_duration(args.duration or "60s", "--duration")
+        start_ms = int(time.time()) * 1000 if args.start is None else args.start
+        per_site: dict[str, list[float]] = {}  # files, records, bytes
+        mark = time.perf_counter()
+
+        def on_file(path: Path, records: int) -> None:
+            nonlocal mark
+            done = per_site.setdefault(path.parent.name, [0, 0, 0])
+            done[0], done[1], done[2] = done[0] + 1, done[1] + records, \
+                done[2] + path.stat().st_size
+            if done[0] == args.files:
+                now = time.perf_counter()
+                say(f"{path.parent.name}: {done[1]:,} records, {done[2] / 1e6:,.1f} MB in "
+                    f"{now - mark:.2f}s")
+                mark = now
+
+        write_logs(out, sites, start_ms=start_ms, duration_s=duration_ms / 1000,
+                   rate=args.rate, spec=spec, seed=args.seed, files=args.files,
+                   on_file=on_file)
+        total = sum(int(done[1]) for done in per_site.values())
+    elapsed = time.perf_counter() - began
+    say(f"{total:,} records for {len(sites)} sites in {out}, {elapsed:.2f}s: "
+        f"{total / max(elapsed, 1e-9):,.0f} lines/s")
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     say = _progress("demo")
     examples = Path(__file__).resolve().parent.parent / "examples"
-    if not (examples / "logs").is_dir():
-        msg = f"the demo needs the sample logs of a source checkout ({examples / 'logs'})"
-        raise PlanError(msg)
+    query_file = Path(args.query) if args.query else examples / "cdn_topk.py"
+    load_query(query_file)  # refuse a bad query before starting anything
+    if args.replay:
+        return _replay_demo(query_file, examples / "logs", say)
+    from jetstream.control.demo import live_demo
+    from jetstream.loggen import LogSpec
 
-    say("the CDN top-k query across the three sites of local-3dc, replaying the sample logs "
-        "(a live demo with generated logs and shaped links is on its way)")
-    with LocalCluster(DEFAULT_TOPOLOGY, examples / "logs", replay=True,
-                      window_deadline_s=120, say=say) as cluster:
-        results = replay(cluster, examples / "cdn_topk.py", timeout_s=600, say=say)
+    work = Path(tempfile.mkdtemp(prefix="jetstream-demo-"))
+    say(f"the {query_file.stem} query across the sites of {Path(args.topology).stem}, on live "
+        f"generated CDN logs" + (f", for {args.duration:g}s" if args.duration else ""))
+    summary = live_demo(Path(args.topology), query_file, work, rate=args.rate,
+                        duration_s=args.duration or None, spec=LogSpec(), seed=args.seed,
+                        say=say, console=Console())
+    say(summary.savings())
+    say(f"{len(summary.windows)} windows; logs and state in {work}")
+    return 0
+
+
+def _replay_demo(query_file: Path, logs: Path, say: Callable[[str], None]) -> int:
+    if not logs.is_dir():
+        msg = f"the replay demo needs the sample logs of a source checkout ({logs})"
+        raise PlanError(msg)
+    say("the CDN top-k query across the three sites of local-3dc, replaying the sample logs")
+    with LocalCluster(DEFAULT_TOPOLOGY, logs, replay=True, window_deadline_s=120,
+                      say=say) as cluster:
+        results = replay(cluster, query_file, timeout_s=600, say=say)
     console = Console()
     for result in results:
         console.print(render_window(result))
     root = load_topology(DEFAULT_TOPOLOGY).root
-    raw = sum(f.stat().st_size for f in (examples / "logs").glob("*/*.csv")
-              if f.parent.name != root)
+    raw = sum(f.stat().st_size for f in logs.glob("*/*.csv") if f.parent.name != root)
     wan = sum(r.wan_bytes or 0 for r in results)
     say(f"{wan:,} bytes of partials crossed the wide area, where shipping the other sites' "
         f"raw logs would take {raw:,}")
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from jetstream.control.bench import run_bench
+
+    say = _progress("bench")
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    duration, rate = (30.0, 100.0) if args.quick else (args.duration, args.rate)
+    work = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="jetstream-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    report = run_bench(Path(args.topology), examples / "cdn_topk.py", work,
+                       duration_s=duration, rate=rate, seed=args.seed, say=say)
+    total = report["total"]
+    say(f"wide-area bytes: JetStream-py {total['jetstream_bytes']:,}, backhaul (gzip) "
+        f"{total['backhaul_bytes']:,}, raw {total['raw_bytes']:,}: "
+        f"{total['jetstream_vs_backhaul'] or 0:,.1f}x fewer than the backhaul")
+    for system in ("jetstream", "backhaul"):
+        say(f"{system}: top-10 recall {total[f'{system}_min_recall']}, largest count error "
+            f"{total[f'{system}_max_error']} (worst window), windows never given: "
+            f"{total[f'{system}_windows_missing']}")
+    speed = report["throughput_records_per_s"]
+    say(f"records/s: JetStream local stage {speed['jetstream_local_stage']:,.0f}, backhaul "
+        f"Spark job {speed['backhaul_spark_job']:,.0f}")
+    say(f"report: {work / 'bench.json'}, plot: {work / 'bytes.png'}")
     return 0
 
 
@@ -328,9 +446,82 @@ def _parser() -> argparse.ArgumentParser:
     local.add_argument("--output", metavar="OUT.jsonl", help="where to write (default: stdout)")
     local.set_defaults(run=_local)
 
+    gen_logs = commands.add_parser(
+        "gen-logs", help="write synthetic CDN logs for every site, or live ones as they happen",
+        description="Write OUT/<site>/part-NNN.csv for each site of the topology that holds a "
+                    "cdn_logs source: Zipf-popular domains with regional differences, flash "
+                    "crowds, heavy-tailed sizes and latencies, out-of-order and late records. "
+                    "The same seed gives the same files. With --live, write a new file per "
+                    "site every --chunk, stamped now, until --duration or Ctrl-C.")
+    gen_logs.add_argument("--out", required=True, metavar="DIR", help="where to write")
+    gen_logs.add_argument("--topology", default=str(DEFAULT_TOPOLOGY), metavar="T.yaml",
+                          help="which sites to write (default: the embedded local-3dc)")
+    gen_logs.add_argument("--duration", metavar="D",
+                          help="how much time the logs cover, e.g. 60s, 10m (default: 60s; "
+                               "with --live: until Ctrl-C)")
+    gen_logs.add_argument("--rate", type=float, default=1000.0, metavar="N",
+                          help="records per second at each site (default: 1000)")
+    gen_logs.add_argument("--domains", type=int, metavar="N",
+                          help="how many domains the CDN serves (default: 2000)")
+    gen_logs.add_argument("--zipf", type=float, metavar="S",
+                          help="the Zipf exponent of domain popularity (default: 1.1)")
+    gen_logs.add_argument("--regional", type=float, metavar="SHARE",
+                          help="share of requests that follow a site's own popularity order "
+                               "(default: 0.3)")
+    gen_logs.add_argument("--seed", type=int, default=0, help="the random seed (default: 0)")
+    gen_logs.add_argument("--files", type=int, default=1, metavar="N",
+                          help="cut each site's period into N consecutive files (default: 1)")
+    gen_logs.add_argument("--start", type=int, metavar="EPOCH_MS",
+                          help="when the logs begin (default: now, to the second)")
+    gen_logs.add_argument("--flash-crowd", action="append", default=[],
+                          metavar="DOMAIN@SITE:START-END",
+                          help="a surge of DOMAIN at SITE from START to END seconds into the "
+                               "logs (30%% of the site's requests); repeatable")
+    gen_logs.add_argument("--live", action="store_true",
+                          help="write logs as they happen, a file per site and chunk")
+    gen_logs.add_argument("--chunk", default="1s", metavar="D",
+                          help="with --live, how often to write (default: 1s)")
+    gen_logs.set_defaults(run=_gen_logs)
+
     demo = commands.add_parser(
-        "demo", help="the CDN top-k query across three local sites, on the sample logs")
+        "demo", help="the CDN top-k query across three local sites, on live generated logs",
+        description="Start a controller and every site of the topology as local processes, "
+        "write live CDN logs at each site, run the query and show its newest windows, the "
+        "wide-area bytes against the raw logs they replace, and each link's degradation "
+        "level. Ctrl-C stops everything.")
+    demo.add_argument("--topology", default=str(DEFAULT_TOPOLOGY), metavar="T.yaml",
+                      help="where the sites are (default: the embedded local-3dc)")
+    demo.add_argument("--query", metavar="QUERY.py",
+                      help="the query (default: examples/cdn_topk.py)")
+    demo.add_argument("--duration", type=float, default=60.0, metavar="S",
+                      help="stop after S seconds (default: 60; 0: run until Ctrl-C)")
+    demo.add_argument("--rate", type=float, default=200.0, metavar="N",
+                      help="log records per second at each site (default: 200)")
+    demo.add_argument("--seed", type=int, default=0, help="the log generator's seed")
+    demo.add_argument("--replay", action="store_true",
+                      help="instead, replay the bundled sample logs to the end and exit")
     demo.set_defaults(run=_demo)
+
+    bench = commands.add_parser(
+        "bench", help="JetStream-py against shipping raw logs to one Spark job, same input",
+        description="Generate CDN logs for every site, then in one run: the reference answer "
+        "(run_local), JetStream-py replaying them through every site, and the backhaul "
+        "baseline (each edge site's logs gzipped per window and shipped to the root, one "
+        "plain Spark Structured Streaming job there). Reports wide-area bytes and top-10 "
+        "accuracy per window for both, and records/s of the local stage against the plain "
+        "job, as JSON and a PNG plot.")
+    bench.add_argument("--topology", default=str(DEFAULT_TOPOLOGY), metavar="T.yaml",
+                       help="where the sites are (default: the embedded local-3dc)")
+    bench.add_argument("--duration", type=float, default=120.0, metavar="S",
+                       help="seconds of logs to generate (default: 120)")
+    bench.add_argument("--rate", type=float, default=1000.0, metavar="N",
+                       help="records per second at each site (default: 1000)")
+    bench.add_argument("--seed", type=int, default=0, help="the log generator's seed")
+    bench.add_argument("--out", metavar="DIR", help="where to write bench.json and the plot "
+                       "(default: a new temporary folder)")
+    bench.add_argument("--quick", action="store_true",
+                       help="a small run (30 s at 100 records/s), for CI")
+    bench.set_defaults(run=_bench)
     return parser
 
 

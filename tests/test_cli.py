@@ -43,7 +43,7 @@ def test_local_runs_the_example_on_the_sample_logs(tmp_path: Path,
     for result in results:
         assert set(result) == {"query", "window_start", "window_end", "rows", "exact",
                                "error_bound", "sites_reporting", "sites_expected", "latency_s",
-                               "wan_bytes", "revision"}
+                               "wan_bytes", "revision", "warnings"}
         assert result["window_end"] - result["window_start"] == 10_000
         assert len(result["rows"]) <= 10
         requests = [row["requests"] for row in result["rows"]]
@@ -80,17 +80,20 @@ def test_bad_query_file_gets_a_clear_error(tmp_path: Path,
     assert "--input" in capsys.readouterr().err
 
 
-def test_console_script_help_and_the_demo() -> None:
+def test_console_script_help_and_the_live_demo() -> None:
     jetstream = Path(sys.executable).parent / "jetstream"
     command = [str(jetstream)] if jetstream.exists() else [sys.executable, "-m", "jetstream"]
     help_text = subprocess.run([*command, "--help"], capture_output=True, text=True, check=True)
-    for name in ("explain", "local", "run", "results", "demo"):
+    for name in ("explain", "local", "run", "results", "demo", "gen-logs", "bench", "level"):
         assert name in help_text.stdout
-    demo = subprocess.run([*command, "demo"], capture_output=True, text=True, check=True,
+    demo = subprocess.run([*command, "demo", "--duration", "75", "--rate", "50"],
+                          capture_output=True, text=True, check=True,
                           timeout=300, env={**os.environ, "COLUMNS": "120"})
-    assert "sites up: 3/3" in demo.stderr and "crossed the wide area" in demo.stderr
-    assert demo.stdout.count("3/3 sites") == 5  # every window of the sample, from every site
-    assert "site1.example.com" in demo.stdout
+    assert "sites up: 3/3" in demo.stderr and "live generated CDN logs" in demo.stderr
+    assert "wide area:" in demo.stderr and "records generated" in demo.stderr
+    # The last view: windows of the generated domains, from every site, and the links' levels.
+    assert "3/3 sites" in demo.stdout and ".example.com" in demo.stdout, demo.stdout
+    assert "sfo -> ams: exact" in demo.stdout and "sin -> ams: exact" in demo.stdout
     missing = subprocess.run([*command], capture_output=True, text=True)
     assert missing.returncode == 2 and "COMMAND" in missing.stderr
 

@@ -1,0 +1,203 @@
+"""``jetstream bench``: JetStream-py against the backhaul baseline, on the same generated input.
+
+In one run: generate CDN logs for every site (:mod:`jetstream.loggen`); compute the reference
+answer with ``js.run_local``; replay the logs through JetStream on a
+:class:`~jetstream.control.launch.LocalCluster`; build the baseline a user would run instead
+(each edge site's raw logs gzipped window by window and shipped to the root, where one plain
+Spark Structured Streaming job computes the query, :mod:`jetstream.stage.baseline`); and time
+the local stage against that plain job on the same records. The report gives, per window and
+in total, the wide-area bytes of both, and the top-k accuracy of both against the reference.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from jetstream.aggtree.loader import load_topology
+from jetstream.control.launch import LocalCluster, replay
+from jetstream.local import run_local
+from jetstream.loggen import LogSpec, write_logs
+from jetstream.queryfile import load_query
+
+__all__ = ["WindowFigures", "run_bench"]
+
+#: The baseline computes the CDN top-k: 10 s windows, the 10 busiest domains.
+WINDOW_MS = 10_000
+K = 10
+#: Generated logs start here (a round 10 s), so that runs compare window by window.
+START_MS = 1_767_225_600_000
+
+
+@dataclass(frozen=True)
+class WindowFigures:
+    window_start: int
+    raw_bytes: int  # raw CSV written at the edge sites (not the root) for this window
+    backhaul_bytes: int  # the same, gzipped: what the baseline ships
+    jetstream_bytes: int  # partials JetStream sent over the wide area
+    jetstream_recall: float | None  # None: the system never gave this window
+    jetstream_max_error: float | None  # largest relative error of a reported count
+    backhaul_recall: float | None
+    backhaul_max_error: float | None
+
+
+def run_bench(topology: Path, query_file: Path, work: Path, *, duration_s: float,
+              rate: float, seed: int, say: Callable[[str], None]) -> dict[str, Any]:
+    """Run both systems on the same input; the report (also written to ``work/bench.json``)."""
+    from pyspark.sql import SparkSession
+
+    from jetstream.stage.baseline import top_domains
+
+    plan = load_topology(topology)
+    sites = [s.name for s in plan.sites if s.sources]
+    edges = [s for s in sites if s != plan.root]
+    inputs = work / "input"
+    say(f"generating {duration_s:g}s of logs at {rate:g} records/s for {', '.join(sites)}")
+    files = write_logs(inputs, sites, start_ms=START_MS, duration_s=duration_s, rate=rate,
+                       spec=LogSpec(), seed=seed)
+    query = load_query(query_file)
+    say("the reference answer (js.run_local)")
+    reference = {(r.window_start, r.window_end): r for r in run_local(query, inputs)}
+
+    say("JetStream: replaying the logs through every site")
+    with LocalCluster(topology, inputs, replay=True, window_deadline_s=120, logs=work / "logs",
+                      say=say) as cluster:
+        ours = {(r.window_start, r.window_end): r
+                for r in replay(cluster, query_file, timeout_s=900, say=lambda _: None)}
+
+    say("baseline: gzip the edge sites' logs window by window, one Spark job at the root")
+    raw, shipped = _ship_by_window(files, edges, work / "inbox")
+    spark = (SparkSession.builder.master("local[2]").appName("jetstream-bench")
+             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        backhaul = top_domains(spark, work / "inbox", work / "backhaul-checkpoint", k=K)
+        stage_seconds, stage_records = _time_local_stage(spark, query, inputs / plan.root, work)
+    finally:
+        spark.stop()
+
+    figures = []
+    for window in sorted(reference):
+        truth = reference[window].rows
+        mine = ours.get(window)
+        figures.append(WindowFigures(
+            window[0], raw.get(window[0], 0), shipped.get(window[0], 0),
+            mine.wan_bytes or 0 if mine else 0,
+            *_accuracy(truth, mine.rows if mine else None),
+            *_accuracy(truth, backhaul.windows.get(window))))
+    report = {
+        "topology": plan.name, "sites": sites, "root": plan.root, "duration_s": duration_s,
+        "records_per_s_per_site": rate, "seed": seed,
+        "windows": [asdict(f) for f in figures],
+        "total": _totals(figures),
+        "throughput_records_per_s": {
+            "jetstream_local_stage": stage_records / stage_seconds,
+            "backhaul_spark_job": backhaul.records / backhaul.seconds,
+        },
+        "latency": "not measured here: it needs shaped links (jetstream emulate)",
+    }
+    (work / "bench.json").write_text(json.dumps(report, indent=2))
+    _plot(figures, work / "bytes.png")
+    return report
+
+
+def _ship_by_window(files: dict[str, list[Path]], edges: list[str], inbox: Path
+                    ) -> tuple[dict[int, int], dict[int, int]]:
+    """Every site's records as gzipped CSV per window in ``inbox``; per window start, the raw
+    and gzipped bytes of the edge sites (the root's own logs do not cross the wide area)."""
+    inbox.mkdir(parents=True, exist_ok=True)
+    raw: dict[int, int] = {}
+    shipped: dict[int, int] = {}
+    for site, paths in files.items():
+        header, by_window = "", dict[int, list[str]]()
+        for path in paths:
+            with path.open() as f:
+                header = f.readline()
+                for line in f:
+                    start = int(line.split(",", 1)[0]) // WINDOW_MS * WINDOW_MS
+                    by_window.setdefault(start, []).append(line)
+        for start, lines in sorted(by_window.items()):
+            text = (header + "".join(lines)).encode()
+            packed = gzip.compress(text, compresslevel=6)
+            (inbox / f"{site}-{start}.csv.gz").write_bytes(packed)
+            if site in edges:
+                raw[start] = raw.get(start, 0) + len(text)
+                shipped[start] = shipped.get(start, 0) + len(packed)
+    return raw, shipped
+
+
+def _time_local_stage(spark: Any, query: Any, folder: Path, work: Path) -> tuple[float, int]:
+    """Seconds the JetStream local stage takes over one site's logs, and their records."""
+    from jetstream.runtime import distributed
+    from jetstream.stage.job import LocalStage
+
+    stage = LocalStage(spark, distributed(query), folder,
+                       checkpoint_dir=work / "stage-checkpoint",
+                       quarantine_dir=work / "stage-quarantine", emit=lambda *_: None)
+    start = time.perf_counter()
+    stage.run_available()
+    return time.perf_counter() - start, stage.stats.records_in
+
+
+def _accuracy(truth: list[dict[str, Any]], got: list[dict[str, Any]] | None
+              ) -> tuple[float | None, float | None]:
+    """Recall of the true top-k domains, and the largest relative error of a count reported
+    for a true top-k domain; None, None for a window the system did not give."""
+    if got is None:
+        return None, None
+    if not truth:
+        return 1.0, 0.0
+    true_counts = {r["domain"]: r["requests"] for r in truth}
+    reported = {r["domain"]: r["requests"] for r in got}
+    hits = [d for d in true_counts if d in reported]
+    error = max((abs(reported[d] - true_counts[d]) / true_counts[d] for d in hits), default=0.0)
+    return len(hits) / len(true_counts), error
+
+
+def _totals(figures: list[WindowFigures]) -> dict[str, Any]:
+    raw = sum(f.raw_bytes for f in figures)
+    shipped = sum(f.backhaul_bytes for f in figures)
+    ours = sum(f.jetstream_bytes for f in figures)
+    return {
+        "raw_bytes": raw, "backhaul_bytes": shipped, "jetstream_bytes": ours,
+        "jetstream_vs_backhaul": shipped / ours if ours else None,
+        "jetstream_vs_raw": raw / ours if ours else None,
+        **_worst("jetstream", [(f.jetstream_recall, f.jetstream_max_error) for f in figures]),
+        **_worst("backhaul", [(f.backhaul_recall, f.backhaul_max_error) for f in figures]),
+    }
+
+
+def _worst(system: str, accuracy: list[tuple[float | None, float | None]]) -> dict[str, Any]:
+    given = [(r, e) for r, e in accuracy if r is not None and e is not None]
+    return {f"{system}_min_recall": min((r for r, _ in given), default=None),
+            f"{system}_max_error": max((e for _, e in given), default=None),
+            f"{system}_windows_missing": len(accuracy) - len(given)}
+
+
+def _plot(figures: list[WindowFigures], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = [(f.window_start - START_MS) / 1000 for f in figures]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for label, values in [("raw logs at the edge sites", [f.raw_bytes for f in figures]),
+                          ("backhaul (gzip)", [f.backhaul_bytes for f in figures]),
+                          ("JetStream-py", [f.jetstream_bytes for f in figures])]:
+        ax.plot(t, [max(v, 1) for v in values], marker="o", label=label)
+    ax.set_yscale("log")
+    ax.set_xlabel("window start (s)")
+    ax.set_ylabel("wide-area bytes per window")
+    ax.legend()
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
