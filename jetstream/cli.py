@@ -295,6 +295,56 @@ def _replay_demo(query_file: Path, logs: Path, say: Callable[[str], None]) -> in
     return 0
 
 
+def _emulate(args: argparse.Namespace) -> int:
+    from jetstream.control.demo import live_demo
+    from jetstream.control.emulate import HOST_ADDRESS, WideArea
+    from jetstream.loggen import LogSpec
+
+    action, *rest = args.action
+    WideArea.check_host()
+    if action == "down":
+        WideArea(load_topology(args.topology)).down()
+        print("removed every js-* namespace and link")
+        return 0
+    if action == "set-link":
+        if len(rest) != 3:
+            msg = "usage: jetstream emulate set-link SITE_A SITE_B BANDWIDTH (e.g. 2mbit)"
+            raise PlanError(msg)
+        print(WideArea.running(load_topology(args.topology)).set_link(*rest))
+        return 0
+    if rest:
+        msg = f"jetstream emulate {action}: unexpected {' '.join(rest)}"
+        raise PlanError(msg)
+    say = _progress("emulate")
+    topology_file = Path(action)
+    area = WideArea(load_topology(topology_file))
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    query_file = Path(args.query) if args.query else examples / "cdn_topk.py"
+    load_query(query_file)
+    say(f"making a network namespace per site of {area.topology.name} and shaping each "
+        "site's link to its parent with tc tbf")
+    area.up()
+    try:
+        for site in area.sites.values():
+            shaped = (f"{site.uplink_bps / 1e6:g} Mbit/s to {site.parent}"
+                      if site.uplink_bps else "unshaped (root)")
+            say(f"  {site.name}: {site.namespace}, {site.address}, {shaped}")
+        say(f"change a link while it runs: jetstream emulate set-link SITE PARENT 2mbit "
+            f"--topology {topology_file}")
+        work = Path(tempfile.mkdtemp(prefix="jetstream-emulate-"))
+        summary = live_demo(
+            topology_file, query_file, work, rate=args.rate, duration_s=args.duration or None,
+            spec=LogSpec(), seed=args.seed, say=say, console=Console(),
+            cluster_options={"host": HOST_ADDRESS,
+                             "site_host": lambda s: area.sites[s].address,
+                             "site_prefix": area.prefix})
+        say(summary.savings())
+    finally:
+        area.down()
+        say("removed the namespaces and links")
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     from jetstream.control.bench import run_bench
 
@@ -501,6 +551,27 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--replay", action="store_true",
                       help="instead, replay the bundled sample logs to the end and exit")
     demo.set_defaults(run=_demo)
+
+    emulate = commands.add_parser(
+        "emulate", help="run the demo over an emulated wide area (needs root and iproute2)",
+        description="jetstream emulate TOPOLOGY: a network namespace per site, its link to "
+        "its parent shaped with tc tbf at the topology's bandwidth, the controller and each "
+        "site's process inside, live logs and the query's live view; Ctrl-C or --duration "
+        "ends it and removes everything it made. From another terminal: jetstream emulate "
+        "set-link SITE_A SITE_B 2mbit --topology TOPOLOGY changes a link while it runs; "
+        "jetstream emulate down removes what a crashed run left.")
+    emulate.add_argument("action", nargs="+",
+                         metavar="TOPOLOGY | set-link A B BANDWIDTH | down")
+    emulate.add_argument("--topology", default=str(DEFAULT_TOPOLOGY), metavar="T.yaml",
+                         help="for set-link and down: the running emulation's topology")
+    emulate.add_argument("--query", metavar="QUERY.py",
+                         help="the query (default: examples/cdn_topk.py)")
+    emulate.add_argument("--rate", type=float, default=200.0, metavar="N",
+                         help="log records per second at each site (default: 200)")
+    emulate.add_argument("--duration", type=float, default=0.0, metavar="S",
+                         help="stop after S seconds (default: 0, run until Ctrl-C)")
+    emulate.add_argument("--seed", type=int, default=0, help="the log generator's seed")
+    emulate.set_defaults(run=_emulate)
 
     bench = commands.add_parser(
         "bench", help="JetStream-py against shipping raw logs to one Spark job, same input",

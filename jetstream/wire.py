@@ -57,7 +57,8 @@ def result_to_proto(result: WindowResult) -> pb.WindowResult:
                           sites_reporting=result.sites_reporting or 0,
                           sites_expected=result.sites_expected or 0,
                           latency_s=result.latency_s or 0.0, wan_bytes=result.wan_bytes or 0,
-                          revision=result.revision, warnings=result.warnings)
+                          revision=result.revision, warnings=result.warnings,
+                          columns=list(dict.fromkeys(c for row in result.rows for c in row)))
     if result.error_bound is not None:
         msg.error_bound = result.error_bound
     return msg
@@ -66,7 +67,8 @@ def result_to_proto(result: WindowResult) -> pb.WindowResult:
 def result_from_proto(msg: pb.WindowResult) -> WindowResult:
     return WindowResult(query=msg.query, window_start=msg.window_start_ms,
                         window_end=msg.window_end_ms,
-                        rows=[record_from_proto(r) for r in msg.rows], exact=msg.exact,
+                        rows=[record_from_proto(r, tuple(msg.columns)) for r in msg.rows],
+                        exact=msg.exact,
                         error_bound=msg.error_bound if msg.HasField("error_bound") else None,
                         sites_reporting=msg.sites_reporting or None,
                         sites_expected=msg.sites_expected or None,

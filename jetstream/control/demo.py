@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
@@ -55,8 +56,10 @@ class DemoSummary:
 
 def live_demo(topology: Path, query_file: Path, work: Path, *, rate: float,
               duration_s: float | None, spec: LogSpec, seed: int,
-              say: Callable[[str], None], console: Console) -> DemoSummary:
-    """Run the demo until ``duration_s`` passes (None: until Ctrl-C); what it saw."""
+              say: Callable[[str], None], console: Console,
+              cluster_options: dict[str, Any] | None = None) -> DemoSummary:
+    """Run the demo until ``duration_s`` passes (None: until Ctrl-C); what it saw.
+    ``cluster_options`` go to the :class:`LocalCluster` (the emulator's namespaces)."""
     sites = [s.name for s in load_topology(topology).sites if s.sources]
     root = load_topology(topology).root
     inputs = work / "input"
@@ -64,8 +67,8 @@ def live_demo(topology: Path, query_file: Path, work: Path, *, rate: float,
         (inputs / site).mkdir(parents=True, exist_ok=True)
     summary = DemoSummary()
     stop = threading.Event()
-    with LocalCluster(topology, inputs, idle_timeout_s=30, logs=work / "logs",
-                      say=say) as cluster:
+    with LocalCluster(topology, inputs, idle_timeout_s=30, logs=work / "logs", say=say,
+                      **(cluster_options or {})) as cluster:
         def count(chunk: int, records: int) -> None:
             summary.records += records
 

@@ -46,6 +46,9 @@ class LocalCluster:
 
     ``input_dir`` holds one folder per site (``DIR/<site>/*.csv``); with ``replay`` every
     site processes what its folder holds and then ends. Process output goes to ``logs``.
+    ``host`` is where the controller listens; ``site_host`` and ``site_prefix`` give each
+    site's listening address and a command prefix to start it with (the emulator puts each
+    site in its own network namespace with them).
     """
 
     topology: Path
@@ -55,13 +58,16 @@ class LocalCluster:
     idle_timeout_s: float | None = None
     logs: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="jetstream-run-")))
     say: Say = lambda line: None
+    host: str = "127.0.0.1"
+    site_host: Callable[[str], str] = lambda site: "127.0.0.1"
+    site_prefix: Callable[[str], list[str]] = lambda site: []
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.masters = {s.name: s.master for s in load_topology(self.topology).sites}
         self.sites = list(self.masters)
         self.logs.mkdir(parents=True, exist_ok=True)
-        self.address = f"127.0.0.1:{_free_port()}"
+        self.address = f"{self.host}:{_free_port()}"
         self.client = ControllerClient(self.address)
 
     def __enter__(self) -> LocalCluster:
@@ -81,10 +87,11 @@ class LocalCluster:
         self.say(f"starting the controller of {self.topology} and {len(self.sites)} sites "
                  f"(logs in {self.logs})")
         self._spawn("controller", "controller", "--topology", str(self.topology),
-                    "--port", port, "--heartbeat-interval", "1")
+                    "--host", self.host, "--port", port, "--heartbeat-interval", "1")
         state = self.logs / "state"
         for site in self.sites:
             args = ["site", "--name", site, "--controller", self.address,
+                    "--host", self.site_host(site),
                     "--state-dir", str(state), "--spark-master", self.masters[site]]
             if self.input_dir is not None:
                 args += ["--input", str(self.input_dir / site)]
@@ -94,14 +101,14 @@ class LocalCluster:
                 args += ["--window-deadline", str(self.window_deadline_s)]
             if self.idle_timeout_s is not None:
                 args += ["--idle-timeout", str(self.idle_timeout_s)]
-            self._spawn(site, *args)
+            self._spawn(site, *args, prefix=self.site_prefix(site))
         self._wait_for_sites()
 
-    def _spawn(self, name: str, *args: str) -> None:
+    def _spawn(self, name: str, *args: str, prefix: list[str] | None = None) -> None:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         with (self.logs / f"{name}.log").open("wb") as out:  # the child keeps its own handle
             self.processes[name] = subprocess.Popen(
-                [sys.executable, "-m", "jetstream", *args], stdout=out,
+                [*(prefix or []), sys.executable, "-m", "jetstream", *args], stdout=out,
                 stderr=subprocess.STDOUT, env=env)
 
     def _wait_for_sites(self) -> None:

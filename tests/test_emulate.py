@@ -1,0 +1,120 @@
+"""The wide-area emulator: namespaces and shaped links made, changed and removed for real."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+
+from jetstream.aggtree.loader import load_topology
+from jetstream.control.emulate import HOST_ADDRESS, WideArea, uplinks
+from jetstream.errors import ControlPlaneError
+from jetstream.units import parse_bandwidth
+
+ROOT = Path(__file__).resolve().parent.parent
+LOCAL = load_topology(ROOT / "topologies" / "local-3dc.yaml")
+CDN = load_topology(ROOT / "topologies" / "cdn-3dc.yaml")
+
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
+    reason="needs root and iproute2 (network namespaces and tc)")
+
+
+def ip(*args: str) -> str:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=True).stdout
+
+
+def ours() -> tuple[list[str], list[str]]:
+    """The js-* namespaces and links that exist now."""
+    namespaces = [line.split()[0] for line in ip("netns", "list").splitlines()
+                  if line.startswith("js-")]
+    links = [line.split(":")[1].strip().split("@")[0] for line in ip("-o", "link").splitlines()
+             if line.split(":")[1].strip().startswith("js")]
+    return namespaces, links
+
+
+def seconds_to_send(area: WideArea, site: str, size: int) -> float:
+    """How long ``site`` takes to push ``size`` bytes over TCP to the host end of the wan."""
+    server = socket.create_server((HOST_ADDRESS, 0))
+    port = server.getsockname()[1]
+
+    def drain() -> None:
+        conn, _ = server.accept()
+        with conn:
+            while conn.recv(65536):
+                pass
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    sender = (f"import socket, time; s = socket.create_connection(('{HOST_ADDRESS}', {port})); "
+              f"t = time.time(); s.sendall(b'x' * {size}); s.shutdown(socket.SHUT_WR); "
+              "s.recv(1); print(time.time() - t)")
+    out = subprocess.run([*area.prefix(site), sys.executable, "-c", sender],
+                         capture_output=True, text=True, check=True, timeout=60).stdout
+    reader.join(timeout=10)
+    server.close()
+    return float(out)
+
+
+@needs_root
+def test_namespaces_shaped_links_and_cleanup(tmp_path: Path) -> None:
+    leftover = "js-99"  # what a crashed run might have left
+    ip("netns", "add", leftover)
+    area = WideArea(LOCAL, state_file=tmp_path / "state.json")
+    try:
+        area.up()
+        namespaces, links = ours()
+        assert sorted(namespaces) == ["js-0", "js-1", "js-2"]  # the leftover is gone
+        assert "js-wan" in links
+        sfo, ams = area.sites["sfo"], area.sites["ams"]
+        assert (sfo.parent, sfo.uplink_bps, ams.parent, ams.uplink_bps) == (
+            "ams", 1e9, None, None)
+        shaping = subprocess.run([*area.prefix("sfo"), "tc", "qdisc", "show", "dev",
+                                  sfo.inner], capture_output=True, text=True).stdout
+        assert "tbf" in shaping and "rate 1Gbit" in shaping
+        assert "tbf" not in subprocess.run([*area.prefix("ams"), "tc", "qdisc", "show"],
+                                           capture_output=True, text=True).stdout
+        # Another process changes the link while it runs: 1 Mbit/s makes 256 kB take ~2 s.
+        running = WideArea.running(LOCAL, state_file=tmp_path / "state.json")
+        assert running.set_link("ams", "sfo", "1mbit") == \
+            "link sfo -> ams now 1mbit (1,000,000 bit/s)"
+        assert seconds_to_send(area, "sfo", 256_000) > 1.0  # a lower bound: load only slows
+        with pytest.raises(ControlPlaneError, match="no emulated link between sfo and sin"):
+            running.set_link("sfo", "sin", "1mbit")
+    finally:
+        area.down()
+    assert ours() == ([], [])
+    assert not (tmp_path / "state.json").exists()
+
+
+def test_the_emulator_and_docker_compose_shape_the_same_links() -> None:
+    compose = yaml.safe_load((ROOT / "deploy" / "docker-compose.yml").read_text())
+    shaped = {}
+    for service in compose["services"].values():
+        command = service.get("command") or []
+        if "site" in command[:1]:
+            site = command[command.index("--name") + 1]
+            uplink = (service.get("environment") or {}).get("JETSTREAM_UPLINK") or None
+            shaped[site] = uplink
+    want = {site: bps for site, (_, bps) in uplinks(CDN).items()}
+    assert {s: parse_bandwidth(u) if u else None for s, u in shaped.items()} == want
+
+
+def test_a_missing_emulation_or_privilege_is_explained(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ControlPlaneError, match="no emulation is running"):
+        WideArea.running(LOCAL, state_file=tmp_path / "none.json")
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(ControlPlaneError, match="needs root"):
+        WideArea.check_host()
+    monkeypatch.setattr(shutil, "which", lambda tool: None)
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    with pytest.raises(ControlPlaneError, match="apt-get install iproute2"):
+        WideArea.check_host()
