@@ -33,6 +33,8 @@ __all__ = ["main"]
 #: The topology ``jetstream controller`` runs when given none: everything on this machine.
 #: (``topologies/local-3dc.yaml`` links to it.)
 DEFAULT_TOPOLOGY = Path(__file__).resolve().parent / "aggtree" / "local-3dc.yaml"
+#: The example queries and sample logs of a source checkout (the demo and bench use them).
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 def _explain(args: argparse.Namespace) -> int:
@@ -255,13 +257,19 @@ def _gen_logs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _live_query(args: argparse.Namespace) -> Path:
+    """The query of a live run (``--query``, or the CDN top-k example), refused before
+    anything starts if it does not load."""
+    query_file = Path(args.query) if args.query else EXAMPLES / "cdn_topk.py"
+    load_query(query_file)
+    return query_file
+
+
 def _demo(args: argparse.Namespace) -> int:
     say = _progress("demo")
-    examples = Path(__file__).resolve().parent.parent / "examples"
-    query_file = Path(args.query) if args.query else examples / "cdn_topk.py"
-    load_query(query_file)  # refuse a bad query before starting anything
+    query_file = _live_query(args)
     if args.replay:
-        return _replay_demo(query_file, examples / "logs", say)
+        return _replay_demo(query_file, EXAMPLES / "logs", say)
     from jetstream.control.demo import live_demo
     from jetstream.loggen import LogSpec
 
@@ -318,9 +326,7 @@ def _emulate(args: argparse.Namespace) -> int:
     say = _progress("emulate")
     topology_file = Path(action)
     area = WideArea(load_topology(topology_file))
-    examples = Path(__file__).resolve().parent.parent / "examples"
-    query_file = Path(args.query) if args.query else examples / "cdn_topk.py"
-    load_query(query_file)
+    query_file = _live_query(args)
     say(f"making a network namespace per site of {area.topology.name} and shaping each "
         "site's link to its parent with tc tbf")
     area.up()
@@ -349,11 +355,10 @@ def _bench(args: argparse.Namespace) -> int:
     from jetstream.control.bench import run_bench
 
     say = _progress("bench")
-    examples = Path(__file__).resolve().parent.parent / "examples"
     duration, rate = (30.0, 100.0) if args.quick else (args.duration, args.rate)
     work = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="jetstream-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    report = run_bench(Path(args.topology), examples / "cdn_topk.py", work,
+    report = run_bench(Path(args.topology), EXAMPLES / "cdn_topk.py", work,
                        duration_s=duration, rate=rate, seed=args.seed, say=say)
     total = report["total"]
     say(f"wide-area bytes: JetStream-py {total['jetstream_bytes']:,}, backhaul (gzip) "
@@ -368,6 +373,18 @@ def _bench(args: argparse.Namespace) -> int:
         f"Spark job {speed['backhaul_spark_job']:,.0f}")
     say(f"report: {work / 'bench.json'}, plot: {work / 'bytes.png'}")
     return 0
+
+
+def _live_options(parser: argparse.ArgumentParser, *, duration_s: float) -> None:
+    """The options of a live run on generated logs (demo, emulate)."""
+    parser.add_argument("--query", metavar="QUERY.py",
+                        help="the query (default: examples/cdn_topk.py)")
+    parser.add_argument("--duration", type=float, default=duration_s, metavar="S",
+                        help=f"stop after S seconds (default: {duration_s:g}; 0: run until "
+                        "Ctrl-C)")
+    parser.add_argument("--rate", type=float, default=200.0, metavar="N",
+                        help="log records per second at each site (default: 200)")
+    parser.add_argument("--seed", type=int, default=0, help="the log generator's seed")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -541,13 +558,7 @@ def _parser() -> argparse.ArgumentParser:
         "level. Ctrl-C stops everything.")
     demo.add_argument("--topology", default=str(DEFAULT_TOPOLOGY), metavar="T.yaml",
                       help="where the sites are (default: the embedded local-3dc)")
-    demo.add_argument("--query", metavar="QUERY.py",
-                      help="the query (default: examples/cdn_topk.py)")
-    demo.add_argument("--duration", type=float, default=60.0, metavar="S",
-                      help="stop after S seconds (default: 60; 0: run until Ctrl-C)")
-    demo.add_argument("--rate", type=float, default=200.0, metavar="N",
-                      help="log records per second at each site (default: 200)")
-    demo.add_argument("--seed", type=int, default=0, help="the log generator's seed")
+    _live_options(demo, duration_s=60.0)
     demo.add_argument("--replay", action="store_true",
                       help="instead, replay the bundled sample logs to the end and exit")
     demo.set_defaults(run=_demo)
@@ -564,13 +575,7 @@ def _parser() -> argparse.ArgumentParser:
                          metavar="TOPOLOGY | set-link A B BANDWIDTH | down")
     emulate.add_argument("--topology", default=str(DEFAULT_TOPOLOGY), metavar="T.yaml",
                          help="for set-link and down: the running emulation's topology")
-    emulate.add_argument("--query", metavar="QUERY.py",
-                         help="the query (default: examples/cdn_topk.py)")
-    emulate.add_argument("--rate", type=float, default=200.0, metavar="N",
-                         help="log records per second at each site (default: 200)")
-    emulate.add_argument("--duration", type=float, default=0.0, metavar="S",
-                         help="stop after S seconds (default: 0, run until Ctrl-C)")
-    emulate.add_argument("--seed", type=int, default=0, help="the log generator's seed")
+    _live_options(emulate, duration_s=0.0)
     emulate.set_defaults(run=_emulate)
 
     bench = commands.add_parser(

@@ -76,12 +76,10 @@ def summarised(batch: PartialBatch, summary: BoundedPartial | ItemsSketch,
     if isinstance(summary, ItemsSketch):
         return dataclasses.replace(batch, rows=(), slack=None, omitted=0.0, complete_rows=None,
                                    items=summary, level=level)
-    if not summary.truncated:
-        return dataclasses.replace(batch, rows=summary.rows, slack=None, omitted=0.0,
-                                   complete_rows=None, items=None, level=level)
-    return dataclasses.replace(batch, rows=summary.rows, slack=summary.slack,
-                               omitted=summary.omitted, complete_rows=summary.complete,
-                               items=None, level=level)
+    cut = summary.truncated  # an exact partial goes as plain rows
+    return dataclasses.replace(batch, rows=summary.rows, slack=summary.slack if cut else None,
+                               omitted=summary.omitted, complete_rows=summary.complete if cut
+                               else None, items=None, level=level)
 
 
 def encode_batch(batch: PartialBatch, aggregate: WindowAggregate) -> pb.PartialBatch:

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from jetstream.aggtree.planner import Fragment
+from jetstream.cli import main
 from jetstream.control.launch import LocalCluster, replay
 from jetstream.control.server import start_server
 from jetstream.errors import ControlPlaneError
@@ -100,7 +101,8 @@ def test_jetstream_run_writes_what_run_local_computes(tmp_path: Path) -> None:
         assert line["sites_reporting"] == line["sites_expected"] == 3
 
 
-def test_live_sites_with_quiet_neighbours_still_close_their_windows(tmp_path: Path) -> None:
+def test_live_sites_with_quiet_neighbours_still_close_their_windows(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Only ams has data, and it arrives as files while the query runs; sfo and sin stay
     quiet. The quiet sites must not hold the windows back, and ams's last window closes
     when its input goes idle."""
@@ -117,6 +119,9 @@ def test_live_sites_with_quiet_neighbours_still_close_their_windows(tmp_path: Pa
             "sfo -> ams", "exact", False, ["exact"])  # no top-k: nothing to degrade to
         with pytest.raises(ControlPlaneError, match="ams sends live over no link"):
             cluster.client.set_level("live", "ams")
+        assert main(["level", "live", "sin", "--controller", cluster.address]) == 0
+        assert capsys.readouterr().out == (
+            "live: link sin -> ams at 'exact' (chosen by the link's policy)\nlevels: 0 'exact'\n")
         lines = (LOGS / "ams" / "part-000.csv").read_text().splitlines(keepends=True)
         half = len(lines) // 2
         for i, chunk in enumerate([lines[:half], lines[:1] + lines[half:]]):

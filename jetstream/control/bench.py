@@ -53,9 +53,9 @@ def run_bench(topology: Path, query_file: Path, work: Path, *, duration_s: float
 
     from jetstream.stage.baseline import top_domains
 
-    plan = load_topology(topology)
-    sites = [s.name for s in plan.sites if s.sources]
-    edges = [s for s in sites if s != plan.root]
+    layout = load_topology(topology)
+    sites = [s.name for s in layout.sites if s.sources]
+    edges = [s for s in sites if s != layout.root]
     inputs = work / "input"
     say(f"generating {duration_s:g}s of logs at {rate:g} records/s for {', '.join(sites)}")
     files = write_logs(inputs, sites, start_ms=START_MS, duration_s=duration_s, rate=rate,
@@ -78,7 +78,7 @@ def run_bench(topology: Path, query_file: Path, work: Path, *, duration_s: float
     spark.sparkContext.setLogLevel("ERROR")
     try:
         backhaul = top_domains(spark, work / "inbox", work / "backhaul-checkpoint", k=K)
-        stage_seconds, stage_records = _time_local_stage(spark, query, inputs / plan.root, work)
+        stage_seconds, stage_records = _time_local_stage(spark, query, inputs / layout.root, work)
     finally:
         spark.stop()
 
@@ -92,7 +92,7 @@ def run_bench(topology: Path, query_file: Path, work: Path, *, duration_s: float
             *_accuracy(truth, mine.rows if mine else None),
             *_accuracy(truth, backhaul.windows.get(window))))
     report = {
-        "topology": plan.name, "sites": sites, "root": plan.root, "duration_s": duration_s,
+        "topology": layout.name, "sites": sites, "root": layout.root, "duration_s": duration_s,
         "records_per_s_per_site": rate, "seed": seed,
         "windows": [asdict(f) for f in figures],
         "total": _totals(figures),
@@ -115,7 +115,8 @@ def _ship_by_window(files: dict[str, list[Path]], edges: list[str], inbox: Path
     raw: dict[int, int] = {}
     shipped: dict[int, int] = {}
     for site, paths in files.items():
-        header, by_window = "", dict[int, list[str]]()
+        header = ""
+        by_window: dict[int, list[str]] = {}
         for path in paths:
             with path.open() as f:
                 header = f.readline()

@@ -60,8 +60,8 @@ def live_demo(topology: Path, query_file: Path, work: Path, *, rate: float,
               cluster_options: dict[str, Any] | None = None) -> DemoSummary:
     """Run the demo until ``duration_s`` passes (None: until Ctrl-C); what it saw.
     ``cluster_options`` go to the :class:`LocalCluster` (the emulator's namespaces)."""
-    sites = [s.name for s in load_topology(topology).sites if s.sources]
-    root = load_topology(topology).root
+    layout = load_topology(topology)
+    sites, root = [s.name for s in layout.sites if s.sources], layout.root
     inputs = work / "input"
     for site in sites:
         (inputs / site).mkdir(parents=True, exist_ok=True)
