@@ -27,6 +27,7 @@ from jetstream.queryfile import load_query
 from jetstream.results import WindowResult, write_json_lines
 from jetstream.rewrite import explain
 from jetstream.runtime import SiteOptions
+from jetstream.units import parse_bandwidth
 
 __all__ = ["main"]
 
@@ -355,11 +356,24 @@ def _bench(args: argparse.Namespace) -> int:
     from jetstream.control.bench import run_bench
 
     say = _progress("bench")
+    if args.emulate:
+        from jetstream.control.emulate import WideArea
+
+        WideArea.check_host()
+        parse_bandwidth(args.link, "--link")
     duration, rate = (30.0, 100.0) if args.quick else (args.duration, args.rate)
     work = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="jetstream-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    report = run_bench(Path(args.topology), EXAMPLES / "cdn_topk.py", work,
+    query_file = EXAMPLES / "cdn_topk.py"
+    report = run_bench(Path(args.topology), query_file, work,
                        duration_s=duration, rate=rate, seed=args.seed, say=say)
+    if args.emulate:
+        from jetstream.control.latency_bench import run_latency
+
+        report["latency"] = run_latency(
+            Path(args.topology), query_file, work, duration_s=duration, rate=args.live_rate,
+            link=args.link, drop_at_s=duration / 2, seed=args.seed, say=say)
+        (work / "bench.json").write_text(json.dumps(report, indent=2))
     total = report["total"]
     say(f"wide-area bytes: JetStream-py {total['jetstream_bytes']:,}, backhaul (gzip) "
         f"{total['backhaul_bytes']:,}, raw {total['raw_bytes']:,}: "
@@ -371,8 +385,23 @@ def _bench(args: argparse.Namespace) -> int:
     speed = report["throughput_records_per_s"]
     say(f"records/s: JetStream local stage {speed['jetstream_local_stage']:,.0f}, backhaul "
         f"Spark job {speed['backhaul_spark_job']:,.0f}")
-    say(f"report: {work / 'bench.json'}, plot: {work / 'bytes.png'}")
+    plots = "bytes.png"
+    if args.emulate:
+        latency = report["latency"]
+        for system in ("jetstream", "backhaul"):
+            figures = latency[system]
+            say(f"{system} latency over {latency['link']} dropping to "
+                f"{latency['dropped_to']}: p50 {_seconds(figures['p50_s'])}, p95 "
+                f"{_seconds(figures['p95_s'])}; after the drop p95 "
+                f"{_seconds(figures['p95_after_drop_s'])} ({figures['windows_not_given']} "
+                f"windows not given before the phase ended)")
+        plots += ", latency.png"
+    say(f"report: {work / 'bench.json'}, plots: {plots} in {work}")
     return 0
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}s"
 
 
 def _live_options(parser: argparse.ArgumentParser, *, duration_s: float) -> None:
@@ -597,6 +626,16 @@ def _parser() -> argparse.ArgumentParser:
                        "(default: a new temporary folder)")
     bench.add_argument("--quick", action="store_true",
                        help="a small run (30 s at 100 records/s), for CI")
+    bench.add_argument("--emulate", action="store_true",
+                       help="also measure result latency with the sites in network namespaces "
+                       "(needs root): live logs, each edge link shaped to --link, dropping "
+                       "tenfold halfway, JetStream-py then the backhaul, --duration each")
+    bench.add_argument("--link", default="200kbit", metavar="BANDWIDTH",
+                       help="with --emulate: each edge link's bandwidth before the drop "
+                       "(default: 200kbit)")
+    bench.add_argument("--live-rate", type=float, default=300.0, metavar="N",
+                       help="with --emulate: live records per second at each site "
+                       "(default: 300)")
     bench.set_defaults(run=_bench)
     return parser
 

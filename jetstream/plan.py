@@ -70,6 +70,11 @@ class LogicalPlan:
         return [n for n in self.topological() if isinstance(op := self.op(n), WindowAggregate)
                 and op.phase is Phase.PARTIAL]
 
+    def up_to(self, node: int) -> LogicalPlan:
+        """The plan whose output is ``node``: ``node`` and everything that feeds it."""
+        nodes = nx.ancestors(self.graph, node) | {node}
+        return LogicalPlan(self.graph.subgraph(nodes).copy(), node)
+
     def upstream(self, node: int) -> Iterable[Operator]:
         """The operators ``node`` reads from, nearest first along the first input."""
         while inputs := self.inputs(node):

@@ -34,7 +34,7 @@ from jetstream.aggtree.planner import Fragment
 from jetstream.approx.levels import degrade, levels_for, ranking
 from jetstream.approx.policy import LinkPolicy
 from jetstream.approx.truncate import top_k_bounds
-from jetstream.dsl import Query
+from jetstream.dsl import Query, Stream
 from jetstream.errors import ControlPlaneError, DataError, PlanError
 from jetstream.local import finish_from_partials
 from jetstream.operators import WindowAggregate
@@ -46,7 +46,7 @@ from jetstream.transport import DataPlaneServicer, PartialSender
 from jetstream.v1 import dataplane_pb2 as pb
 
 __all__ = ["DEFAULT_DEADLINE_S", "Assignment", "QueryRun", "SiteOptions", "SiteRuntime",
-           "distributed", "partial_aggregate"]
+           "distributed", "partial_aggregate", "site_part"]
 
 log = logging.getLogger(__name__)
 
@@ -424,3 +424,12 @@ def partial_aggregate(query: Query) -> WindowAggregate:
     op = plan.op(partials[0])  # a source read twice has one partial per branch, all alike
     assert isinstance(op, WindowAggregate)
     return op
+
+
+def site_part(query: Query) -> tuple[Query, WindowAggregate]:
+    """What each site computes of an optimized query: the query up to its partial aggregate
+    (its results are the partial rows a site sends), and that aggregate."""
+    partial = partial_aggregate(query)
+    plan = query.plan()
+    site = Query(f"{query.name}/site", Stream(plan.up_to(plan.partial_aggregates()[0])))
+    return site, partial

@@ -22,12 +22,10 @@ from collections import Counter
 from typing import Any
 
 import jetstream as js
-from jetstream.aggregator import WindowMerger
-from jetstream.approx.levels import degrade, levels_for, ranking
+from jetstream.approx.levels import ranking
 from jetstream.approx.tput import tput_top_k
-from jetstream.approx.truncate import exact_partial, top_k_bounds
+from jetstream.control.bench import through_levels
 from jetstream.operators import WindowAggregate
-from jetstream.partials import PartialBatch, decode_batch, encode_batch, summarised
 
 LOGS = js.source("cdn_logs", schema=js.CDN_LOG_SCHEMA)
 QUERY = js.optimize(js.Query("cdn-topk", LOGS.window(js.tumbling("10s")).group_by("domain")
@@ -74,17 +72,7 @@ def main() -> None:
         true_top = sorted(truth.items(), key=lambda kv: (-kv[1], kv[0]))[:rank.k]
         kth = true_top[-1][1]
         rows = [[{"domain": d, "requests": n} for d, n in c.items()] for c in sites]
-        for level in levels_for(rank):
-            sent = [encode_batch(summarised(
-                PartialBatch("q", (0, 10_000), f"s{i}", ()),
-                degrade(exact_partial(r), partial, rank, level), level.index), partial)
-                for i, r in enumerate(rows)]
-            size = sum(message.ByteSize() for message in sent)
-            merger = WindowMerger(partial, [f"s{i}" for i in range(len(sent))], deadline_s=0)
-            for message in sent:
-                merger.add(decode_batch(message, partial))
-            (merged,) = merger.ready()
-            top = top_k_bounds(merged.bounded, partial, "requests", rank.k)
+        for level, size, top in through_levels(partial, rank, rows):
             got = [row["domain"] for row in top.rows]
             recall = len(set(got) & {d for d, _ in true_top}) / rank.k
             error = max(abs(truth[d] - count.extract(row["requests"])) / truth[d]

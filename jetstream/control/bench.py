@@ -14,18 +14,30 @@ from __future__ import annotations
 import gzip
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from jetstream.aggregator import WindowMerger
 from jetstream.aggtree.loader import load_topology
+from jetstream.approx.levels import Ranking, degrade, levels_for, ranking
+from jetstream.approx.policy import DegradationLevel
+from jetstream.approx.truncate import TopKBounds, exact_partial, top_k_bounds
 from jetstream.control.launch import LocalCluster, replay
+from jetstream.dsl import Query
 from jetstream.local import run_local
 from jetstream.loggen import LogSpec, write_logs
+from jetstream.operators import WindowAggregate
+from jetstream.partials import PartialBatch, decode_batch, encode_batch, summarised
 from jetstream.queryfile import load_query
+from jetstream.results import WindowResult
+from jetstream.runtime import distributed, site_part
 
-__all__ = ["WindowFigures", "run_bench"]
+__all__ = ["WindowFigures", "run_bench", "through_levels", "top_k_accuracy"]
+
+Row = dict[str, Any]
+Window = tuple[int, int]
 
 #: The baseline computes the CDN top-k: 10 s windows, the 10 busiest domains.
 WINDOW_MS = 10_000
@@ -89,8 +101,8 @@ def run_bench(topology: Path, query_file: Path, work: Path, *, duration_s: float
         figures.append(WindowFigures(
             window[0], raw.get(window[0], 0), shipped.get(window[0], 0),
             mine.wan_bytes or 0 if mine else 0,
-            *_accuracy(truth, mine.rows if mine else None),
-            *_accuracy(truth, backhaul.windows.get(window))))
+            *top_k_accuracy(truth, mine.rows if mine else None),
+            *top_k_accuracy(truth, backhaul.windows.get(window))))
     report = {
         "topology": layout.name, "sites": sites, "root": layout.root, "duration_s": duration_s,
         "records_per_s_per_site": rate, "seed": seed,
@@ -100,11 +112,65 @@ def run_bench(topology: Path, query_file: Path, work: Path, *, duration_s: float
             "jetstream_local_stage": stage_records / stage_seconds,
             "backhaul_spark_job": backhaul.records / backhaul.seconds,
         },
-        "latency": "not measured here: it needs shaped links (jetstream emulate)",
     }
+    say("accuracy per degradation level: every edge site's partials sent at each level")
+    levels = _levels(query, inputs, sites, layout.root, reference)
+    report["levels"] = levels
     (work / "bench.json").write_text(json.dumps(report, indent=2))
     _plot(figures, work / "bytes.png")
+    _plot_levels(levels, work / "levels.png")
     return report
+
+
+def through_levels(partial: WindowAggregate, rank: Ranking, sent: Sequence[list[Row]],
+                   local: list[Row] | None = None
+                   ) -> Iterator[tuple[DegradationLevel, int, TopKBounds]]:
+    """For each degradation level of ``rank``: the wire bytes of sending each of ``sent`` (a
+    site's partial rows of one window) at that level, and the top-k with bounds the root makes
+    of them once decoded and merged with its own exact ``local`` rows."""
+    window = (0, 1)
+    origins = [f"site{i}" for i in range(len(sent))]
+    for level in levels_for(rank):
+        messages = [encode_batch(summarised(
+            PartialBatch("bench", window, origin, ()),
+            degrade(exact_partial(rows), partial, rank, level), level.index), partial)
+            for origin, rows in zip(origins, sent, strict=True)]
+        merger = WindowMerger(partial, [*origins, *(["root"] if local is not None else [])],
+                              deadline_s=0)
+        if local is not None:
+            merger.add(PartialBatch("bench", window, "root", tuple(local)))
+        for message in messages:
+            merger.add(decode_batch(message, partial))
+        (merged,) = merger.ready()
+        yield (level, sum(m.ByteSize() for m in messages),
+               top_k_bounds(merged.bounded, partial, rank.by, rank.k))
+
+
+def _levels(query: Query, inputs: Path, sites: list[str], root: str,
+            reference: dict[Window, WindowResult]) -> list[dict[str, Any]]:
+    """Per level: the edge sites' wide-area bytes over all windows, and the worst window's
+    top-10 recall and count error against the reference."""
+    optimized = distributed(query)
+    rank = ranking(optimized)
+    if rank is None:
+        return []
+    site_query, partial = site_part(optimized)
+    partials = {site: {(r.window_start, r.window_end): r.rows
+                       for r in run_local(site_query, inputs / site)} for site in sites}
+    edges = [s for s in sites if s != root]
+    out: dict[str, dict[str, Any]] = {}
+    for window, result in sorted(reference.items()):
+        levels = through_levels(partial, rank, [partials[s].get(window, []) for s in edges],
+                                partials[root].get(window, []))
+        for level, size, top in levels:
+            got = [{**row, rank.by: lb} for row, lb in zip(top.rows, top.lb, strict=True)]
+            recall, error = top_k_accuracy(result.rows, got)
+            entry = out.setdefault(level.name, {"level": level.name, "wan_bytes": 0,
+                                                "min_recall": 1.0, "max_error": 0.0})
+            entry["wan_bytes"] += size
+            entry["min_recall"] = min(entry["min_recall"], recall or 0.0)
+            entry["max_error"] = max(entry["max_error"], error or 0.0)
+    return list(out.values())
 
 
 def _ship_by_window(files: dict[str, list[Path]], edges: list[str], inbox: Path
@@ -146,7 +212,7 @@ def _time_local_stage(spark: Any, query: Any, folder: Path, work: Path) -> tuple
     return time.perf_counter() - start, stage.stats.records_in
 
 
-def _accuracy(truth: list[dict[str, Any]], got: list[dict[str, Any]] | None
+def top_k_accuracy(truth: list[dict[str, Any]], got: list[dict[str, Any]] | None
               ) -> tuple[float | None, float | None]:
     """Recall of the true top-k domains, and the largest relative error of a count reported
     for a true top-k domain; None, None for a window the system did not give."""
@@ -181,12 +247,17 @@ def _worst(system: str, accuracy: list[tuple[float | None, float | None]]) -> di
             f"{system}_windows_missing": len(accuracy) - len(given)}
 
 
-def _plot(figures: list[WindowFigures], path: Path) -> None:
+def _pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def _plot(figures: list[WindowFigures], path: Path) -> None:
+    plt = _pyplot()
     t = [(f.window_start - START_MS) / 1000 for f in figures]
     fig, ax = plt.subplots(figsize=(8, 4))
     for label, values in [("raw logs at the edge sites", [f.raw_bytes for f in figures]),
@@ -202,3 +273,25 @@ def _plot(figures: list[WindowFigures], path: Path) -> None:
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
+
+
+def _plot_levels(levels: list[dict[str, Any]], path: Path) -> None:
+    plt = _pyplot()
+    names = [entry["level"] for entry in levels]
+    fig, bytes_axis = plt.subplots(figsize=(8, 4))
+    bytes_axis.bar(names, [max(entry["wan_bytes"], 1) for entry in levels], color="tab:blue",
+                   alpha=0.6, label="wide-area bytes (all windows)")
+    bytes_axis.set_yscale("log")
+    bytes_axis.set_ylabel("wide-area bytes")
+    bytes_axis.set_xlabel("degradation level of every edge site's link")
+    recall_axis = bytes_axis.twinx()
+    recall_axis.plot(names, [entry["min_recall"] for entry in levels], color="tab:red",
+                     marker="o", label="top-10 recall (worst window)")
+    recall_axis.plot(names, [1 - entry["max_error"] for entry in levels], color="tab:green",
+                     marker="s", label="1 - largest count error (worst window)")
+    recall_axis.set_ylim(0, 1.05)
+    recall_axis.set_ylabel("accuracy")
+    fig.legend(loc="lower left", fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

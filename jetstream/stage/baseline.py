@@ -4,26 +4,38 @@ Every site's raw logs are shipped (gzip) to the root datacenter, where one plain
 Structured Streaming job computes the query: requests with ``status < 500``, per 10 s window
 and domain, the request count and the kilobytes served, then the 10 busiest domains per window.
 It is written by hand, as its user would write it, for ``examples/cdn_topk.py`` only.
+
+Live, over a real network: :func:`ship` (``python -m jetstream.stage.baseline ship``, one
+per site) gzips each new log file of a folder and sends it over TCP to a :class:`Receiver` at
+the root, which drops it into the inbox that :func:`live_top_domains` watches.
 """
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import shutil
+import socket
+import socketserver
+import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
 
 from jetstream.schema import CDN_LOG_SCHEMA
 from jetstream.stage.compile import spark_schema
 
-__all__ = ["BackhaulRun", "ship_gzipped", "top_domains"]
+__all__ = ["BackhaulRun", "Receiver", "live_top_domains", "ship", "ship_gzipped",
+           "top_domains"]
 
 Window = tuple[int, int]
+Rows = list[dict[str, Any]]
 
 
 def ship_gzipped(files: list[Path], inbox: Path) -> int:
@@ -42,35 +54,143 @@ def ship_gzipped(files: list[Path], inbox: Path) -> int:
 class BackhaulRun:
     """The plain job's top 10 per window, and how long it took over how many records."""
 
-    windows: dict[Window, list[dict[str, Any]]]
+    windows: dict[Window, Rows]
     seconds: float
     records: int
+
+
+def _counts(spark: SparkSession, inbox: Path) -> DataFrame:
+    logs = (spark.readStream.schema(spark_schema(CDN_LOG_SCHEMA)).option("header", True)
+            .csv(str(inbox)))
+    return (logs.where(F.col("status") < 500)
+            .withColumn("t", F.timestamp_millis("ts")).withWatermark("t", "5 seconds")
+            .groupBy(F.window("t", "10 seconds"), "domain")
+            .agg(F.count(F.lit(1)).alias("requests"), F.sum(F.col("bytes") / 1024).alias("kb")))
+
+
+def _top(rows: Sequence[Any], k: int) -> dict[Window, Rows]:
+    windows: dict[Window, Rows] = {}
+    for row in rows:
+        window = (int(row.s), int(row.e))
+        windows.setdefault(window, []).append(
+            {"domain": row.domain, "requests": row.requests, "kb": row.kb})
+    return {w: sorted(found, key=lambda r: (-r["requests"], r["domain"]))[:k]
+            for w, found in windows.items()}
+
+
+_WINDOWED = ("unix_millis(window.start) as s", "unix_millis(window.end) as e", "domain",
+             "requests", "kb")
 
 
 def top_domains(spark: SparkSession, inbox: Path, checkpoint: Path, *, k: int = 10
                 ) -> BackhaulRun:
     """Run the plain streaming job once over everything in ``inbox`` (``*.csv.gz``)."""
-    logs = (spark.readStream.schema(spark_schema(CDN_LOG_SCHEMA)).option("header", True)
-            .csv(str(inbox)))
-    counts = (logs.where(F.col("status") < 500)
-              .withColumn("t", F.timestamp_millis("ts")).withWatermark("t", "5 seconds")
-              .groupBy(F.window("t", "10 seconds"), "domain")
-              .agg(F.count(F.lit(1)).alias("requests"), F.sum(F.col("bytes") / 1024).alias("kb")))
     name = f"backhaul_{time.time_ns()}"
     start = time.perf_counter()
-    (counts.writeStream.format("memory").queryName(name).outputMode("append")
+    (_counts(spark, inbox).writeStream.format("memory").queryName(name).outputMode("append")
      .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True)
      .start().awaitTermination())
     seconds = time.perf_counter() - start
     records = spark.read.schema(spark_schema(CDN_LOG_SCHEMA)).option("header", True) \
         .csv(str(inbox)).count()
-    rows = spark.sql(f"select unix_millis(window.start) as s, unix_millis(window.end) as e, "
-                     f"domain, requests, kb from {name}").collect()
-    windows: dict[Window, list[dict[str, Any]]] = {}
-    for row in rows:
-        window = (int(row.s), int(row.e))
-        windows.setdefault(window, []).append(
-            {"domain": row.domain, "requests": row.requests, "kb": row.kb})
-    top = {w: sorted(found, key=lambda r: (-r["requests"], r["domain"]))[:k]
-           for w, found in windows.items()}
-    return BackhaulRun(top, seconds, records)
+    rows = spark.table(name).selectExpr(*_WINDOWED).collect()
+    return BackhaulRun(_top(rows, k), seconds, records)
+
+
+def live_top_domains(spark: SparkSession, inbox: Path, checkpoint: Path,
+                     on_window: Callable[[Window, Rows], None], *, k: int = 10,
+                     trigger_s: float = 1.0) -> StreamingQuery:
+    """Start the plain job on ``inbox`` as files arrive; ``on_window`` hears each window's
+    top ``k`` once Spark's watermark lets the window out."""
+    def emit(batch: DataFrame, batch_id: int) -> None:
+        for window, rows in sorted(_top(batch.selectExpr(*_WINDOWED).collect(), k).items()):
+            on_window(window, rows)
+
+    inbox.mkdir(parents=True, exist_ok=True)
+    return (_counts(spark, inbox).writeStream.outputMode("append").foreachBatch(emit)
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(processingTime=f"{trigger_s:g} seconds").start())
+
+
+class Receiver(socketserver.ThreadingTCPServer):
+    """The root's end of the backhaul: each file a shipper sends lands whole in ``inbox``.
+
+    The stream is a header line ``SITE NAME SIZE`` then SIZE bytes, per file. ``received``
+    counts the bytes received per site.
+    """
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], inbox: Path) -> None:
+        self.inbox, self.staging = inbox, inbox.parent / f".{inbox.name}-staging"
+        self.inbox.mkdir(parents=True, exist_ok=True)
+        self.staging.mkdir(parents=True, exist_ok=True)
+        self.received: dict[str, int] = {}
+        self._lock = threading.Lock()
+        super().__init__(address, _Arrivals)
+
+    def land(self, site: str, name: str, data: bytes) -> None:
+        name = f"{site}-{name}"
+        if "/" in name or name.startswith("."):
+            return
+        staged = self.staging / name
+        staged.write_bytes(data)
+        staged.rename(self.inbox / name)  # whole files only, as Spark's file source needs
+        with self._lock:
+            self.received[site] = self.received.get(site, 0) + len(data)
+
+
+class _Arrivals(socketserver.StreamRequestHandler):
+    server: Receiver
+
+    def handle(self) -> None:
+        while header := self.rfile.readline():
+            site, name, size = header.decode().split()
+            data = self.rfile.read(int(size))
+            if len(data) < int(size):
+                return
+            self.server.land(site, name, data)
+
+
+def ship(folder: Path, site: str, to: tuple[str, int], *, poll_s: float = 0.2,
+         stop: threading.Event | None = None) -> None:
+    """Send every ``*.csv`` that appears in ``folder``, gzipped, in name order, to a
+    :class:`Receiver` at ``to``, until ``stop`` is set (or forever)."""
+    stop = stop or threading.Event()
+    sent: set[str] = set()
+    with _connect(to, stop) as conn:
+        while not stop.is_set():
+            fresh = sorted(p for p in folder.glob("*.csv") if p.name not in sent)
+            for path in fresh:
+                packed = gzip.compress(path.read_bytes(), compresslevel=6)
+                conn.sendall(f"{site} {path.name}.gz {len(packed)}\n".encode() + packed)
+                sent.add(path.name)
+            if not fresh:
+                stop.wait(poll_s)
+
+
+def _connect(to: tuple[str, int], stop: threading.Event) -> socket.socket:
+    while True:
+        try:
+            return socket.create_connection(to, timeout=None)
+        except OSError:
+            if stop.wait(0.5):
+                raise
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m jetstream.stage.baseline",
+        description="ship: the backhaul baseline's shipper for one site (see the module)")
+    parser.add_argument("action", choices=["ship"])
+    parser.add_argument("--folder", required=True, help="the site's log folder")
+    parser.add_argument("--site", required=True, help="the site's name")
+    parser.add_argument("--to", required=True, metavar="HOST:PORT", help="the receiver")
+    args = parser.parse_args(argv)
+    host, port = args.to.rsplit(":", 1)
+    ship(Path(args.folder), args.site, (host, int(port)))
+
+
+if __name__ == "__main__":
+    main()
