@@ -43,6 +43,8 @@ __all__ = ["LatencyPhase", "WindowLatency", "run_latency"]
 
 #: Windows ending this soon after the logs start are not counted: Spark is still warming up.
 WARMUP_S = 20.0
+#: Windows ending this close to the end of the logs are not counted: nothing closes them.
+CLOSING_S = 10.0
 #: How long a phase waits, after the logs stop, for the windows still on their way.
 GRACE_S = 30.0
 
@@ -252,7 +254,8 @@ def _latencies(arrivals: _Arrivals, truth: dict[Window, list[dict[str, Any]]],
     out = []
     for window in sorted(truth):
         end = window[1] / 1000
-        if end - started < WARMUP_S or end > started + duration_s:
+        # The last windows close only when later records move the watermark: none come.
+        if end - started < WARMUP_S or end > started + duration_s - CLOSING_S:
             continue
         arrival = arrivals.seen.get(window)
         if arrival is None:
@@ -275,6 +278,11 @@ def _plot(phases: list[LatencyPhase], shaped: str, dropped: str, path: Path) -> 
         given = [w for w in phase.windows if w.given]
         line = ax.plot([w.end_s for w in given], [w.latency_s for w in given], marker="o",
                        label=label)[0]
+        for w in given:
+            if w.recall is not None and w.recall < 1:
+                ax.annotate(f"recall {w.recall:.1f}", (w.end_s, w.latency_s),
+                            textcoords="offset points", xytext=(0, 8), ha="center",
+                            fontsize="x-small", color="red")
         missing = [w for w in phase.windows if not w.given]
         if missing:
             ax.plot([w.end_s for w in missing], [w.latency_s for w in missing], marker="^",
@@ -282,7 +290,7 @@ def _plot(phases: list[LatencyPhase], shaped: str, dropped: str, path: Path) -> 
                     label=f"{label}: not given yet (at least)")
     drop = phases[0].drop_at_s
     ax.axvline(drop, color="red", linestyle="--", label=f"links drop {shaped} -> {dropped}")
-    ax.set_yscale("log")
+    ax.set_ylim(bottom=0)
     ax.set_xlabel("window end (s since the logs started)")
     ax.set_ylabel("result latency after the window ends (s)")
     ax.legend(fontsize="small")
