@@ -8,6 +8,11 @@ that arrives after its window went out (or a newer revision of one) is merged in
 window goes out again as a correction: the receivers (the parent's aggregator, or the root's
 results) replace what they had. Merging uses each aggregate's own ``merge`` on fresh
 accumulators, so nothing an input sent is changed.
+
+A window that went out complete is kept for ``retain_s`` more seconds, so that an input
+coming back after a failure or a partition still corrects it; past that it is forgotten, and
+a batch for a window that old is refused (counted in ``too_late``) rather than merged into a
+fresh window that would replace the full one with a part of it.
 """
 
 from __future__ import annotations
@@ -22,12 +27,14 @@ from jetstream.approx.truncate import BoundedPartial, exact_partial, merge_bound
 from jetstream.operators import WindowAggregate
 from jetstream.partials import PartialBatch
 
-__all__ = ["ENDED", "MergedWindow", "WindowMerger"]
+__all__ = ["ENDED", "RETAIN_S", "MergedWindow", "WindowMerger"]
 
 Window = tuple[int, int]
 
 #: The watermark of an input that has ended, or is idle: it holds back no window.
 ENDED = 2**63 - 1
+#: How long a settled window stays, to take corrections from inputs that come back.
+RETAIN_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -70,25 +77,39 @@ class _Pending:
     batches: dict[str, PartialBatch] = field(default_factory=dict)  # origin -> newest batch
     sent: frozenset[tuple[str, int]] | None = None  # (origin, revision) merged last time
     revision: int = -1
+    settled: float | None = None  # when it was last seen settled
 
 
 class WindowMerger:
     """Partial batches of one query from a known set of inputs, merged per window."""
 
     def __init__(self, aggregate: WindowAggregate, inputs: Iterable[str], *,
-                 deadline_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+                 deadline_s: float, clock: Callable[[], float] = time.monotonic,
+                 retain_s: float = RETAIN_S) -> None:
         self.aggregate = aggregate
         self.inputs = frozenset(inputs)
-        self.deadline_s = deadline_s
+        self.deadline_s, self.retain_s = deadline_s, retain_s
         self._clock = clock
         self._lock = threading.Lock()
         self._windows: dict[Window, _Pending] = {}
         self._watermarks: dict[str, int] = {}
         self._ended: set[str] = set()
+        self._forgotten_end: int | None = None  # the latest end of a forgotten window
+        self.too_late = 0  # batches refused: their window was forgotten
+
+    def set_inputs(self, inputs: Iterable[str]) -> None:
+        """Merge from ``inputs`` from now on (a re-plan): windows waiting for an input that
+        left stop waiting; an input that joins corrects the windows it has data for."""
+        with self._lock:
+            self.inputs = frozenset(inputs)
 
     def add(self, batch: PartialBatch) -> None:
         """Keep an input's batch; of several for one (origin, window), the newest revision."""
         with self._lock:
+            if batch.window not in self._windows and self._forgotten_end is not None \
+                    and batch.window[1] <= self._forgotten_end:
+                self.too_late += 1
+                return
             pending = self._windows.setdefault(batch.window, _Pending(self._clock()))
             held = pending.batches.get(batch.origin)
             if held is None or batch.revision > held.revision:
@@ -141,13 +162,21 @@ class WindowMerger:
         return frozenset((o, b.revision) for o, b in pending.batches.items())
 
     def _forget_settled(self) -> None:
-        """Drop windows that went out complete and that no input can still change."""
+        """Drop windows that went out complete, that no input can still change, and that
+        have stayed so for ``retain_s``."""
+        now = self._clock()
         for window, pending in list(self._windows.items()):
-            if (pending.sent is not None and self._versions(pending) == pending.sent
+            if not (pending.sent is not None and self._versions(pending) == pending.sent
                     and all(b.complete for b in pending.batches.values())
                     and all(self._watermarks.get(i, -ENDED) >= window[1]
                             for i in self.inputs)):
+                pending.settled = None
+                continue
+            if pending.settled is None:
+                pending.settled = now
+            if now - pending.settled >= self.retain_s:
                 del self._windows[window]
+                self._forgotten_end = max(self._forgotten_end or window[1], window[1])
 
     def _merge(self, window: Window, pending: _Pending, missing: frozenset[str]
                ) -> MergedWindow:

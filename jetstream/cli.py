@@ -21,6 +21,7 @@ from jetstream.control.daemons import run_controller, run_site
 from jetstream.control.launch import LocalCluster, replay
 from jetstream.control.results_view import follow_table, render_window
 from jetstream.control.status_view import print_status, status_dict
+from jetstream.cubes import parse_retention
 from jetstream.errors import JetstreamError, PlanError
 from jetstream.local import LocalRun, run_local
 from jetstream.queryfile import load_query
@@ -65,7 +66,8 @@ def _site(args: argparse.Namespace) -> int:
           file=sys.stderr)
     options = SiteOptions(input_dir=Path(args.input) if args.input else None,
                           replay=args.replay, deadline_s=args.window_deadline,
-                          idle_s=args.idle_timeout, spark_master=args.spark_master)
+                          idle_s=args.idle_timeout, spark_master=args.spark_master,
+                          cubes=args.cubes, retention=parse_retention(args.retention))
     if args.state_dir:
         options.state_dir = Path(args.state_dir)
     run_site(args.name, args.controller, port=args.port, host=args.host, options=options)
@@ -469,6 +471,13 @@ def _parser() -> argparse.ArgumentParser:
     site.add_argument("--idle-timeout", type=float, default=5.0, metavar="S",
                       help="input without records this long is idle and holds no window "
                            "back (default: 5s)")
+    site.add_argument("--cubes", action=argparse.BooleanOptionalAction, default=True,
+                      help="keep every partial sent in STATE_DIR/<site>/cubes.sqlite until "
+                           "the parent acks it, across restarts, with time rollups "
+                           "(default: on; see docs/cubes.md)")
+    site.add_argument("--retention", default="10s=1h,1m=1d,1h=30d", metavar="RES=KEEP,...",
+                      help="how long the cube store keeps each resolution "
+                           "(default: 10s=1h,1m=1d,1h=30d)")
     site.set_defaults(run=_site)
 
     run = commands.add_parser(

@@ -131,11 +131,19 @@ def decode_batch(message: pb.PartialBatch, aggregate: WindowAggregate) -> Partia
     if len(message.payload) > MAX_PAYLOAD_BYTES:
         msg = f"{where}: payload of {len(message.payload)} bytes is over the limit"
         raise DataError(msg)
+    negative = [name for name in ("partition", "attempt", "sequence", "level", "events",
+                                  "wan_bytes", "closed_at_ms", "revision")
+                if getattr(message, name) < 0]
+    if negative or not 0 <= message.error_bound < math.inf:
+        msg = (f"{where}: {', '.join(negative) or 'error_bound'} should be a non-negative "
+               "number")
+        raise DataError(msg)
+    raw = _inflate(message.payload, where) if message.compressed else message.payload
     try:
-        raw = (zlib.decompressobj().decompress(message.payload, MAX_PAYLOAD_BYTES)
-               if message.compressed else message.payload)
-        document = None if message.kind == pb.SUMMARY_KIND_FREQUENT_ITEMS else json.loads(raw)
-    except (zlib.error, ValueError, UnicodeDecodeError) as e:
+        document = (None if message.kind == pb.SUMMARY_KIND_FREQUENT_ITEMS
+                    else json.loads(raw, parse_int=_int64, parse_float=_finite,
+                               parse_constant=_no_constant))
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
         msg = f"{where}: unreadable payload: {e}"
         raise DataError(msg) from None
     slack: tuple[float, ...] | None
@@ -158,6 +166,47 @@ def decode_batch(message: pb.PartialBatch, aggregate: WindowAggregate) -> Partia
         wan_bytes=message.wan_bytes, closed_at_ms=message.closed_at_ms,
         revision=message.revision, slack=slack, omitted=omitted, complete_rows=complete,
         warnings=tuple(message.warnings))
+
+
+def _int64(text: str) -> int:
+    """A JSON integer, if it fits the 64 bits every hop after this one (and a result) has."""
+    value = int(text)
+    if not -(2**63) <= value < 2**63:
+        msg = f"the integer {text:.30} does not fit in 64 bits"
+        raise ValueError(msg)
+    return value
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # "1e999"
+        return _no_constant(text)
+    return value
+
+
+def _no_constant(name: str) -> float:
+    """``encode_batch`` never writes NaN or Infinity (``allow_nan=False``): refuse them too,
+    or the batch could not be sent on from here."""
+    msg = f"{name:.30} is not a finite number"
+    raise ValueError(msg)
+
+
+def _inflate(payload: bytes, where: str) -> bytes:
+    """The zlib stream ``payload`` decompressed: whole, and at most MAX_PAYLOAD_BYTES."""
+    inflater = zlib.decompressobj()
+    try:
+        raw = inflater.decompress(payload, MAX_PAYLOAD_BYTES)
+    except zlib.error as e:
+        msg = f"{where}: unreadable payload: {e}"
+        raise DataError(msg) from None
+    if inflater.unconsumed_tail:  # it stopped at the limit with input left
+        msg = f"{where}: unreadable payload: it inflates to over {MAX_PAYLOAD_BYTES} bytes"
+        raise DataError(msg)
+    if not inflater.eof or inflater.unused_data:
+        msg = f"{where}: unreadable payload: the compressed stream is cut short or followed " \
+              "by other bytes"
+        raise DataError(msg)
+    return raw
 
 
 def _rows(document: Any, aggregate: WindowAggregate, where: str) -> tuple[dict[str, Any], ...]:
@@ -185,11 +234,14 @@ def _rows(document: Any, aggregate: WindowAggregate, where: str) -> tuple[dict[s
             raise DataError(msg)
     rows: list[dict[str, Any]] = [{k: columns[k][i] for k in aggregate.keys}
                                   for i in range(count)]
+    if len({tuple(row.values()) for row in rows}) != count:  # merges assume one row per key
+        msg = f"{where}: a group key has two rows"
+        raise DataError(msg)
     for name, agg in aggregate.aggregates:
         for row, data in zip(rows, columns[name], strict=True):
             try:
                 row[name] = agg.decode(data)
-            except ValueError as e:
+            except (ValueError, TypeError) as e:  # TypeError: e.g. an unhashable distinct value
                 msg = f"{where}: {e}"
                 raise DataError(msg) from None
     return tuple(rows)

@@ -16,26 +16,41 @@ def load_query(path: str | Path) -> Query:
     if not p.is_file():
         msg = f"{p}: no such query file"
         raise PlanError(msg)
-    return query_from_source(p.read_text(encoding="utf-8"), str(p))
+    try:
+        source = p.read_text(encoding="utf-8")
+    except OSError as e:
+        msg = f"{p}: cannot read the query file: {e.strerror or e}"
+        raise PlanError(msg) from None
+    except UnicodeDecodeError as e:
+        msg = f"{p}: cannot read the query file: not UTF-8 ({e.reason} at byte {e.start})"
+        raise PlanError(msg) from None
+    return query_from_source(source, str(p))
 
 
 def query_from_source(source: str, origin: str = "<query>") -> Query:
     """The ``query`` that the module text ``source`` defines (``origin`` names it in errors).
 
     The text is run as Python, so it is trusted code: the controller runs only what its
-    authenticated users submit.
+    authenticated users submit. Whatever it raises (an exit too) becomes a PlanError; only
+    KeyboardInterrupt goes through.
     """
     namespace: dict[str, object] = {"__name__": "jetstream_query", "__file__": origin}
     try:
         exec(compile(source, origin, "exec"), namespace)
     except JetstreamError as e:
-        msg = f"{origin}: {e}"
+        msg = f"{origin}: {_text(e)}"
         raise PlanError(msg) from None
     except SyntaxError as e:
-        msg = f"{origin}:{e.lineno}: syntax error: {e.msg}"
+        line = f":{e.lineno}" if e.lineno else ""
+        msg = f"{origin}{line}: syntax error: {e.msg}"
         raise PlanError(msg) from None
-    except Exception as e:
-        msg = f"{origin}: running the query file raised {type(e).__name__}: {e}"
+    except SystemExit as e:  # e.g. a script's sys.exit() must not end the controller
+        msg = f"{origin}: the query file called exit({_text(e)}) instead of defining `query`"
+        raise PlanError(msg) from None
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:
+        msg = f"{origin}: running the query file raised {type(e).__name__}: {_text(e)}"
         raise PlanError(msg) from None
     query = namespace.get("query")
     if not isinstance(query, Query):
@@ -43,3 +58,11 @@ def query_from_source(source: str, origin: str = "<query>") -> Query:
         msg = f"{origin}: the module must assign a js.Query to the name `query`, found {found}"
         raise PlanError(msg)
     return query
+
+
+def _text(error: BaseException) -> str:
+    """What ``error`` says, even when its ``__str__`` is broken (the query file defined it)."""
+    try:
+        return str(error)
+    except Exception:
+        return f"<{type(error).__name__} that cannot say what it is>"

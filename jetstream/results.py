@@ -22,7 +22,9 @@ class WindowResult:
     made (``latency_s``), the wide-area bytes the window cost (``wan_bytes``), and its
     ``revision``: 0, then 1, 2, ... each time a late site's data corrects it, and
     ``warnings``: what a link on the way could not do (meet the SLO's latency without going
-    past its ``max_error``, say). The reference executor leaves these None (warnings empty).
+    past its ``max_error``, say), and ``missing_sites``: the source sites whose data it does
+    not hold yet (dead, cut off, or late; a later revision corrects it when their data
+    comes). The reference executor leaves these None (the lists empty).
     """
 
     query: str
@@ -37,6 +39,7 @@ class WindowResult:
     wan_bytes: int | None = None
     revision: int = 0
     warnings: list[str] = field(default_factory=list)
+    missing_sites: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -6,9 +6,11 @@ For every fragment a site runs, :class:`SiteRuntime` keeps one :class:`QueryRun`
   site holds the query's source, reading the site's input folder;
 - a **merger** (:class:`~jetstream.aggregator.WindowMerger`) whose inputs are the site's
   children in the aggregation tree and its own local stage;
-- and then either a **sender** to the parent (:class:`~jetstream.transport.PartialSender`)
-  or, at the root, the **final step** (the reference executor's own operators, from the
-  merged partials) whose results are published to the global controller.
+- and then either a **sender** to the parent (:class:`~jetstream.transport.PartialSender`),
+  which with ``SiteOptions.cubes`` keeps what it sends in the site's cube store
+  (:mod:`jetstream.cubes`) until acked, across restarts, and rolls it up; or, at the root,
+  the **final step** (the reference executor's own operators, from the merged partials)
+  whose results are published to the global controller.
 
 Progress flows with the data: an input that has closed every window up to its watermark says
 so, an idle input (no records for ``idle_s``) closes its open windows and stops holding the
@@ -24,7 +26,7 @@ import logging
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,11 +36,12 @@ from jetstream.aggtree.planner import Fragment
 from jetstream.approx.levels import degrade, levels_for, ranking
 from jetstream.approx.policy import LinkPolicy
 from jetstream.approx.truncate import top_k_bounds
+from jetstream.cubes import DEFAULT_RETENTION, CubeStore
 from jetstream.dsl import Query, Stream
 from jetstream.errors import ControlPlaneError, DataError, PlanError
 from jetstream.local import finish_from_partials
 from jetstream.operators import WindowAggregate
-from jetstream.partials import PartialBatch, encode_batch, summarised
+from jetstream.partials import PartialBatch, decode_batch, encode_batch, summarised
 from jetstream.queryfile import query_from_source
 from jetstream.results import WindowResult
 from jetstream.rewrite import optimize
@@ -55,6 +58,8 @@ log = logging.getLogger(__name__)
 DEFAULT_DEADLINE_S = 10.0
 #: How often a run looks for windows that are ready.
 TICK_S = 0.2
+#: How often a run rolls up and expires what the cube store keeps of it.
+CUBE_INTERVAL_S = 10.0
 
 #: Publishes a query's final results; ``finished``: there will be no more.
 Publish = Callable[[str, list[WindowResult], bool], None]
@@ -69,6 +74,7 @@ class Assignment:
     version: int = 0
     parent_address: str = ""  # the parent site's gRPC address; empty at the root
     covers: tuple[str, ...] = ()  # the source sites whose records reach the root through here
+    expected: tuple[str, ...] = ()  # every source site of the query, alive or not
 
 
 @dataclass
@@ -85,6 +91,12 @@ class SiteOptions:
     #: The local stage's Spark master; None: what the controller says (the topology's).
     #: Given up front, Spark starts before anything else (see ``SiteRuntime.session``).
     spark_master: str | None = None
+    #: Keep the partials the site sends in a cube store, ``state_dir/<site>/cubes.sqlite``:
+    #: what the parent has not acked is sent again after a restart, and finished windows roll
+    #: up for history. Off, they live in memory only (and two sites never share a file).
+    cubes: bool = False
+    #: Resolution (ms) -> seconds its windows are kept; see :class:`~jetstream.cubes.CubeStore`.
+    retention: Mapping[int, float] = field(default_factory=lambda: dict(DEFAULT_RETENTION))
 
 
 @dataclass(frozen=True)
@@ -101,32 +113,22 @@ class QueryRun:
     """One query's data plane at one site."""
 
     def __init__(self, site: str, assignment: Assignment, options: SiteOptions,
-                 spark: Callable[[], Any], publish: Publish) -> None:
+                 spark: Callable[[], Any], publish: Publish,
+                 store: CubeStore | None = None) -> None:
         fragment = assignment.fragment
         self.site, self.assignment, self.options = site, assignment, options
         self.query = distributed(query_from_source(assignment.source, fragment.query))
         self.partial = partial_aggregate(self.query)
         self._publish = publish
-        inputs = set(fragment.children) | ({site} if fragment.sources else set())
         slo_deadline = (self.query.slo.max_latency_ms / 1000
                         if self.query.slo and self.query.slo.max_latency_ms else None)
-        self.merger = WindowMerger(self.partial, inputs, deadline_s=options.deadline_s
-                                   or slo_deadline or DEFAULT_DEADLINE_S)
+        self.merger = WindowMerger(self.partial, self._inputs(fragment),
+                                   deadline_s=options.deadline_s or slo_deadline
+                                   or DEFAULT_DEADLINE_S)
         self.ranking = ranking(self.query)
-        self.policy: LinkPolicy | None = None
-        self.sender: PartialSender | None = None
-        if assignment.parent_address and not options.replay:
-            # Replay compresses time, so its backlog says nothing about the link: it stays exact.
-            plan = self.query.plan()
-            window = plan.window_of(plan.partial_aggregates()[0])
-            assert window is not None, "the DSL windows every aggregate"
-            self.policy = LinkPolicy(levels_for(self.ranking), slo=self.query.slo,
-                                     window_s=window.spec.every_ms / 1000,
-                                     min_interval_s=options.level_interval_s)
-        if assignment.parent_address:
-            self.sender = PartialSender(assignment.parent_address, on_ack=self._acked)
+        self._store = store
+        self._link(assignment)
         self._sequence = itertools.count(1)
-        self._reported: tuple[int | None, bool] = (None, False)
         self._published_finish = False
         self._stop = threading.Event()
         self.stage: Any = None
@@ -139,6 +141,51 @@ class QueryRun:
     @property
     def name(self) -> str:
         return self.assignment.fragment.query
+
+    def _inputs(self, fragment: Fragment) -> set[str]:
+        return set(fragment.children) | ({self.site} if fragment.sources else set())
+
+    def _link(self, assignment: Assignment) -> None:
+        """The sender to the assignment's parent, with its degradation policy (none at the
+        root)."""
+        self.policy: LinkPolicy | None = None
+        self.sender: PartialSender | None = None
+        self.store = self._store if assignment.parent_address else None
+        self._reported: tuple[int | None, bool] = (None, False)
+        if not assignment.parent_address:
+            return
+        if not self.options.replay:
+            # Replay compresses time, so its backlog says nothing about the link: it stays exact.
+            plan = self.query.plan()
+            window = plan.window_of(plan.partial_aggregates()[0])
+            assert window is not None, "the DSL windows every aggregate"
+            self.policy = LinkPolicy(levels_for(self.ranking), slo=self.query.slo,
+                                     window_s=window.spec.every_ms / 1000,
+                                     min_interval_s=self.options.level_interval_s)
+        # Held by query, not by parent: a re-planned parent gets what the last one lacks.
+        if self.store is not None:
+            self._check_held(self.store)
+        self.sender = PartialSender(assignment.parent_address, on_ack=self._acked,
+                                    store=self.store, destination=assignment.fragment.query)
+
+    def retarget(self, assignment: Assignment) -> bool:
+        """Take a new version of this run's assignment (a re-plan) in place: new inputs, a new
+        parent, while the local stage and the windows in flight go on. False if the query or
+        this site's part in it changed: then the run must be replaced."""
+        before = self.assignment
+        if (assignment.source != before.source or assignment.fragment.query != self.name
+                or bool(assignment.fragment.sources) != bool(before.fragment.sources)):
+            return False
+        self.assignment = assignment
+        self.merger.set_inputs(self._inputs(assignment.fragment))
+        if assignment.parent_address != before.parent_address:
+            if self.sender is not None:
+                self.sender.close()  # what it holds unacked, the store gives the next one
+            self._link(assignment)
+        log.info("%s at %s: now version %d (inputs %s, parent %s)", self.name, self.site,
+                 assignment.version, ", ".join(sorted(self.merger.inputs)),
+                 assignment.fragment.parent or "none")
+        return True
 
     # -- the local stage ----------------------------------------------------------------------
     def _run_stage(self, spark: Callable[[], Any]) -> None:
@@ -157,7 +204,9 @@ class QueryRun:
         try:
             self.stage = LocalStage(spark(), self.query, folder,
                                     checkpoint_dir=state / "checkpoint",
-                                    quarantine_dir=state / "quarantine", emit=self._local)
+                                    quarantine_dir=state / "quarantine", emit=self._local,
+                                    snapshot=None if self.options.replay
+                                    else state / "stage.json")
             if self.options.replay:
                 self.stage.run_available()
                 self.merger.progress(self.site, ENDED, ended=True)
@@ -188,17 +237,58 @@ class QueryRun:
         stream.stop()
 
     def _local(self, window: tuple[int, int], rows: list[dict[str, Any]], events: int) -> None:
+        if self.store is not None and self.store.has_sent(self.name, self.name, window,
+                                                          self.site):
+            return  # a restarted stage hands on again what it had handed on before
         self.merger.add(PartialBatch(self.name, window, self.site, tuple(rows), events=events,
                                      covers=frozenset({self.site}),
                                      closed_at_ms=time.time_ns() // 1_000_000))
 
     # -- merging and forwarding ---------------------------------------------------------------
     def _pump(self) -> None:
+        tended = time.monotonic()
         while not self._stop.wait(TICK_S):
             try:
                 self.tick()
             except Exception:  # keep merging what arrives; the next tick tries again
                 log.exception("%s at %s: forwarding failed", self.name, self.site)
+            if self.store is not None and time.monotonic() - tended >= CUBE_INTERVAL_S:
+                tended = time.monotonic()
+                try:
+                    self.tend_cubes(time.time_ns() // 1_000_000)
+                except DataError:  # history suffers, the data flows on
+                    log.exception("%s at %s: rolling up the cubes failed", self.name, self.site)
+
+    def _check_held(self, store: CubeStore) -> None:
+        """Release what the store holds unacked for this query if nobody will take it: a
+        replay starts over from scratch, and the parent would refuse forever partials of an
+        earlier query of this name that this one cannot read."""
+        held = store.unacked(self.name)
+        if not held:
+            return
+        if self.options.replay:
+            store.release(self.name)
+            return
+        try:
+            for batch in held:
+                decode_batch(batch, self.partial)
+        except DataError as e:
+            log.warning("%s at %s: not sending again what an earlier query left: %s",
+                        self.name, self.site, e)
+            store.release(self.name)
+            return
+        log.info("%s at %s: sending %d unacknowledged partials again", self.name, self.site,
+                 len(held))
+
+    def tend_cubes(self, now_ms: int) -> None:
+        """Roll up the finished windows kept of this query, and apply retention."""
+        if self.store is None:
+            return
+        plan = self.query.plan()
+        window = plan.window_of(plan.partial_aggregates()[0])
+        assert window is not None, "the DSL windows every aggregate"
+        self.store.roll_up(self.name, self.partial, window.spec, now_ms)
+        self.store.expire(now_ms)
 
     def tick(self) -> None:
         """Send (or, at the root, finish) every ready window, then report progress."""
@@ -291,8 +381,10 @@ class QueryRun:
         results = finish_from_partials(self.query, {merged.window: list(merged.rows)})
         if merged.slack is not None and self.ranking is not None:
             results = [self._with_bounds(r, merged) for r in results]
+        expected = set(self.assignment.expected or self.assignment.covers)
         return [dataclasses.replace(
-            r, sites_reporting=len(merged.covers), sites_expected=len(self.assignment.covers),
+            r, sites_reporting=len(merged.covers & expected), sites_expected=len(expected),
+            missing_sites=sorted(expected - merged.covers),
             latency_s=(now_ms - merged.closed_at_ms) / 1000 if merged.closed_at_ms else 0.0,
             wan_bytes=merged.wan_bytes, revision=merged.revision,
             warnings=list(merged.warnings)) for r in results]
@@ -328,19 +420,29 @@ class SiteRuntime:
         self._lock = threading.Lock()
         self._runs: dict[str, QueryRun] = {}
         self._spark: Any = None
+        self._cubes: CubeStore | None = None
         self.servicer = DataPlaneServicer(self._aggregate_of, self._deliver, self._progress)
 
     def deploy(self, assignment: Assignment) -> None:
-        """Start a query's run here; a new version of a running one replaces it."""
+        """Start a query's run here; a new version of a running one is taken in place when
+        it can be (see :meth:`QueryRun.retarget`), else it replaces the old run."""
         with self._lock:
             old = self._runs.pop(assignment.fragment.query, None)
             if old is not None:
-                if old.assignment == assignment:
+                if old.assignment == assignment or old.retarget(assignment):
                     self._runs[assignment.fragment.query] = old
                     return
                 old.stop()
             self._runs[assignment.fragment.query] = QueryRun(
-                self.site, assignment, self.options, self.session, self._published)
+                self.site, assignment, self.options, self.session, self._published,
+                self._store() if assignment.parent_address else None)
+
+    def _store(self) -> CubeStore | None:
+        """The site's cube store, opened when the first sender needs it (with ``cubes``)."""
+        if self.options.cubes and self._cubes is None:
+            self._cubes = CubeStore(self.options.state_dir / self.site / "cubes.sqlite",
+                                    retention=self.options.retention)
+        return self._cubes
 
     def _published(self, query: str, results: list[WindowResult], finished: bool) -> None:
         self.publish(query, results, finished)
@@ -354,6 +456,8 @@ class SiteRuntime:
     def close(self) -> None:
         for query in list(self._runs):
             self.stop(query)
+        if self._cubes is not None:
+            self._cubes.close()
         if self._spark is not None:
             self._spark.stop()
 

@@ -4,7 +4,10 @@
 backup): it holds one streaming ``Push`` call to its parent, and when that breaks it
 reconnects with exponential backoff and sends again whatever is not acknowledged, in the
 order it was first sent. Every byte it sends is counted. Besides partial batches it carries
-each origin's progress (its watermark), of which only the newest matters.
+each origin's progress (its watermark), of which only the newest matters. Given a
+:class:`~jetstream.cubes.CubeStore`, it keeps each batch there before sending it and marks it
+when acked, so that a sender started on the same store after a restart sends first what the
+last one never got acked.
 :class:`DataPlaneServicer` is the receiving end: it decodes each batch (garbage ends that
 sender's stream with INVALID_ARGUMENT and is counted; other streams go on), drops batches it
 has seen before by their identity, hands new ones and progress on, and acks each message.
@@ -22,6 +25,7 @@ from collections.abc import Callable, Iterator
 
 import grpc
 
+from jetstream.cubes import CubeStore
 from jetstream.errors import DataError
 from jetstream.operators import WindowAggregate
 from jetstream.partials import PartialBatch, decode_batch
@@ -59,10 +63,17 @@ class PartialSender:
     """Sends encoded partial batches and progress to one parent until each is acknowledged."""
 
     def __init__(self, address: str, *, max_backoff_s: float = 5.0,
-                 on_ack: Callable[[pb.PartialBatch, float, int], None] | None = None) -> None:
+                 on_ack: Callable[[pb.PartialBatch, float, int], None] | None = None,
+                 store: CubeStore | None = None, destination: str = "") -> None:
         """``on_ack(batch, seconds, backlog)`` hears of each acknowledged batch: how long it
-        took from ``send`` to its ack, and how many batches are still unacknowledged."""
+        took from ``send`` to its ack, and how many batches are still unacknowledged.
+        ``store``: keep batches there until acked, for ``destination`` (a name that outlives
+        this sender), and send first what it holds unacked for it."""
+        if store is not None and not destination:
+            msg = f"partial sender to {address}: a store needs a destination name"
+            raise DataError(msg)
         self.address = address
+        self._store, self._destination = store, destination
         self._on_ack = on_ack
         self._sent_at: dict[AckKey, float] = {}
         self.bytes_sent = 0
@@ -72,10 +83,19 @@ class PartialSender:
         self._queue: queue.Queue[pb.PushMessage] = queue.Queue()
         self._lock = threading.Condition()
         self._stop = threading.Event()
+        if store is not None:  # the first stream sends everything unacked, these first
+            for batch in store.unacked(destination):
+                self._hold(pb.PushMessage(batch=batch))
         self._thread = threading.Thread(target=self._run, name=f"push-{address}", daemon=True)
         self._thread.start()
 
     def send(self, batch: pb.PartialBatch) -> None:
+        if self._store is not None:
+            try:
+                self._store.keep(batch, self._destination)
+            except DataError:  # sent all the same: without a backup beats not at all
+                log.exception("push to %s: keeping a batch of %s failed", self.address,
+                              batch.query)
         self._put(pb.PushMessage(batch=batch))
 
     def send_progress(self, progress: pb.Progress) -> None:
@@ -83,12 +103,15 @@ class PartialSender:
         self._put(pb.PushMessage(progress=progress))
 
     def _put(self, message: pb.PushMessage) -> None:
+        self._hold(message)
+        self._queue.put(message)
+
+    def _hold(self, message: pb.PushMessage) -> None:
         key = _key(message)
         with self._lock:
             self._unacked.pop(key, None)  # a newer progress report goes after the batches
             self._unacked[key] = message
             self._sent_at.setdefault(key, time.monotonic())
-        self._queue.put(message)
 
     @property
     def unacked(self) -> int:
@@ -143,21 +166,35 @@ class PartialSender:
         return message
 
     def _acked(self, ack: pb.Ack) -> None:
+        if ack.progress:
+            key = _progress_key(ack.query, ack.origin)
+        else:
+            key = _batch_key(ack.query, ack.window_start_ms, ack.origin, ack.partition,
+                             ack.sequence, ack.revision)
+            self._mark_acked(key, ack)
         with self._lock:
             if ack.progress:
-                key = _progress_key(ack.query, ack.origin)
                 held = self._unacked.get(key)
                 if held is None or held.progress.sequence > ack.sequence:
                     return  # a newer report is still on its way
-            else:
-                key = _batch_key(ack.query, ack.window_start_ms, ack.origin, ack.partition,
-                                 ack.sequence, ack.revision)
             message = self._unacked.pop(key, None)
             sent_at = self._sent_at.pop(key, None)
             backlog = sum(m.HasField("batch") for m in self._unacked.values())
             self._lock.notify_all()
         if self._on_ack and message is not None and sent_at is not None and not ack.progress:
             self._on_ack(message.batch, time.monotonic() - sent_at, backlog)
+
+    def _mark_acked(self, key: AckKey, ack: pb.Ack) -> None:
+        """Mark an acked batch in the store, before ``flush`` can see it acked."""
+        if self._store is None:
+            return
+        with self._lock:
+            held = key in self._unacked
+        if held:
+            try:
+                self._store.acked(ack, self._destination)
+            except DataError:  # it is sent again after a restart; receivers drop it then
+                log.exception("push to %s: marking an ack failed", self.address)
 
 
 class DataPlaneServicer(rpc.DataPlaneServicer):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -58,6 +59,7 @@ def result_to_proto(result: WindowResult) -> pb.WindowResult:
                           sites_expected=result.sites_expected or 0,
                           latency_s=result.latency_s or 0.0, wan_bytes=result.wan_bytes or 0,
                           revision=result.revision, warnings=result.warnings,
+                          missing_sites=result.missing_sites,
                           columns=list(dict.fromkeys(c for row in result.rows for c in row)))
     if result.error_bound is not None:
         msg.error_bound = result.error_bound
@@ -65,6 +67,8 @@ def result_to_proto(result: WindowResult) -> pb.WindowResult:
 
 
 def result_from_proto(msg: pb.WindowResult) -> WindowResult:
+    """The result in ``msg``; raises DataError if it cannot be one (see ``_check_result``)."""
+    _check_result(msg)
     return WindowResult(query=msg.query, window_start=msg.window_start_ms,
                         window_end=msg.window_end_ms,
                         rows=[record_from_proto(r, tuple(msg.columns)) for r in msg.rows],
@@ -74,7 +78,25 @@ def result_from_proto(msg: pb.WindowResult) -> WindowResult:
                         sites_expected=msg.sites_expected or None,
                         latency_s=msg.latency_s if msg.sites_expected else None,
                         wan_bytes=msg.wan_bytes if msg.sites_expected else None,
-                        revision=msg.revision, warnings=list(msg.warnings))
+                        revision=msg.revision, warnings=list(msg.warnings),
+                        missing_sites=list(msg.missing_sites))
+
+
+def _check_result(msg: pb.WindowResult) -> None:
+    """Refuse an empty window, a NaN or negative error bound, negative counts, or a latency
+    that is not finite (it may be negative: site clocks differ)."""
+    checks = (
+        (f"window [{msg.window_start_ms}, {msg.window_end_ms}) is empty",
+         msg.window_end_ms <= msg.window_start_ms),
+        (f"error_bound {msg.error_bound!r} is not a finite non-negative number",
+         msg.HasField("error_bound") and not 0 <= msg.error_bound < math.inf),
+        ("sites_reporting, sites_expected, wan_bytes and revision cannot be negative",
+         min(msg.sites_reporting, msg.sites_expected, msg.wan_bytes, msg.revision) < 0),
+        (f"latency_s {msg.latency_s!r} is not finite", not math.isfinite(msg.latency_s)))
+    for problem, bad in checks:
+        if bad:
+            text = f"window result of {msg.query or '?'} at {msg.window_start_ms}: {problem}"
+            raise DataError(text)
 
 
 def slo_to_proto(slo: SLO) -> pb.SLO:

@@ -106,6 +106,45 @@ def test_a_missing_child_goes_out_late_and_incomplete_then_corrected() -> None:
     assert fixed.correction and fixed.complete and len(fixed.rows) == 3
 
 
+def test_an_input_that_leaves_is_not_waited_for_and_corrects_when_back() -> None:
+    _, site_query, partial = split(js.Query("q", QUERIES[0]))
+    merger = WindowMerger(partial, SITES, deadline_s=60, clock=lambda: 0.0)
+    batches = {site: site_batches(site_query, partial, site, [log(1_000, f"{site}.com")])[0]
+               for site in SITES}
+    merger.add(batches["ams"])
+    merger.add(batches["sfo"])
+    assert merger.ready() == []
+    merger.set_inputs(["ams", "sfo"])  # a re-plan: sin is dead
+    (first,) = merger.ready()
+    assert first.complete and first.covers == {"ams", "sfo"}
+    merger.set_inputs(SITES)  # sin is back, with the window it had
+    merger.add(batches["sin"])
+    (fixed,) = merger.ready()
+    assert fixed.correction and fixed.covers == set(SITES) and len(fixed.rows) == 3
+
+
+def test_a_settled_window_is_kept_for_a_while_then_later_batches_are_refused() -> None:
+    _, site_query, partial = split(js.Query("q", QUERIES[0]))
+    now = [0.0]
+    merger = WindowMerger(partial, ["ams", "sfo"], deadline_s=5, clock=lambda: now[0],
+                          retain_s=60)
+    (ams,) = site_batches(site_query, partial, "ams", [log(1_000)])
+    (sfo,) = site_batches(site_query, partial, "sfo", [log(2_000)])
+    merger.add(ams)
+    merger.progress("ams", 10_000)
+    merger.progress("sfo", 10_000)
+    (alone,) = merger.ready()
+    assert alone.complete and alone.covers == {"ams"}
+    now[0] = 30.0
+    merger.add(sfo)  # sfo's watermark lied (it restarted): still in time to correct
+    (fixed,) = merger.ready()
+    assert fixed.correction and fixed.covers == {"ams", "sfo"}
+    now[0] = 100.0
+    assert merger.ready() == []  # settled for 60 s now: forgotten
+    merger.add(dataclasses.replace(sfo, revision=1))
+    assert merger.ready() == [] and merger.too_late == 1  # not a window of sfo's part alone
+
+
 def test_a_batch_delivered_twice_counts_once_and_a_revision_replaces_it() -> None:
     _, site_query, partial = split(js.Query("q", QUERIES[0]))
     merger = WindowMerger(partial, ["ams"], deadline_s=5, clock=lambda: 0.0)

@@ -51,7 +51,9 @@ def test_the_backhaul_ships_whole_gzipped_files_over_tcp(tmp_path: Path) -> None
     texts = {f"live-{i}.csv": f"ts,domain\n{i},d{i}.example.com\n" * (i + 1) for i in range(3)}
     try:
         for name, text in texts.items():  # as the generator does: whole files, one by one
-            (folder / name).write_text(text)
+            staged = tmp_path / f".{name}"
+            staged.write_text(text)
+            staged.rename(folder / name)
             time.sleep(0.1)
         deadline = time.monotonic() + 10
         while len(list(inbox.glob("*.gz"))) < len(texts) and time.monotonic() < deadline:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -12,6 +13,7 @@ import pytest
 
 import jetstream as js
 from jetstream.control.server import start_server
+from jetstream.cubes import CubeStore
 from jetstream.operators import Phase, WindowAggregate
 from jetstream.partials import PartialBatch, encode_batch
 from jetstream.transport import DataPlaneServicer, PartialSender
@@ -187,5 +189,21 @@ def test_each_acknowledged_batch_is_timed(receiver: Receiver) -> None:
         assert sender.flush(10)
         assert sorted(w for w, _, _ in timed) == [0, 10, 20]  # batches only, once each
         assert all(0 <= s < 10 and 0 <= backlog <= 2 for _, s, backlog in timed)
+    finally:
+        sender.close()
+
+
+def test_a_sender_whose_store_fails_still_sends(receiver: Receiver, tmp_path: Path,
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    store = CubeStore(tmp_path / "cubes.sqlite")
+    sender = PartialSender(f"127.0.0.1:{receiver.port}", store=store, destination="dc")
+    try:
+        sender.send(message(0))
+        assert sender.flush(10) and store.unacked("dc") == []
+        store.close()  # e.g. the disk went away
+        sender.send(message(10))
+        assert sender.flush(10)
+        assert [b.window[0] for b in receiver.wait_for(2)] == [0, 10]
+        assert "keeping a batch of q failed" in caplog.text
     finally:
         sender.close()

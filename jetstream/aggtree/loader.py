@@ -17,8 +17,9 @@ The format (``topologies/README.md`` has the long version)::
 
 ``events_per_s`` (default 1000), ``bytes_per_event`` (200) and ``distinct_keys`` (1000) are
 optional. Bandwidths are bits per second in ``tc`` style (``kbit``, ``mbit``, ``gbit``, powers
-of 1000; see :mod:`jetstream.units`), latencies whole milliseconds with a unit (``"20ms"``).
-YAML anchors and merge keys (``<<: *small``) work.
+of 1000; see :mod:`jetstream.units`), latencies whole milliseconds with a unit (``"20ms"``, at
+most a day). YAML anchors and merge keys (``<<: *small``) work; lists and mappings nest at
+most ``MAX_NESTING`` deep.
 
 Every problem is a :class:`~jetstream.errors.PlacementError` that reads
 ``FILE:LINE: FIELD.PATH: what is wrong``; the first problem found is reported. The file is
@@ -51,10 +52,15 @@ _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 _SPARK_MASTER = re.compile(
     r"^(local(\[(\d+|\*)(,\s*\d+)?\])?|local-cluster\[\d+,\s*\d+,\s*\d+\]"
     r"|yarn|(spark|k8s|mesos)://\S+)$")
+_FIELD = re.compile(r"^[A-Za-z0-9_-]+$")
 _STR = "tag:yaml.org,2002:str"
 _MERGE = "tag:yaml.org,2002:merge"
 _KINDS = {kind.value: kind for kind in SiteKind}
 _FAST_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: 6x faster on 500 sites
+#: Deeper lists and mappings are refused (a topology needs five levels).
+MAX_NESTING = 64
+#: No wide-area link takes longer than this one way.
+MAX_LATENCY_MS = 24 * 3600 * 1000
 
 
 def load_topology(path: str | os.PathLike[str]) -> Topology:
@@ -214,6 +220,9 @@ def _link(reader: _Reader, node: yaml.Node, path: str, site_at: dict[str, yaml.N
         latency_ms = parse_duration(latency, what=f"{path}.latency")
     except PlanError as e:
         reader.fail(fields["latency"], "", str(e))
+    if latency_ms > MAX_LATENCY_MS:
+        reader.fail(fields["latency"], f"{path}.latency",
+                    "longer than a day; expected a link's latency, e.g. '20ms'")
     return Link(a=a, b=b, bandwidth_bps=bandwidth_bps, latency_ms=float(latency_ms))
 
 
@@ -250,10 +259,12 @@ class _Reader:
 
     def compose(self, text: str) -> yaml.Node:
         try:
+            self._within_depth(yaml.parse(text, Loader=_FAST_LOADER))
             document = yaml.compose(text, Loader=_FAST_LOADER)
         except yaml.YAMLError as fast_error:
             # The pure-Python parser says more, and counts characters rather than bytes.
             try:
+                self._within_depth(yaml.parse(text, Loader=yaml.SafeLoader))
                 yaml.compose(text, Loader=yaml.SafeLoader)
             except yaml.YAMLError as e:
                 self._malformed(text, e)
@@ -262,6 +273,20 @@ class _Reader:
             self.fail(None, "", "the topology is empty; expected a mapping with name, root, "
                       "sites and links")
         return document
+
+    def _within_depth(self, events: Iterable[yaml.Event]) -> None:
+        """Refuse lists and mappings nested deeper than MAX_NESTING before composing them:
+        the composers recurse, and libyaml's overflows the C stack (a crash, not an error)."""
+        depth = 0
+        for event in events:
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > MAX_NESTING:
+                    line = event.start_mark.line + 1 if event.start_mark else 1
+                    self.fail(None, "", f"lists and mappings nested more than {MAX_NESTING} "
+                              "deep", line=line)
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
 
     def _malformed(self, text: str, error: yaml.YAMLError) -> NoReturn:
         line = 1
@@ -297,6 +322,8 @@ class _Reader:
             self.fail(node, path, f"bad merge key: {e.problem}")
         fields: dict[str, yaml.Node] = {}
         for key, value in node.value:  # own keys come after merged ones, and win
+            if not (isinstance(key, yaml.ScalarNode) and key.tag == _STR):  # a merged one
+                self.fail(key, path, f"expected a field name, got {self.describe(key, path)}")
             if key.value not in allowed:
                 hint = _did_you_mean(key.value, allowed, otherwise=f"; expected one of "
                                                                   f"{', '.join(allowed)}")
@@ -321,6 +348,10 @@ class _Reader:
         except yaml.YAMLError as e:
             problem = e.problem if isinstance(e, yaml.MarkedYAMLError) else str(e)
             self.fail(node, path, f"cannot read the value: {problem}")
+        except (ValueError, TypeError, AttributeError, OverflowError):
+            # PyYAML's constructors trust a value's explicit tag: "!!int x" or
+            # "!!timestamp soon" fail inside them with a plain Python error.
+            self.fail(node, path, f"cannot read {node.value!r:.60} as {node.tag}")
 
     def describe(self, node: yaml.Node, path: str) -> str:
         if isinstance(node, yaml.MappingNode):
@@ -376,7 +407,8 @@ def _line(node: yaml.Node) -> int:
 
 
 def _join(path: str, field: str) -> str:
-    return f"{path}.{field}" if path else field
+    shown = field if _FIELD.match(field) else repr(field)  # "\r", "", "a b" stay visible
+    return f"{path}.{shown}" if path else shown
 
 
 def _show(value: object) -> str:

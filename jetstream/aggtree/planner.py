@@ -141,7 +141,7 @@ def plan_query(query: Query, topology: Topology, *, max_fan_in: int = 32) -> Phy
     Raises
     ------
     PlacementError
-        If no site holds the query's sources, a source cannot reach the root, a site would
+        If no site holds one of the query's sources, a source cannot reach the root, a site would
         exceed ``max_fan_in``, or a link or a site would be over capacity; the message names
         the link or site.
     """
@@ -157,11 +157,12 @@ def plan_query(query: Query, topology: Topology, *, max_fan_in: int = 32) -> Phy
     row_bytes = KEY_BYTES * len(aggregate.keys) + sum(
         accumulator_bytes(agg) for _, agg in aggregate.aggregates) if split else 0
 
-    leaves = {site.name: site for name in sources for site in topology.sites_with(name)}
-    if not leaves:
+    missing = [name for name in sources if not topology.sites_with(name)]
+    if missing:  # even one: its records would be silently left out of every window
         msg = (f"query {query.name}: no site of {topology.name} holds source "
-               f"{', '.join(sources)}; list it under a site's sources")
+               f"{', '.join(missing)}; list it under a site's sources")
         raise PlacementError(msg)
+    leaves = {site.name: site for name in sources for site in topology.sites_with(name)}
     own = {name: Load.merged(Load.of_source(load, window_s, split, bool(aggregate.keys))
                              for load in site.sources if load.name in sources)
            for name, site in leaves.items()}

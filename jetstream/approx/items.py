@@ -19,6 +19,7 @@ aggregates were dropped), and whose ``omitted`` is the sketch's offset plus ``ex
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,7 @@ from typing import Any
 import datasketches as ds
 
 from jetstream.aggregates import Aggregate, Count, Sum, check_int
+from jetstream.approx.sketches import MAX_LG_MAX_K, check_frequent_strings
 from jetstream.approx.truncate import BoundedPartial, bounds
 from jetstream.errors import DataError
 from jetstream.operators import WindowAggregate
@@ -63,7 +65,7 @@ def to_items(partial: BoundedPartial, aggregate: WindowAggregate, rank: str,
     DataError
         If a ranking value is not a non-negative integer (a sketch counts integers).
     """
-    check_int(lg_max_k, MIN_LG_MAX_K, 26, "frequent items: lg_max_k")
+    check_int(lg_max_k, MIN_LG_MAX_K, MAX_LG_MAX_K, "frequent items: lg_max_k")
     ranked = bounds(partial, aggregate, rank)
     sketch = ds.frequent_strings_sketch(lg_max_k)
     # Lightest first: a purge takes from every counter held, so the heavy keys, which the
@@ -96,21 +98,30 @@ def from_items(data: bytes, extra: float, aggregate: WindowAggregate,
         msg = f"{where}: ranked by {rank!r}, which is not a count or a sum of this query"
         raise DataError(msg)
     assert found is not None
-    if not extra >= 0:
-        msg = f"{where}: extra error {extra!r} is not a non-negative number"
+    if not 0 <= extra < math.inf:
+        msg = f"{where}: extra error {extra!r} is not a finite non-negative number"
         raise DataError(msg)
     try:
+        check_frequent_strings(data, MAX_LG_MAX_K)  # before C++ trusts what the bytes say
+    except ValueError as e:
+        raise DataError(f"{where}: {e}") from None
+    try:
         sketch = ds.frequent_strings_sketch.deserialize(data)
-    except (RuntimeError, ValueError, TypeError, IndexError) as e:
+        items = sketch.get_frequent_items(ds.frequent_items_error_type.NO_FALSE_NEGATIVES, 0)
+    except (RuntimeError, ValueError, TypeError, IndexError, MemoryError) as e:
         msg = f"{where}: not a frequent-items sketch: {e}"
         raise DataError(msg) from None
-    items = sketch.get_frequent_items(ds.frequent_items_error_type.NO_FALSE_NEGATIVES, 0)
     # A tracked item's upper bound is its counter plus the sketch's offset; an untracked
     # one's is the offset alone.
     offset = items[0][3] - items[0][2] if items else 0
-    rows, slack = [], []
+    rows, slack, seen = [], [], set()
     for item, _, lb, ub in items:
         row = _row(item, aggregate, where)
+        key = _key(row, aggregate.keys)
+        if key in seen:  # e.g. '["a"]' and '[ "a"]': merges assume one row per key
+            msg = f"{where}: key {key!r:.60} is in the sketch twice"
+            raise DataError(msg)
+        seen.add(key)
         for name, agg in aggregate.aggregates:
             row[name] = _accumulator(agg, lb) if name == rank else agg.create()
         rows.append(row)

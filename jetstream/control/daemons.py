@@ -52,7 +52,8 @@ class _SiteClients:
         parent = self.addresses(fragment.parent) if fragment.parent else ""
         assert state.plan is not None
         request = pb.DeployFragmentRequest(fragment=fragment_to_proto(
-            fragment, state.source, state.version, parent, state.plan.covers(fragment.site)))
+            fragment, state.source, state.version, parent, state.plan.covers(fragment.site),
+            state.expected))
         response = self._call(address, "DeployFragment", request)
         return [(p.piece, p.server) for p in response.placements]
 

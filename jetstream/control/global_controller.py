@@ -60,6 +60,7 @@ class QueryState:
     replans: int = 0
     version: int = 0
     deployed: set[str] = field(default_factory=set)  # sites that hold the current fragment
+    expected: tuple[str, ...] = ()  # every source site of the query, alive or not
 
     @property
     def active(self) -> bool:
@@ -210,7 +211,9 @@ class GlobalController:
             self.planned_bandwidth.update(self.measured)
             plan = plan_query(query, self.effective_topology())  # refuse what cannot be placed
             self.results.reset(query.name)
-            state = self.queries[query.name] = QueryState(query.name, source, query, plan)
+            state = self.queries[query.name] = QueryState(
+                query.name, source, query, plan, expected=tuple(sorted(
+                    self._source_sites(query))))
             self._deploy_all(state)
             return state
 

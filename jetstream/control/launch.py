@@ -67,6 +67,7 @@ class LocalCluster:
         self.masters = {s.name: s.master for s in load_topology(self.topology).sites}
         self.sites = list(self.masters)
         self.logs.mkdir(parents=True, exist_ok=True)
+        self._commands: dict[str, tuple[tuple[str, ...], list[str] | None]] = {}
         self.address = f"{self.host}:{_free_port()}"
         self.client = ControllerClient(self.address)
 
@@ -105,8 +106,9 @@ class LocalCluster:
         self._wait_for_sites()
 
     def _spawn(self, name: str, *args: str, prefix: list[str] | None = None) -> None:
+        self._commands[name] = (args, prefix)
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        with (self.logs / f"{name}.log").open("wb") as out:  # the child keeps its own handle
+        with (self.logs / f"{name}.log").open("ab") as out:  # the child keeps its own handle
             self.processes[name] = subprocess.Popen(
                 [*(prefix or []), sys.executable, "-m", "jetstream", *args], stdout=out,
                 stderr=subprocess.STDOUT, env=env)
@@ -125,6 +127,17 @@ class LocalCluster:
             time.sleep(0.3)
         msg = f"the sites did not all register within {STARTUP_TIMEOUT_S:.0f}s\n{self.tail()}"
         raise ControlPlaneError(msg)
+
+    def kill(self, name: str) -> None:
+        """Kill a process at once (SIGKILL: no clean-up), as a crash would."""
+        process = self.processes[name]
+        process.kill()
+        process.wait()
+
+    def restart(self, name: str) -> None:
+        """Start a killed process again, as it was started (its log goes on)."""
+        args, prefix = self._commands[name]
+        self._spawn(name, *args, prefix=prefix)
 
     def check_alive(self) -> None:
         """Raise, with its last log lines, if any process has exited."""

@@ -37,7 +37,9 @@ def render_window(result: WindowResult) -> Group:
     """One window's rows, under a line saying how complete and how fresh the result is."""
     facts = []
     if result.sites_expected:
-        facts.append(f"{result.sites_reporting}/{result.sites_expected} sites")
+        missing = (f" (missing {', '.join(result.missing_sites)})"
+                   if result.missing_sites else "")
+        facts.append(f"{result.sites_reporting}/{result.sites_expected} sites{missing}")
     if result.latency_s is not None:
         facts.append(f"{result.latency_s:.1f}s after close")
     if result.wan_bytes is not None:

@@ -13,13 +13,14 @@ __all__ = ["assignment_from_proto", "fragment_from_proto", "fragment_to_proto",
 
 
 def fragment_to_proto(fragment: Fragment, source: str, version: int,
-                      parent_address: str = "", covers: tuple[str, ...] = ()) -> pb.Fragment:
+                      parent_address: str = "", covers: tuple[str, ...] = (),
+                      expected: tuple[str, ...] = ()) -> pb.Fragment:
     return pb.Fragment(query=fragment.query,
                        spec=query_pb2.QuerySpec(name=fragment.query, python_source=source),
                        sources=fragment.sources, children=fragment.children,
                        parent=fragment.parent or "", parent_address=parent_address,
                        partitions=fragment.partitions, final=fragment.final, version=version,
-                       covers=covers)
+                       covers=covers, expected=expected)
 
 
 def fragment_from_proto(msg: pb.Fragment, site: str) -> Fragment:
@@ -30,7 +31,7 @@ def fragment_from_proto(msg: pb.Fragment, site: str) -> Fragment:
 
 def assignment_from_proto(msg: pb.Fragment, site: str) -> Assignment:
     return Assignment(fragment_from_proto(msg, site), msg.spec.python_source, msg.version,
-                      msg.parent_address, tuple(msg.covers))
+                      msg.parent_address, tuple(msg.covers), tuple(msg.expected))
 
 
 def server_to_proto(server: Server) -> pb.Server:

@@ -19,11 +19,22 @@ column as text, and runs each micro-batch (``foreachBatch``, on the driver) thro
 
 The watermark is the largest event time the site has read, less the window's delay — the
 reference executor's rule, applied at micro-batch granularity.
+
+With a ``snapshot`` file, a live stage survives the death of its process: after each
+micro-batch, before Spark commits it, the windows still open (and those about to be handed
+on), the watermark and the batch's id go to the file, atomically. A restarted stage loads
+them; Spark re-runs the batches it had not committed, and the batches the snapshot already
+holds are skipped, so every record counts once. Windows the snapshot holds as closed are
+handed on again at the first batch; whoever receives them drops what it already has.
 """
 
 from __future__ import annotations
 
+import base64
+import json
+import logging
 import math
+import os
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -40,7 +51,7 @@ from pyspark.sql.types import DoubleType, StringType, StructField, StructType
 from jetstream.aggregates import Aggregate, Count, CountDistinct, Max, Min, Quantile, Sum
 from jetstream.approx.sketches import ApproxCountDistinct, ApproxQuantile, TopKItems
 from jetstream.dsl import Query
-from jetstream.errors import PlanError
+from jetstream.errors import DataError, PlanError
 from jetstream.operators import (
     Operator,
     Select,
@@ -50,10 +61,14 @@ from jetstream.operators import (
     WindowAggregate,
     WithColumn,
 )
+from jetstream.partials import PartialBatch, decode_batch, encode_batch
 from jetstream.schema import DataType
 from jetstream.stage.compile import spark_type, to_column
+from jetstream.v1 import dataplane_pb2 as pb
 
 __all__ = ["LocalStage", "StageStats"]
+
+log = logging.getLogger(__name__)
 
 Emit = Callable[[tuple[int, int], list[dict[str, Any]], int], None]
 _CORRUPT = "_jetstream_corrupt"
@@ -77,8 +92,10 @@ class LocalStage:
     """One query's local stage at one site, over one input folder."""
 
     def __init__(self, spark: SparkSession, query: Query, input_dir: str | Path, *,
-                 checkpoint_dir: str | Path, quarantine_dir: str | Path, emit: Emit) -> None:
+                 checkpoint_dir: str | Path, quarantine_dir: str | Path, emit: Emit,
+                 snapshot: Path | None = None) -> None:
         plan = query.plan()
+        self.name = query.name
         chain = _site_chain(plan, query.name)
         source, partial = chain[0], chain[-1]
         assert isinstance(source, Source) and isinstance(partial, WindowAggregate)
@@ -101,6 +118,10 @@ class LocalStage:
         self._events: Counter[tuple[int, int]] = Counter()
         self._stream: StreamingQuery | None = None
         self._lock = threading.Lock()  # a live stage's micro-batches against flush()
+        self.snapshot = snapshot
+        self._done = -1  # the last micro-batch the snapshot holds
+        if snapshot is not None and snapshot.exists():
+            self._restore(snapshot)
 
     # -- running ------------------------------------------------------------------------------
     @property
@@ -147,9 +168,51 @@ class LocalStage:
     # -- one micro-batch ----------------------------------------------------------------------
     def process_batch(self, raw: DataFrame, batch_id: int) -> None:
         with self._lock:
-            self._process(raw)
+            if batch_id <= self._done:  # re-run after a restart: the snapshot has it
+                log.info("%s: micro-batch %d is in the snapshot already", self.name, batch_id)
+                return
+            self._process(raw, batch_id)
 
-    def _process(self, raw: DataFrame) -> None:
+    # -- the snapshot -------------------------------------------------------------------------
+    def _save(self, batch_id: int) -> None:
+        assert self.snapshot is not None
+        windows = [[start, end, self._events[(start, end)], base64.b64encode(encode_batch(
+            PartialBatch(self.name, (start, end), "snapshot", tuple(self._rows(groups))),
+            self.partial).SerializeToString()).decode()]
+            for (start, end), groups in sorted(self._open.items())]
+        state = {"version": 1, "query": self.name, "batch": batch_id, "latest": self._latest,
+                 "windows": windows}
+        temporary = self.snapshot.with_name(f".{self.snapshot.name}.tmp")
+        self.snapshot.parent.mkdir(parents=True, exist_ok=True)
+        with temporary.open("w") as f:
+            json.dump(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, self.snapshot)
+        self._done = batch_id
+
+    def _restore(self, path: Path) -> None:
+        try:
+            state = json.loads(path.read_text())
+            if state.get("version") != 1 or state.get("query") != self.name:
+                msg = f"it is not a version 1 snapshot of {self.name}"
+                raise DataError(msg)
+            for start, end, events, encoded in state["windows"]:
+                message = pb.PartialBatch.FromString(base64.b64decode(encoded))
+                for row in decode_batch(message, self.partial).rows:
+                    key = tuple(row[k] for k in self.partial.keys)
+                    self._merge((start, end), key, [
+                        agg.merge(agg.create(), row[name])
+                        for name, agg in self.partial.aggregates], 0)
+                self._events[(start, end)] += events
+            self._latest, self._done = state["latest"], state["batch"]
+        except (OSError, ValueError, KeyError, TypeError, DataError) as e:
+            msg = f"{self.name}: cannot restore the local stage from {path}: {e}"
+            raise DataError(msg) from e
+        log.info("%s: restored %d open windows at micro-batch %d from %s", self.name,
+                 len(self._open), self._done, path)
+
+    def _process(self, raw: DataFrame, batch_id: int | None = None) -> None:
         self.stats.batches += 1
         checked = self._check(raw).cache()
         try:
@@ -162,6 +225,9 @@ class LocalStage:
             self._aggregate(self._windowed(self._steps(valid), watermark))
             if batch_latest is not None and batch_latest[0] is not None:
                 self._latest = max(self._latest or batch_latest[0], batch_latest[0])
+            if self.snapshot is not None and batch_id is not None:
+                self._save(batch_id)  # before handing on: what is handed on is kept there
+            if self._latest is not None:
                 self._emit_closed(self._latest - self.window.watermark_ms)
         finally:
             checked.unpersist()
@@ -280,11 +346,13 @@ class LocalStage:
             if watermark is not None and window[1] > watermark:
                 continue
             groups = self._open.pop(window)
-            rows = [dict(zip(self.partial.keys, key, strict=True)) | {
-                name: agg.compact(acc) for (name, agg), acc in
-                zip(self.partial.aggregates, accs, strict=True)}
-                for key, accs in groups.items()]
-            self.emit(window, rows, self._events.pop(window, 0))
+            self.emit(window, self._rows(groups), self._events.pop(window, 0))
+
+    def _rows(self, groups: dict[tuple[Any, ...], list[Any]]) -> list[dict[str, Any]]:
+        return [dict(zip(self.partial.keys, key, strict=True)) | {
+            name: agg.compact(acc) for (name, agg), acc in
+            zip(self.partial.aggregates, accs, strict=True)}
+            for key, accs in groups.items()]
 
 
 def _site_chain(plan: Any, name: str) -> list[Operator]:
