@@ -166,14 +166,15 @@ class CubeStore:
         return [self._message(raw) for raw, in rows]
 
     def has_sent(self, destination: str, query: str, window: tuple[int, int],
-                 origin: str) -> bool:
-        """Whether a partial of ``origin`` for ``window`` was kept for ``destination``: a
-        restarted local stage hands on again what it may have handed on already."""
+                 origin: str, revision: int = 0) -> bool:
+        """Whether a partial of ``origin`` for ``window``, of ``revision`` or a later one, was
+        kept for ``destination``: a restarted local stage hands on again what it may have
+        handed on already."""
         with self._transaction() as db:
             return db.execute(
                 "SELECT 1 FROM partials WHERE destination = ? AND query = ? AND origin = ? "
-                "AND window_start = ? AND window_end = ? LIMIT 1",
-                (destination, query, origin, *window)).fetchone() is not None
+                "AND window_start = ? AND window_end = ? AND revision >= ? LIMIT 1",
+                (destination, query, origin, *window, revision)).fetchone() is not None
 
     def release(self, destination: str) -> int:
         """Stop holding what ``destination`` has not acked (nobody will: e.g. a replay starts

@@ -225,7 +225,9 @@ class QueryRun:
         while not self._stop.wait(TICK_S):
             if not stream.isActive:
                 raise PlanError(f"the streaming query stopped: {stream.exception()}")
-            records = self.stage.stats.records_in
+            records, status = self.stage.stats.records_in, stream.status
+            if status.get("isTriggerActive") or status.get("isDataAvailable"):
+                quiet_since = time.monotonic()  # a micro-batch runs: not idle, only slow
             if records != seen:
                 seen, quiet_since, idle = records, time.monotonic(), False
                 if self.stage.watermark is not None:
@@ -236,12 +238,13 @@ class QueryRun:
                 idle = True
         stream.stop()
 
-    def _local(self, window: tuple[int, int], rows: list[dict[str, Any]], events: int) -> None:
+    def _local(self, window: tuple[int, int], rows: list[dict[str, Any]], events: int,
+               revision: int) -> None:
         if self.store is not None and self.store.has_sent(self.name, self.name, window,
-                                                          self.site):
+                                                          self.site, revision):
             return  # a restarted stage hands on again what it had handed on before
         self.merger.add(PartialBatch(self.name, window, self.site, tuple(rows), events=events,
-                                     covers=frozenset({self.site}),
+                                     covers=frozenset({self.site}), revision=revision,
                                      closed_at_ms=time.time_ns() // 1_000_000))
 
     # -- merging and forwarding ---------------------------------------------------------------

@@ -28,7 +28,7 @@ def run_stage(spark: Any, query: js.Query, site_dir: Path, tmp: Path,
     windows: dict[tuple[int, int], list[dict[str, Any]]] = {}
     stage = LocalStage(spark, optimized, site_dir, checkpoint_dir=tmp / "checkpoint",
                        quarantine_dir=tmp / "quarantine",
-                       emit=lambda w, rows, events: windows.setdefault(w, []).extend(rows))
+                       emit=keep_newest(windows))
     stats = stage.run_available()
     return finish_from_partials(optimized, windows), stats
 
@@ -40,11 +40,22 @@ def run_stage_on_records(spark: Any, query: js.Query, batches: list[list[dict[st
     windows: dict[tuple[int, int], list[dict[str, Any]]] = {}
     stage = LocalStage(spark, optimized, tmp / "in", checkpoint_dir=tmp / "checkpoint",
                        quarantine_dir=tmp / "quarantine",
-                       emit=lambda w, rows, events: windows.setdefault(w, []).extend(rows))
+                       emit=keep_newest(windows))
     for batch_id, records in enumerate(batches):
         stage.process_batch(as_text(spark, stage, records), batch_id)
     stage.flush()
     return finish_from_partials(optimized, windows)
+
+
+def keep_newest(windows: dict[tuple[int, int], list[dict[str, Any]]]) -> Any:
+    """An emit that keeps each window's newest revision (a window handed on again is whole)."""
+    revisions: dict[tuple[int, int], int] = {}
+
+    def emit(window: tuple[int, int], rows: list[dict[str, Any]], events: int,
+             revision: int) -> None:
+        assert revision == revisions.get(window, -1) + 1, "revisions count up, one by one"
+        windows[window], revisions[window] = rows, revision
+    return emit
 
 
 def as_text(spark: Any, stage: LocalStage, records: list[dict[str, Any]]) -> Any:
@@ -63,7 +74,8 @@ def test_a_restarted_stage_resumes_from_its_snapshot_and_counts_each_batch_once(
     handed: dict[tuple[int, int], list[dict[str, Any]]] = {}
     again: list[tuple[int, int]] = []
 
-    def emit(window: tuple[int, int], rows: list[dict[str, Any]], events: int) -> None:
+    def emit(window: tuple[int, int], rows: list[dict[str, Any]], events: int,
+             revision: int) -> None:
         if window in handed:  # handed on before the crash: must be the very same
             assert rows == handed[window]
             again.append(window)
@@ -85,6 +97,34 @@ def test_a_restarted_stage_resumes_from_its_snapshot_and_counts_each_batch_once(
     want = js.run_local(query, [r for batch in batches for r in batch])
     assert finish_from_partials(query, handed) == want
     assert again  # what the snapshot held as closed was handed on again, identical
+
+
+def test_records_for_a_window_flushed_while_idle_hand_it_on_again_whole(
+        spark: Any, tmp_path: Path) -> None:
+    query = js.optimize(js.Query("q", LOGS.window(js.tumbling("10s"), watermark="2s")
+                                 .group_by("domain").agg(n=js.count(), kb=js.sum("bytes"))))
+    batches = [[log(t, f"d{t % 3}.com") for t in range(0, 6_000, 500)],
+               [log(t, f"d{t % 2}.com") for t in range(4_000, 9_000, 250)],  # after the flush
+               [log(t, "d9.com") for t in range(9_000, 25_000, 1_000)]]
+    windows: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    handed: list[tuple[tuple[int, int], int]] = []
+    newest = keep_newest(windows)
+
+    def emit(window: tuple[int, int], rows: list[dict[str, Any]], events: int,
+             revision: int) -> None:
+        handed.append((window, revision))
+        newest(window, rows, events, revision)
+
+    stage = LocalStage(spark, query, tmp_path / "in", checkpoint_dir=tmp_path / "cp",
+                       quarantine_dir=tmp_path / "q", emit=emit)
+    stage.process_batch(as_text(spark, stage, batches[0]), 0)
+    stage.flush()  # the input went quiet: window [0, 10 s) goes out before its watermark
+    for batch_id in (1, 2):
+        stage.process_batch(as_text(spark, stage, batches[batch_id]), batch_id)
+    stage.flush()
+    assert handed[:2] == [((0, 10_000), 0), ((0, 10_000), 1)]
+    want = js.run_local(query, [r for batch in batches for r in batch])
+    assert finish_from_partials(query, windows) == want
 
 
 def test_cdn_top_k_equals_the_reference(spark: Any, tmp_path: Path) -> None:

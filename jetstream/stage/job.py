@@ -17,6 +17,11 @@ column as text, and runs each micro-batch (``foreachBatch``, on the driver) thro
 5. merged into the windows' running partials, and every window the watermark has now closed
    is handed to ``emit``.
 
+An idle input (:meth:`LocalStage.flush`) hands on its open windows before the watermark closes
+them. Such a window is kept until the watermark passes it: records for it that come later are
+merged into it, and the whole window is handed on again with the next revision (0, 1, 2, ...),
+which replaces the earlier one downstream.
+
 The watermark is the largest event time the site has read, less the window's delay — the
 reference executor's rule, applied at micro-batch granularity.
 
@@ -70,7 +75,8 @@ __all__ = ["LocalStage", "StageStats"]
 
 log = logging.getLogger(__name__)
 
-Emit = Callable[[tuple[int, int], list[dict[str, Any]], int], None]
+# (window, rows, events, revision): a window handed on again (revision 1, 2, ...) is whole.
+Emit = Callable[[tuple[int, int], list[dict[str, Any]], int, int], None]
 _CORRUPT = "_jetstream_corrupt"
 _MANTISSA_BITS = 52  # a double's fraction bits: an integer below 2**53 is exactly a double
 _MIN_EXPONENT = -1074  # 2**-1074, the smallest subnormal: every double is a multiple of it
@@ -116,6 +122,8 @@ class LocalStage:
         self._latest: int | None = None  # the largest event time read so far
         self._open: dict[tuple[int, int], dict[tuple[Any, ...], list[Any]]] = {}
         self._events: Counter[tuple[int, int]] = Counter()
+        # Windows flushed before the watermark closed them: their rows, events and revision.
+        self._flushed: dict[tuple[int, int], tuple[dict[tuple[Any, ...], list[Any]], int, int]] = {}
         self._stream: StreamingQuery | None = None
         self._lock = threading.Lock()  # a live stage's micro-batches against flush()
         self.snapshot = snapshot
@@ -176,12 +184,11 @@ class LocalStage:
     # -- the snapshot -------------------------------------------------------------------------
     def _save(self, batch_id: int) -> None:
         assert self.snapshot is not None
-        windows = [[start, end, self._events[(start, end)], base64.b64encode(encode_batch(
-            PartialBatch(self.name, (start, end), "snapshot", tuple(self._rows(groups))),
-            self.partial).SerializeToString()).decode()]
-            for (start, end), groups in sorted(self._open.items())]
-        state = {"version": 1, "query": self.name, "batch": batch_id, "latest": self._latest,
-                 "windows": windows}
+        state = {"version": 2, "query": self.name, "batch": batch_id, "latest": self._latest,
+                 "windows": [[*w, self._events[w], -1, self._encode(w, g)]
+                             for w, g in sorted(self._open.items())],
+                 "flushed": [[*w, events, revision, self._encode(w, g)]
+                             for w, (g, events, revision) in sorted(self._flushed.items())]}
         temporary = self.snapshot.with_name(f".{self.snapshot.name}.tmp")
         self.snapshot.parent.mkdir(parents=True, exist_ok=True)
         with temporary.open("w") as f:
@@ -191,20 +198,27 @@ class LocalStage:
         os.replace(temporary, self.snapshot)
         self._done = batch_id
 
+    def _encode(self, window: tuple[int, int], groups: dict[tuple[Any, ...], list[Any]]) -> str:
+        batch = PartialBatch(self.name, window, "snapshot", tuple(self._rows(groups)))
+        return base64.b64encode(encode_batch(batch, self.partial).SerializeToString()).decode()
+
+    def _decode(self, encoded: str) -> dict[tuple[Any, ...], list[Any]]:
+        message = pb.PartialBatch.FromString(base64.b64decode(encoded))
+        return {tuple(row[k] for k in self.partial.keys):
+                [agg.merge(agg.create(), row[name]) for name, agg in self.partial.aggregates]
+                for row in decode_batch(message, self.partial).rows}
+
     def _restore(self, path: Path) -> None:
         try:
             state = json.loads(path.read_text())
-            if state.get("version") != 1 or state.get("query") != self.name:
-                msg = f"it is not a version 1 snapshot of {self.name}"
+            if state.get("version") != 2 or state.get("query") != self.name:
+                msg = f"it is not a version 2 snapshot of {self.name}"
                 raise DataError(msg)
-            for start, end, events, encoded in state["windows"]:
-                message = pb.PartialBatch.FromString(base64.b64decode(encoded))
-                for row in decode_batch(message, self.partial).rows:
-                    key = tuple(row[k] for k in self.partial.keys)
-                    self._merge((start, end), key, [
-                        agg.merge(agg.create(), row[name])
-                        for name, agg in self.partial.aggregates], 0)
-                self._events[(start, end)] += events
+            for start, end, events, _, encoded in state["windows"]:
+                self._open[(start, end)] = self._decode(encoded)
+                self._events[(start, end)] = events
+            for start, end, events, revision, encoded in state["flushed"]:
+                self._flushed[(start, end)] = (self._decode(encoded), events, revision)
             self._latest, self._done = state["latest"], state["batch"]
         except (OSError, ValueError, KeyError, TypeError, DataError) as e:
             msg = f"{self.name}: cannot restore the local stage from {path}: {e}"
@@ -341,12 +355,28 @@ class LocalStage:
         self._events[window] += events
 
     def _emit_closed(self, watermark: int | None) -> None:
-        """Hand on every window ending at or before ``watermark`` (None: every window)."""
+        """Hand on every window ending at or before ``watermark`` (None: every open window;
+        those the watermark has not closed are kept, whole, for records that come later)."""
         for window in sorted(self._open):
             if watermark is not None and window[1] > watermark:
                 continue
-            groups = self._open.pop(window)
-            self.emit(window, self._rows(groups), self._events.pop(window, 0))
+            groups, events, revision = self._open.pop(window), self._events.pop(window, 0), 0
+            if window in self._flushed:  # handed on before: merge, hand on whole again
+                before, before_events, last = self._flushed.pop(window)
+                for key, accs in before.items():
+                    groups[key] = accs if key not in groups else [
+                        agg.merge(a, b) for (_, agg), a, b in
+                        zip(self.partial.aggregates, accs, groups[key], strict=True)]
+                events, revision = events + before_events, last + 1
+            self.emit(window, self._rows(groups), events, revision)
+            if watermark is None and not self._closed(window):
+                self._flushed[window] = (groups, events, revision)
+        for window in [w for w in self._flushed if self._closed(w)]:
+            del self._flushed[window]
+
+    def _closed(self, window: tuple[int, int]) -> bool:
+        watermark = self.watermark
+        return watermark is not None and window[1] <= watermark
 
     def _rows(self, groups: dict[tuple[Any, ...], list[Any]]) -> list[dict[str, Any]]:
         return [dict(zip(self.partial.keys, key, strict=True)) | {
