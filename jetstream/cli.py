@@ -20,6 +20,7 @@ from jetstream.control.client import DEFAULT_CONTROLLER, ControllerClient
 from jetstream.control.daemons import run_controller, run_site
 from jetstream.control.launch import LocalCluster, replay
 from jetstream.control.results_view import follow_table, render_window
+from jetstream.control.security import Security, make_dev_certs
 from jetstream.control.status_view import print_status, status_dict
 from jetstream.cubes import parse_retention
 from jetstream.errors import JetstreamError, PlanError
@@ -39,9 +40,30 @@ DEFAULT_TOPOLOGY = Path(__file__).resolve().parent / "aggtree" / "local-3dc.yaml
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
+def _security(args: argparse.Namespace) -> Security:
+    """The process's transport security from ``--tls-dir``/``--token``/``--insecure`` and
+    the environment (see :meth:`Security.resolve`)."""
+    return Security.resolve(args.tls_dir, args.token, args.insecure)
+
+
+def _client(args: argparse.Namespace) -> ControllerClient:
+    return ControllerClient(args.controller, security=_security(args))
+
+
+def _certs(args: argparse.Namespace) -> int:
+    hosts = [h for h in (args.hosts or "").split(",") if h.strip()]
+    made = make_dev_certs(Path(args.out_dir), hosts, days=args.days, force=args.force)
+    print(f"a development CA, a node certificate for {', '.join(made.hosts)} and a token in "
+          f"{made.folder}, valid until {made.not_after:%Y-%m-%d}. For development only: "
+          "anyone with the folder is in the cluster.")
+    print(f"use it: jetstream controller --tls-dir {made.folder}, jetstream site --tls-dir "
+          f"{made.folder} ..., or export JETSTREAM_TLS_DIR={made.folder}")
+    return 0
+
+
 def _explain(args: argparse.Namespace) -> int:
     if args.controller:
-        print(ControllerClient(args.controller).explain(args.query))
+        print(_client(args).explain(args.query))
         return 0
     query = load_query(args.query)
     print(explain(query, partitions=args.partitions))
@@ -55,9 +77,10 @@ def _controller(args: argparse.Namespace) -> int:
     topology = load_topology(args.topology)
     print(f"jetstream controller: {topology.name} ({len(topology.sites)} sites, root "
           f"{topology.root}) on {args.host}:{args.port}; Ctrl-C stops", file=sys.stderr)
-    run_controller(topology, args.port, host=args.host,
+    run_controller(topology, args.port, security=_security(args), host=args.host,
                    heartbeat_interval_s=args.heartbeat_interval,
-                   heartbeat_timeout_s=args.heartbeat_timeout)
+                   heartbeat_timeout_s=args.heartbeat_timeout,
+                   state_dir=Path(args.state_dir) if args.state_dir else None)
     return 0
 
 
@@ -70,18 +93,19 @@ def _site(args: argparse.Namespace) -> int:
                           cubes=args.cubes, retention=parse_retention(args.retention))
     if args.state_dir:
         options.state_dir = Path(args.state_dir)
-    run_site(args.name, args.controller, port=args.port, host=args.host, options=options)
+    run_site(args.name, args.controller, security=_security(args), port=args.port,
+             host=args.host, advertise=args.advertise, options=options)
     return 0
 
 
 def _submit(args: argparse.Namespace) -> int:
-    response = ControllerClient(args.controller).submit(args.query)
+    response = _client(args).submit(args.query)
     print(f"submitted {response.query}\n{response.plan}")
     return 0
 
 
 def _status(args: argparse.Namespace) -> int:
-    status = ControllerClient(args.controller).status()
+    status = _client(args).status()
     if args.json:
         print(json.dumps(status_dict(status), indent=2))
     else:
@@ -90,13 +114,13 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _cancel(args: argparse.Namespace) -> int:
-    ControllerClient(args.controller).cancel(args.name)
+    _client(args).cancel(args.name)
     print(f"cancelled {args.name}")
     return 0
 
 
 def _level(args: argparse.Namespace) -> int:
-    now = ControllerClient(args.controller).set_level(args.name, args.site, args.level or "")
+    now = _client(args).set_level(args.name, args.site, args.level or "")
     how = "pinned by an operator" if now.pinned else "chosen by the link's policy"
     print(f"{args.name}: link {now.link} at {now.level!r} ({how})")
     print("levels: " + ", ".join(f"{i} {name!r}" for i, name in enumerate(now.levels)))
@@ -104,7 +128,7 @@ def _level(args: argparse.Namespace) -> int:
 
 
 def _results(args: argparse.Namespace) -> int:
-    results = ControllerClient(args.controller).results(args.name, args.timeout)
+    results = _client(args).results(args.name, args.timeout)
     if args.output:
         results = _also_to(results, args.output)
     if args.json or not sys.stdout.isatty():
@@ -406,6 +430,22 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}s"
 
 
+def _security_options(parser: argparse.ArgumentParser) -> None:
+    """How a process that serves or dials gRPC secures it (see docs/security.md)."""
+    group = parser.add_argument_group(
+        "security", "mutual TLS and a token on every call; one of --tls-dir (or "
+        "JETSTREAM_TLS_DIR) and --insecure is needed")
+    group.add_argument("--tls-dir", metavar="DIR",
+                       help="ca.pem, node.pem, node-key.pem and optionally token (`jetstream "
+                            "certs DIR` makes a development set; default: $JETSTREAM_TLS_DIR)")
+    group.add_argument("--token", metavar="TOKEN",
+                       help="the token every call carries and every server requires "
+                            "(default: $JETSTREAM_TOKEN, else DIR/token if there is one)")
+    group.add_argument("--insecure", action="store_true",
+                       help="no TLS and no authentication: anyone who can reach a port can "
+                            "use it; for a trusted test network only")
+
+
 def _live_options(parser: argparse.ArgumentParser, *, duration_s: float) -> None:
     """The options of a live run on generated logs (demo, emulate)."""
     parser.add_argument("--query", metavar="QUERY.py",
@@ -438,7 +478,23 @@ def _parser() -> argparse.ArgumentParser:
                              help="also show the physical plan on this topology")
     explain_cmd.add_argument("--controller", metavar="HOST:PORT",
                              help="ask a running controller instead (its live topology)")
+    _security_options(explain_cmd)
     explain_cmd.set_defaults(run=_explain)
+
+    certs = commands.add_parser(
+        "certs", help="make a development CA, node certificate and token for --tls-dir",
+        description="Write OUT_DIR/ca.pem and ca-key.pem (a development CA), node.pem and "
+        "node-key.pem (one certificate for every process, valid as server and client, for "
+        "localhost, 127.0.0.1 and --hosts) and token. Key and token files are readable by "
+        "their owner only. For development: in production bring your own CA (docs/security.md).")
+    certs.add_argument("out_dir", metavar="OUT_DIR", help="where to write the files")
+    certs.add_argument("--hosts", metavar="H1,H2",
+                       help="more names or IP addresses processes are dialled at")
+    certs.add_argument("--days", type=int, default=30,
+                       help="how long the certificates are valid (default: 30)")
+    certs.add_argument("--force", action="store_true",
+                       help="replace a CA already in OUT_DIR (what it signed stops working)")
+    certs.set_defaults(run=_certs)
 
     controller = commands.add_parser("controller", help="run the global controller")
     controller.add_argument("--topology", default=str(DEFAULT_TOPOLOGY), metavar="T.yaml",
@@ -449,6 +505,11 @@ def _parser() -> argparse.ArgumentParser:
                             help="how often sites report (default: 2s)")
     controller.add_argument("--heartbeat-timeout", type=float, default=6.0, metavar="S",
                             help="a site silent this long is dead (default: 6s)")
+    controller.add_argument("--state-dir", metavar="DIR",
+                            help="keep the queries and their results here, so that a "
+                                 "restarted controller takes them up again (default: "
+                                 "in memory only)")
+    _security_options(controller)
     controller.set_defaults(run=_controller)
 
     site = commands.add_parser("site", help="run a site controller")
@@ -456,6 +517,9 @@ def _parser() -> argparse.ArgumentParser:
     site.add_argument("--controller", default=DEFAULT_CONTROLLER, metavar="HOST:PORT")
     site.add_argument("--port", type=int, default=0, help="listen port (default: any free)")
     site.add_argument("--host", default="127.0.0.1")
+    site.add_argument("--advertise", metavar="HOST:PORT",
+                      help="the address the controller and other sites reach this site at, "
+                           "when not --host:--port (behind NAT, a proxy or a tunnel)")
     site.add_argument("--input", metavar="DIR",
                       help="the folder this site's log shippers drop CSV files into")
     site.add_argument("--replay", action="store_true",
@@ -478,6 +542,7 @@ def _parser() -> argparse.ArgumentParser:
     site.add_argument("--retention", default="10s=1h,1m=1d,1h=30d", metavar="RES=KEEP,...",
                       help="how long the cube store keeps each resolution "
                            "(default: 10s=1h,1m=1d,1h=30d)")
+    _security_options(site)
     site.set_defaults(run=_site)
 
     run = commands.add_parser(
@@ -503,16 +568,19 @@ def _parser() -> argparse.ArgumentParser:
     submit = commands.add_parser("submit", help="submit a query to the controller")
     submit.add_argument("query", metavar="QUERY.py")
     submit.add_argument("--controller", default=DEFAULT_CONTROLLER, metavar="HOST:PORT")
+    _security_options(submit)
     submit.set_defaults(run=_submit)
 
     status = commands.add_parser("status", help="sites, queries, trees and link utilisation")
     status.add_argument("--controller", default=DEFAULT_CONTROLLER, metavar="HOST:PORT")
     status.add_argument("--json", action="store_true", help="machine-readable output")
+    _security_options(status)
     status.set_defaults(run=_status)
 
     cancel = commands.add_parser("cancel", help="stop a running query everywhere")
     cancel.add_argument("name", help="the query's name")
     cancel.add_argument("--controller", default=DEFAULT_CONTROLLER, metavar="HOST:PORT")
+    _security_options(cancel)
     cancel.set_defaults(run=_cancel)
 
     level = commands.add_parser(
@@ -525,6 +593,7 @@ def _parser() -> argparse.ArgumentParser:
     level.add_argument("site", help="the site whose link to its parent to show or pin")
     level.add_argument("level", nargs="?", help="a level's name or index, or 'auto'")
     level.add_argument("--controller", default=DEFAULT_CONTROLLER, metavar="HOST:PORT")
+    _security_options(level)
     level.set_defaults(run=_level)
 
     results = commands.add_parser(
@@ -538,6 +607,7 @@ def _parser() -> argparse.ArgumentParser:
     results.add_argument("--json", action="store_true", help="JSON lines even in a terminal")
     results.add_argument("--output", metavar="OUT.jsonl",
                          help="also append every result to this JSON lines file")
+    _security_options(results)
     results.set_defaults(run=_results)
 
     local = commands.add_parser(

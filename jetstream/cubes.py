@@ -31,7 +31,7 @@ from jetstream.partials import MAX_PAYLOAD_BYTES, PartialBatch, decode_batch, en
 from jetstream.v1 import dataplane_pb2 as pb
 from jetstream.windows import WindowSpec, parse_duration
 
-__all__ = ["DEFAULT_RETENTION", "CubeStore", "parse_retention"]
+__all__ = ["DEFAULT_RETENTION", "INBOX", "CubeStore", "parse_retention"]
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,11 @@ log = logging.getLogger(__name__)
 #: rollups for a day, 1 h rollups for 30 days.
 DEFAULT_RETENTION: Mapping[int, float] = {10_000: 3600.0, 60_000: 86_400.0,
                                            3_600_000: 30 * 86_400.0}
+
+#: The destination of the batches a site merges (its children's, as they arrive, and its own
+#: local stage's): its inbox, kept so that a merger restarted after a crash has again what the
+#: site had acked. Not part of history or rollups: the site's own sent windows are.
+INBOX = "<inbox>"
 
 _SCHEMA_VERSION = 1
 _SCHEMA = """
@@ -132,9 +137,27 @@ class CubeStore:
         """Keep ``batch`` until ``destination`` acks it; a batch with the same identity
         replaces it and counts as kept anew (as :class:`~jetstream.transport.PartialSender`
         sends it anew)."""
-        if not destination:
+        if not destination or destination == INBOX:
             msg = f"cube store: batch of {batch.query or '?'} kept for no destination"
             raise DataError(msg)
+        self._put(batch, destination, held=True)
+
+    def receive(self, batch: pb.PartialBatch) -> None:
+        """Keep a batch the site is about to merge, in its inbox, before it is acked; it
+        expires like the rest (see :data:`INBOX`)."""
+        self._put(batch, INBOX, held=False)
+
+    def received(self, query: str, span_ms: int) -> list[pb.PartialBatch]:
+        """What the inbox holds of ``query`` for windows ending less than ``span_ms`` before
+        the newest one's end (event time), in the order it came."""
+        with self._transaction() as db:
+            rows = db.execute(
+                "SELECT message FROM partials WHERE destination = ?1 AND query = ?2 "
+                "AND window_end > (SELECT MAX(window_end) FROM partials WHERE destination = ?1 "
+                "AND query = ?2) - ?3 ORDER BY id", (INBOX, query, span_ms))
+            return [self._message(raw) for raw, in rows.fetchall()]
+
+    def _put(self, batch: pb.PartialBatch, destination: str, held: bool) -> None:
         if not batch.query or not batch.origin or batch.window_end_ms <= batch.window_start_ms:
             msg = (f"cube store: batch from {batch.origin or '?'} for {batch.query or '?'} "
                    f"has no query, origin or window")
@@ -143,10 +166,11 @@ class CubeStore:
             db.execute(
                 "INSERT OR REPLACE INTO partials (query, origin, partition, window_start, "
                 "window_end, resolution, revision, sequence, destination, held, message) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?)",
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (batch.query, batch.origin, batch.partition, batch.window_start_ms,
                  batch.window_end_ms, batch.window_end_ms - batch.window_start_ms,
-                 batch.revision, batch.sequence, destination, batch.SerializeToString()))
+                 batch.revision, batch.sequence, destination, int(held),
+                 batch.SerializeToString()))
 
     def acked(self, ack: pb.Ack, destination: str) -> bool:
         """``destination`` acked a batch: nothing waits for it any more. Whether one was held."""
@@ -198,13 +222,14 @@ class CubeStore:
             If a kept partial does not decode with ``aggregate``.
         """
         which = "destination != ''" if resolution_ms is None else "resolution = ?"
-        args: tuple[Any, ...] = () if resolution_ms is None else (resolution_ms,)
+        args: tuple[Any, ...] = (INBOX,) if resolution_ms is None else (INBOX, resolution_ms)
         with self._transaction() as db:
             rows = db.execute(
                 f"SELECT window_start, window_end, origin, partition, revision, id, message "
                 f"FROM partials WHERE query = ? AND window_start >= ? AND window_end <= ? "
-                f"AND {which} ORDER BY window_start, window_end, origin, partition, "
-                f"revision, id", (query, start_ms, end_ms, *args)).fetchall()
+                f"AND destination != ? AND {which} "
+                f"ORDER BY window_start, window_end, origin, partition, revision, id",
+                (query, start_ms, end_ms, *args)).fetchall()
         newest = {tuple(row[:4]): row[6] for row in rows}  # the order puts the newest last
         return [decode_batch(self._message(raw), aggregate) for raw in newest.values()]
 
@@ -237,8 +262,8 @@ class CubeStore:
               horizon: int, now_ms: int) -> int:
         first = -(-horizon // level) * level  # the first rollup whose windows are all kept
         last = now_ms - now_ms % level
-        kind = "destination != '' AND window_start % resolution = 0" if sent \
-            else "destination = ''"
+        kind = f"destination NOT IN ('', '{INBOX}') AND window_start % resolution = 0" \
+            if sent else "destination = ''"
         with self._transaction() as db:
             found = db.execute(
                 f"SELECT origin, partition, window_start, revision, id FROM partials "

@@ -10,7 +10,9 @@ For every fragment a site runs, :class:`SiteRuntime` keeps one :class:`QueryRun`
   which with ``SiteOptions.cubes`` keeps what it sends in the site's cube store
   (:mod:`jetstream.cubes`) until acked, across restarts, and rolls it up; or, at the root,
   the **final step** (the reference executor's own operators, from the merged partials)
-  whose results are published to the global controller.
+  whose results are published to the global controller. With the cube store, what the
+  merger takes in is kept in the store's inbox first (a child's batch before it is acked),
+  and merged again by the run that follows a crash.
 
 Progress flows with the data: an input that has closed every window up to its watermark says
 so, an idle input (no records for ``idle_s``) closes its open windows and stops holding the
@@ -36,7 +38,7 @@ from jetstream.aggtree.planner import Fragment
 from jetstream.approx.levels import degrade, levels_for, ranking
 from jetstream.approx.policy import LinkPolicy
 from jetstream.approx.truncate import top_k_bounds
-from jetstream.cubes import DEFAULT_RETENTION, CubeStore
+from jetstream.cubes import DEFAULT_RETENTION, INBOX, CubeStore
 from jetstream.dsl import Query, Stream
 from jetstream.errors import ControlPlaneError, DataError, PlanError
 from jetstream.local import finish_from_partials
@@ -45,7 +47,7 @@ from jetstream.partials import PartialBatch, decode_batch, encode_batch, summari
 from jetstream.queryfile import query_from_source
 from jetstream.results import WindowResult
 from jetstream.rewrite import optimize
-from jetstream.transport import DataPlaneServicer, PartialSender
+from jetstream.transport import Connect, DataPlaneServicer, PartialSender
 from jetstream.v1 import dataplane_pb2 as pb
 
 __all__ = ["DEFAULT_DEADLINE_S", "Assignment", "QueryRun", "SiteOptions", "SiteRuntime",
@@ -97,6 +99,9 @@ class SiteOptions:
     cubes: bool = False
     #: Resolution (ms) -> seconds its windows are kept; see :class:`~jetstream.cubes.CubeStore`.
     retention: Mapping[int, float] = field(default_factory=lambda: dict(DEFAULT_RETENTION))
+    #: How the site dials its parent's data plane: ``jetstream site`` sets its
+    #: ``Security.channel`` (mutual TLS, token); None, plaintext, is for in-process tests.
+    connect: Connect | None = None
 
 
 @dataclass(frozen=True)
@@ -127,7 +132,11 @@ class QueryRun:
                                    or DEFAULT_DEADLINE_S)
         self.ranking = ranking(self.query)
         self._store = store
+        # A replay starts over from its input after a crash: it keeps no inbox.
+        self._inbox = None if options.replay else store
         self._link(assignment)
+        if self._inbox is not None:
+            self._merge_inbox(self._inbox)
         self._sequence = itertools.count(1)
         self._published_finish = False
         self._stop = threading.Event()
@@ -166,7 +175,8 @@ class QueryRun:
         if self.store is not None:
             self._check_held(self.store)
         self.sender = PartialSender(assignment.parent_address, on_ack=self._acked,
-                                    store=self.store, destination=assignment.fragment.query)
+                                    store=self.store, destination=assignment.fragment.query,
+                                    connect=self.options.connect)
 
     def retarget(self, assignment: Assignment) -> bool:
         """Take a new version of this run's assignment (a re-plan) in place: new inputs, a new
@@ -240,12 +250,39 @@ class QueryRun:
 
     def _local(self, window: tuple[int, int], rows: list[dict[str, Any]], events: int,
                revision: int) -> None:
-        if self.store is not None and self.store.has_sent(self.name, self.name, window,
-                                                          self.site, revision):
+        if self._inbox is not None and self._inbox.has_sent(INBOX, self.name, window,
+                                                            self.site, revision):
             return  # a restarted stage hands on again what it had handed on before
-        self.merger.add(PartialBatch(self.name, window, self.site, tuple(rows), events=events,
-                                     covers=frozenset({self.site}), revision=revision,
-                                     closed_at_ms=time.time_ns() // 1_000_000))
+        self.receive(PartialBatch(self.name, window, self.site, tuple(rows), events=events,
+                                  covers=frozenset({self.site}), revision=revision,
+                                  closed_at_ms=time.time_ns() // 1_000_000))
+
+    def receive(self, batch: PartialBatch) -> None:
+        """Merge a batch: a child's (acked once this returns) or the local stage's. With a
+        cube store it goes to the inbox first, so that a restart merges it again."""
+        if self._inbox is not None:
+            self._inbox.receive(encode_batch(batch, self.partial))
+        self.merger.add(batch)
+
+    def _merge_inbox(self, store: CubeStore) -> None:
+        """After a restart: merge again what the inbox holds of the windows the merger may
+        still emit or correct, except those this site has sent on already."""
+        again = 0
+        for message in store.received(self.name, int(self.merger.retain_s * 1000)):
+            window = (message.window_start_ms, message.window_end_ms)
+            if self.store is not None and self.store.has_sent(self.name, self.name, window,
+                                                              self.site):
+                continue
+            try:
+                self.merger.add(decode_batch(message, self.partial))
+            except DataError as e:  # e.g. an earlier query of the same name left it
+                log.warning("%s at %s: not merging again what the inbox holds: %s",
+                            self.name, self.site, e)
+                continue
+            again += 1
+        if again:
+            log.info("%s at %s: merging again %d partials from the inbox", self.name,
+                     self.site, again)
 
     # -- merging and forwarding ---------------------------------------------------------------
     def _pump(self) -> None:
@@ -428,7 +465,18 @@ class SiteRuntime:
 
     def deploy(self, assignment: Assignment) -> None:
         """Start a query's run here; a new version of a running one is taken in place when
-        it can be (see :meth:`QueryRun.retarget`), else it replaces the old run."""
+        it can be (see :meth:`QueryRun.retarget`), else it replaces the old run.
+
+        Raises
+        ------
+        ControlPlaneError
+            If the fragment has a parent but no address for it: it would act as the root.
+        """
+        fragment = assignment.fragment
+        if fragment.parent and not assignment.parent_address:
+            msg = (f"{fragment.query} at {self.site}: no address for its parent "
+                   f"{fragment.parent}")
+            raise ControlPlaneError(msg)
         with self._lock:
             old = self._runs.pop(assignment.fragment.query, None)
             if old is not None:
@@ -438,10 +486,10 @@ class SiteRuntime:
                 old.stop()
             self._runs[assignment.fragment.query] = QueryRun(
                 self.site, assignment, self.options, self.session, self._published,
-                self._store() if assignment.parent_address else None)
+                self._store())
 
     def _store(self) -> CubeStore | None:
-        """The site's cube store, opened when the first sender needs it (with ``cubes``)."""
+        """The site's cube store, opened when the first run needs it (with ``cubes``)."""
         if self.options.cubes and self._cubes is None:
             self._cubes = CubeStore(self.options.state_dir / self.site / "cubes.sqlite",
                                     retention=self.options.retention)
@@ -507,7 +555,7 @@ class SiteRuntime:
     def _deliver(self, batch: PartialBatch) -> None:
         run = self.run(batch.query)
         if run is not None:
-            run.merger.add(batch)
+            run.receive(batch)
 
     def _progress(self, report: pb.Progress) -> None:
         run = self.run(report.query)

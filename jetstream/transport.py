@@ -32,7 +32,7 @@ from jetstream.partials import PartialBatch, decode_batch
 from jetstream.v1 import dataplane_pb2 as pb
 from jetstream.v1 import dataplane_pb2_grpc as rpc
 
-__all__ = ["DataPlaneServicer", "PartialSender"]
+__all__ = ["Connect", "DataPlaneServicer", "PartialSender"]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 STREAM_DEADLINE_S = 3600.0
 
 AckKey = tuple[object, ...]
+#: Opens a channel to an address: a process's ``Security.channel`` (mutual TLS and its token).
+Connect = Callable[[str], grpc.Channel]
 
 
 def _batch_key(query: str, window_start: int, origin: str, partition: int, sequence: int,
@@ -64,15 +66,18 @@ class PartialSender:
 
     def __init__(self, address: str, *, max_backoff_s: float = 5.0,
                  on_ack: Callable[[pb.PartialBatch, float, int], None] | None = None,
-                 store: CubeStore | None = None, destination: str = "") -> None:
-        """``on_ack(batch, seconds, backlog)`` hears of each acknowledged batch: how long it
+                 store: CubeStore | None = None, destination: str = "",
+                 connect: Connect | None = None) -> None:
+        """``connect`` opens the channel to the parent: the site process passes its
+        ``Security.channel``; None, plaintext, is for senders within one test process.
+        ``on_ack(batch, seconds, backlog)`` hears of each acknowledged batch: how long it
         took from ``send`` to its ack, and how many batches are still unacknowledged.
         ``store``: keep batches there until acked, for ``destination`` (a name that outlives
         this sender), and send first what it holds unacked for it."""
         if store is not None and not destination:
             msg = f"partial sender to {address}: a store needs a destination name"
             raise DataError(msg)
-        self.address = address
+        self.address, self._connect = address, connect or grpc.insecure_channel
         self._store, self._destination = store, destination
         self._on_ack = on_ack
         self._sent_at: dict[AckKey, float] = {}
@@ -129,7 +134,7 @@ class PartialSender:
 
     def _run(self) -> None:
         backoff = 0.1
-        with grpc.insecure_channel(self.address) as channel:
+        with self._connect(self.address) as channel:
             stub = rpc.DataPlaneStub(channel)
             while not self._stop.is_set():
                 done = threading.Event()

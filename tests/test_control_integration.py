@@ -1,6 +1,6 @@
 """The control plane as real processes on loopback, driven by the CLI: a controller and three
 site controllers come up, a query is placed on them, a killed site is planned around, and the
-query is cancelled."""
+query is cancelled. Every hop is mutual TLS with a token, from a development CA."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from jetstream.control.security import make_dev_certs
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "cdn_topk.py"
@@ -27,7 +30,9 @@ QUERY = "cdn-topk"
 _SCRIPT = Path(sys.executable).parent / "jetstream"
 JETSTREAM = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "jetstream"]
 # Wide enough that `jetstream status` tables do not wrap names.
-ENV = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "COLUMNS": "200",
+       "JETSTREAM_TLS_DIR": str(make_dev_certs(Path(tempfile.mkdtemp(prefix="js-tls-"))).folder)}
+ENV.pop("JETSTREAM_TOKEN", None)
 #: The longest any one change may take to show in `jetstream status`.
 DEADLINE_S = 20.0
 

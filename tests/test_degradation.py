@@ -106,7 +106,7 @@ def through_thin_link(source: str, events: list[list[dict[str, Any]]], thin: ran
     finally:
         edge.close()
         root.close()
-        server.stop(grace=0).wait()
+        server.stop(grace=0).wait(5)
     return results, levels, run.policy
 
 

@@ -119,7 +119,8 @@ def test_live_sites_with_quiet_neighbours_still_close_their_windows(
             "sfo -> ams", "exact", False, ["exact"])  # no top-k: nothing to degrade to
         with pytest.raises(ControlPlaneError, match="ams sends live over no link"):
             cluster.client.set_level("live", "ams")
-        assert main(["level", "live", "sin", "--controller", cluster.address]) == 0
+        assert main(["level", "live", "sin", "--controller", cluster.address,
+                     "--tls-dir", str(cluster.tls_dir)]) == 0
         assert capsys.readouterr().out == (
             "live: link sin -> ams at 'exact' (chosen by the link's policy)\nlevels: 0 'exact'\n")
         lines = (LOGS / "ams" / "part-000.csv").read_text().splitlines(keepends=True)
@@ -168,7 +169,7 @@ class Root:
 
     def close(self) -> None:
         self.runtime.close()
-        self.server.stop(grace=0).wait()
+        self.server.stop(grace=0).wait(5)
 
 
 def test_duplicated_and_resent_batches_leave_the_results_unchanged() -> None:

@@ -1,17 +1,20 @@
-"""Faults with real processes: a site killed mid-window comes back, and no window loses data.
+"""Faults with real processes: whatever dies comes back, and no window loses data.
 
 A controller and the three sites of local-3dc run live; each site's logs arrive as files, one
-a second. sfo is killed with SIGKILL part way (its open windows exist only in its process and
-its snapshot), stays dead long enough for the controller to re-plan without it, and is
-started again on the same state folder while its logs keep arriving.
+a second. Part way, one process is killed with SIGKILL (a site, whose open windows exist only
+in its process and its snapshot; the root, which has acked what its children sent; or the
+global controller) and later started again on the same state folder while the logs keep
+arriving. Each time the final results equal the reference executor's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import shutil
+import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from jetstream.control.launch import LocalCluster
@@ -28,7 +31,16 @@ SITES = ["ams", "sfo", "sin"]
 FILES = 24  # two seconds of logs each, one landing every second
 
 
-def test_a_site_killed_mid_window_is_marked_missing_then_corrected(tmp_path: Path) -> None:
+#: What a test does to the cluster after the i-th file of each site has landed; the third
+#: argument gives the results seen so far.
+Fault = Callable[[LocalCluster, int, Callable[[], list[WindowResult]]], None]
+
+
+def run_with(fault: Fault, tmp_path: Path,
+             site_args: Callable[[str], list[str]] = lambda site: []) -> list[list[WindowResult]]:
+    """Ship the logs to a live cluster, calling ``fault`` as they land, and check that the
+    final results equal the reference's; every result seen, by a follower that reconnects
+    when the controller is away: one list a connection."""
     # In order and never late: the micro-batch watermark then drops what the reference drops.
     spec = LogSpec(domains=40, out_of_order_s=0, late_fraction=0)
     made = write_logs(tmp_path / "made", SITES, start_ms=1_767_225_600_000, duration_s=2 * FILES,
@@ -37,13 +49,18 @@ def test_a_site_killed_mid_window_is_marked_missing_then_corrected(tmp_path: Pat
     inputs = tmp_path / "input"
     for site in SITES:
         (inputs / site).mkdir(parents=True)
-    seen: list[WindowResult] = []
-    with LocalCluster(TOPOLOGY, inputs, idle_timeout_s=8, logs=tmp_path / "logs") as cluster:
+    streams: list[list[WindowResult]] = []
+    done = threading.Event()
+    with LocalCluster(TOPOLOGY, inputs, idle_timeout_s=8, logs=tmp_path / "logs",
+                      site_args=site_args) as cluster:
         name = cluster.client.submit(QUERY).query
 
         def collect() -> None:
-            with contextlib.suppress(ControlPlaneError):  # it stops at the end of the test
-                seen.extend(cluster.client.results(name, timeout_s=400))
+            while not done.is_set():
+                streams.append([])
+                with contextlib.suppress(ControlPlaneError):  # the controller is away
+                    streams[-1].extend(cluster.client.results(name, timeout_s=400))
+                done.wait(1.0)
 
         threading.Thread(target=collect, daemon=True).start()
         for i in range(FILES):
@@ -51,23 +68,170 @@ def test_a_site_killed_mid_window_is_marked_missing_then_corrected(tmp_path: Pat
                 staged = inputs / f".{site}-{i}"
                 shutil.copy(made[site][i], staged)
                 staged.rename(inputs / site / made[site][i].name)
-            if i == 8:
-                cluster.kill("sfo")
-            if i == 16:  # dead for 8 s: the controller has re-planned without it
-                assert not _alive(cluster, "sfo")
-                cluster.restart("sfo")
+            fault(cluster, i, lambda: _all(streams))
             time.sleep(1.0)
         deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and not _settled(seen, want):
+        while time.monotonic() < deadline and not _settled(_all(streams), want):
             time.sleep(1.0)
+        done.set()
         cluster.check_alive()
-    latest = {(r.window_start, r.window_end): r for r in seen}
+    latest = {(r.window_start, r.window_end): r for r in _all(streams)}
     assert_same([latest[w] for w in sorted(latest)], want)
     assert all(latest[w].missing_sites == [] for w in latest)
+    return [stream for stream in streams if stream]
+
+
+def kill_and_restart(name: str, kill_at: int, restart_at: int) -> Fault:
+    def fault(cluster: LocalCluster, i: int, seen: Callable[[], list[WindowResult]]) -> None:
+        if i == kill_at:
+            cluster.kill(name)
+        if i == restart_at:
+            cluster.restart(name)
+
+    return fault
+
+
+def test_a_site_killed_mid_window_is_marked_missing_then_corrected(tmp_path: Path) -> None:
+    def fault(cluster: LocalCluster, i: int, seen: Callable[[], list[WindowResult]]) -> None:
+        kill_and_restart("sfo", 8, 16)(cluster, i, seen)
+        if i == 15:  # dead for 7 s: the controller has re-planned without it
+            assert not _alive(cluster, "sfo")
+
+    seen = _all(run_with(fault, tmp_path))
+    latest = {(r.window_start, r.window_end): r for r in seen}
     # While sfo was away, windows went out without it, saying so, and were corrected later.
     marked = {(r.window_start, r.window_end) for r in seen if r.missing_sites == ["sfo"]}
     assert marked, "no window was marked as missing sfo"
     assert all(latest[w].revision > 0 for w in marked)
+
+
+def test_the_root_killed_mid_window_loses_nothing_it_had_acked(tmp_path: Path) -> None:
+    """ams merges every window and finishes it; killed once results flow, it comes back on
+    its state folder with what it had acked from sfo and sin (its inbox) and its own open
+    windows."""
+    def fault(cluster: LocalCluster, i: int, seen: Callable[[], list[WindowResult]]) -> None:
+        if i == 10:  # the logs pause until ams has acked and finished some windows
+            wait_for(lambda: bool(seen()), "a first result")
+            cluster.kill("ams")
+        if i == 15:
+            cluster.restart("ams")
+
+    run_with(fault, tmp_path)
+    assert "from the inbox" in (tmp_path / "logs" / "ams.log").read_text()
+
+
+def test_a_restarted_controller_takes_up_the_running_query(tmp_path: Path) -> None:
+    """The controller dies; the sites go on, the root holds its results until a controller
+    takes them, and the new one (same state folder) knows the query and its results."""
+    def fault(cluster: LocalCluster, i: int, seen: Callable[[], list[WindowResult]]) -> None:
+        if i == 8:  # the logs pause until the controller has shown a result
+            wait_for(lambda: bool(seen()), "a first result")
+        kill_and_restart("controller", 8, 12)(cluster, i, seen)
+
+    streams = run_with(fault, tmp_path)
+    assert len(streams) >= 2, "the follower never had to reconnect"
+    assert streams[1][0] == streams[0][0]  # the new controller shows the results from before
+
+
+class Link:
+    """A TCP forwarder to a site's port, the way to it for everyone who dials it. Cut, it
+    drops every connection and refuses new ones, as a partition would; healed, it forwards
+    again."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target = target_port
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._cut = threading.Event()
+        self._lock = threading.Lock()
+        self._open: set[socket.socket] = set()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                near, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            try:
+                if self._cut.is_set():
+                    raise OSError("cut")
+                far = socket.create_connection(("127.0.0.1", self.target), timeout=5)
+                far.settimeout(None)
+            except OSError:
+                near.close()
+                continue
+            with self._lock:
+                self._open |= {near, far}
+            for a, b in ((near, far), (far, near)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                sink.sendall(data)
+        for end in (source, sink):
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
+
+    def cut(self) -> None:
+        self._cut.set()
+        with self._lock:
+            for end in self._open:
+                with contextlib.suppress(OSError):
+                    end.shutdown(socket.SHUT_RDWR)
+            self._open.clear()
+
+    def heal(self) -> None:
+        self._cut.clear()
+
+    def close(self) -> None:
+        self.cut()
+        self._listener.close()
+
+
+def test_a_partition_marks_windows_partial_and_the_backlog_corrects_them(
+        tmp_path: Path) -> None:
+    """The root is cut off from both edges: every side goes on processing, ams's windows go
+    out without sfo and sin, saying so, and when the link heals what the edges held drains
+    and corrects them."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    link = Link(port)
+
+    def fault(cluster: LocalCluster, i: int, seen: Callable[[], list[WindowResult]]) -> None:
+        if i == 8:  # the logs pause while the link is cut
+            wait_for(lambda: bool(seen()), "a first result")
+            link.cut()
+            wait_for(lambda: any(r.missing_sites == ["sfo", "sin"] for r in seen()),
+                     "a window without the edges")
+            time.sleep(5)
+            link.heal()
+
+    def through_link(site: str) -> list[str]:
+        return ["--port", str(port), "--advertise", f"127.0.0.1:{link.port}"] \
+            if site == "ams" else []
+
+    try:
+        seen = _all(run_with(fault, tmp_path, through_link))
+    finally:
+        link.close()
+    latest = {(r.window_start, r.window_end): r for r in seen}
+    marked = {(r.window_start, r.window_end) for r in seen if r.missing_sites == ["sfo", "sin"]}
+    assert marked, "no window was marked as missing the edges"
+    assert all(latest[w].revision > 0 for w in marked)
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"no {what} within {timeout_s:.0f}s"
+        time.sleep(0.5)
+
+
+def _all(streams: list[list[WindowResult]]) -> list[WindowResult]:
+    return [result for stream in list(streams) for result in list(stream)]
 
 
 def _alive(cluster: LocalCluster, site: str) -> bool:

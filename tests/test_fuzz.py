@@ -858,4 +858,4 @@ def test_refused_streams_leave_the_others_whole() -> None:
         assert receiver.servicer.refused == {"garbage": 1, "sketch": 1}
     finally:
         good.close()
-        receiver.server.stop(grace=0).wait()
+        receiver.server.stop(grace=0).wait(5)

@@ -53,7 +53,7 @@ class Receiver:
             return list(self.delivered)
 
     def stop(self) -> None:
-        self.server.stop(grace=0).wait()
+        self.server.stop(grace=0).wait(5)
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ from typing import Any
 
 import grpc
 
+from jetstream.control.security import Security
 from jetstream.errors import ControlPlaneError
 from jetstream.results import WindowResult
 from jetstream.v1 import control_pb2 as pb
@@ -23,9 +24,10 @@ DEFAULT_CONTROLLER = os.environ.get("JETSTREAM_CONTROLLER", "127.0.0.1:7070")
 
 
 class ControllerClient:
-    def __init__(self, address: str = DEFAULT_CONTROLLER, timeout_s: float = 10.0) -> None:
-        self.address, self.timeout_s = address, timeout_s
-        self._channel = grpc.insecure_channel(address)
+    def __init__(self, address: str = DEFAULT_CONTROLLER, timeout_s: float = 10.0, *,
+                 security: Security) -> None:
+        self.address, self.timeout_s, self.security = address, timeout_s, security
+        self._channel = security.channel(address)
         self._stub = rpc.GlobalControllerStub(self._channel)
 
     def _call(self, method: str, request: object) -> Any:
@@ -36,8 +38,15 @@ class ControllerClient:
 
     def _error(self, e: grpc.RpcError) -> ControlPlaneError:
         if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            # A refused TLS handshake looks like this too: say what to check.
+            tls = ("" if self.security.insecure else
+                   f", with certificates of the CA in {self.security.tls_dir}")
             return ControlPlaneError(f"cannot reach the controller at {self.address} "
-                                     f"({e.code().name}); is `jetstream controller` running?")
+                                     f"({e.code().name}); is `jetstream controller` running"
+                                     f"{tls}?")
+        if e.code() is grpc.StatusCode.UNAUTHENTICATED:
+            return ControlPlaneError(f"the controller at {self.address} refused us: "
+                                     f"{e.details()}")
         return ControlPlaneError(str(e.details()))
 
     @staticmethod

@@ -7,6 +7,7 @@ import queue
 import signal
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -14,6 +15,7 @@ import grpc
 from jetstream.aggtree.planner import Fragment
 from jetstream.aggtree.topology import Topology
 from jetstream.control.global_controller import GlobalController, QueryState
+from jetstream.control.security import Security
 from jetstream.control.server import start_server
 from jetstream.control.servicers import GlobalControllerServicer, SiteControllerServicer
 from jetstream.control.site_controller import SiteController
@@ -37,7 +39,8 @@ CALL_TIMEOUT_S = 5.0
 class _SiteClients:
     """One channel per site controller, for deploying and stopping fragments."""
 
-    def __init__(self) -> None:
+    def __init__(self, security: Security) -> None:
+        self._security = security
         self._stubs: dict[str, rpc.SiteControllerStub] = {}
         self._lock = threading.Lock()
         self.addresses: Callable[[str], str] = lambda site: ""
@@ -45,7 +48,7 @@ class _SiteClients:
     def _stub(self, address: str) -> rpc.SiteControllerStub:
         with self._lock:
             if address not in self._stubs:
-                self._stubs[address] = rpc.SiteControllerStub(grpc.insecure_channel(address))
+                self._stubs[address] = rpc.SiteControllerStub(self._security.channel(address))
             return self._stubs[address]
 
     def deploy(self, address: str, fragment: Fragment, state: QueryState) -> list[tuple[str, str]]:
@@ -78,22 +81,27 @@ def _serve_until_stopped(server: grpc.Server, stop: threading.Event) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
     stop.wait()
-    server.stop(grace=1.0).wait()
+    # Bounded: a call gRPC never finishes (a peer's malformed stream) would hold it forever.
+    server.stop(grace=1.0).wait(5)
 
 
-def run_controller(topology: Topology, port: int, *, host: str = "127.0.0.1",
-                   heartbeat_interval_s: float = 2.0, heartbeat_timeout_s: float = 6.0,
+def run_controller(topology: Topology, port: int, *, security: Security,
+                   host: str = "127.0.0.1", heartbeat_interval_s: float = 2.0,
+                   heartbeat_timeout_s: float = 6.0, state_dir: Path | None = None,
                    ready: Callable[[int], None] | None = None,
                    stop: threading.Event | None = None) -> None:
-    """Serve the global controller until SIGINT/SIGTERM (or ``stop``)."""
-    clients = _SiteClients()
+    """Serve the global controller until SIGINT/SIGTERM (or ``stop``); ``security`` guards
+    its server and its channels to the sites. With a ``state_dir`` its queries and their
+    results outlive it (see :class:`GlobalController`)."""
+    clients = _SiteClients(security)
     controller = GlobalController(topology, clients.deploy, clients.stop,
-                                  heartbeat_timeout_s=heartbeat_timeout_s)
+                                  heartbeat_timeout_s=heartbeat_timeout_s, state_dir=state_dir)
     clients.addresses = lambda site: controller.sites[site].address or ""
     servicer = GlobalControllerServicer(controller, heartbeat_interval_s,
                                         set_level=clients.set_level)
     server, bound = start_server([(rpc.add_GlobalControllerServicer_to_server, servicer,
-                                   "jetstream.v1.GlobalController")], port, host)
+                                   "jetstream.v1.GlobalController")], port, host,
+                                 security=security)
     stop = stop or threading.Event()
     log.info("global controller for %s listening on %s:%d", topology.name, host, bound)
     if ready:
@@ -145,25 +153,28 @@ class _ResultsPublisher:
                     backoff = min(backoff * 2, 5.0)
 
 
-def run_site(name: str, controller_address: str, *, port: int = 0, host: str = "127.0.0.1",
+def run_site(name: str, controller_address: str, *, security: Security, port: int = 0,
+             host: str = "127.0.0.1", advertise: str | None = None,
              options: SiteOptions | None = None,
              ready: Callable[[int], None] | None = None,
              stop: threading.Event | None = None) -> None:
-    """Serve a site: register, send heartbeats, and run the data plane of what is deployed."""
+    """Serve a site: register, send heartbeats, and run the data plane of what is deployed.
+    ``security`` guards its server, its channel to the controller and those to its parents."""
     stop = stop or threading.Event()
     options = options or SiteOptions()
+    options.connect = security.channel
     given_master = options.spark_master is not None
     runtime = SiteRuntime(name, options, lambda *_: None)
     if given_master and options.input_dir is not None:
         runtime.session()  # before any gRPC thread exists: see SiteRuntime.session
-    controller = rpc.GlobalControllerStub(grpc.insecure_channel(controller_address))
+    controller = rpc.GlobalControllerStub(security.channel(controller_address))
     runtime.publish = _ResultsPublisher(controller, stop)
     servicer = SiteControllerServicer()
     server, bound = start_server([
         (rpc.add_SiteControllerServicer_to_server, servicer, "jetstream.v1.SiteController"),
         (dataplane_rpc.add_DataPlaneServicer_to_server, runtime.servicer,
-         "jetstream.v1.DataPlane")], port, host)
-    address = f"{host}:{bound}"
+         "jetstream.v1.DataPlane")], port, host, security=security)
+    address = advertise or f"{host}:{bound}"  # where the controller and peers reach us
     if ready:
         ready(bound)
 

@@ -1,7 +1,9 @@
 """The global controller: plans each query over the topology and hands every site its part.
 
 It knows the topology, which site controllers have registered and when each last sent a
-heartbeat, and every running query with its physical plan. It re-plans a query when a site
+heartbeat, and every running query with its physical plan. Given a state folder it keeps
+the queries and their results there, so that a controller restarted after a crash takes
+up its queries again as the sites register. It re-plans a query when a site
 stops sending heartbeats (or comes back), or when a link's measured bandwidth moves by more
 than ``REPLAN_BANDWIDTH_CHANGE``. It holds no query semantics of its own: rewriting and
 planning are :mod:`jetstream.rewrite` and :mod:`jetstream.aggtree`.
@@ -10,11 +12,15 @@ planning are :mod:`jetstream.rewrite` and :mod:`jetstream.aggtree`.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+import os
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import networkx as nx
 
@@ -34,6 +40,9 @@ log = logging.getLogger(__name__)
 
 #: A measured bandwidth this far (relative) from the planned one triggers a re-plan.
 REPLAN_BANDWIDTH_CHANGE = 0.25
+
+#: The results kept per query (the newest); a subscriber further behind skips the older.
+MAX_RESULTS = 10_000
 
 #: Deploys one fragment to the site controller at an address; returns (piece, server) pairs.
 Deployer = Callable[[str, Fragment, "QueryState"], list[tuple[str, str]]]
@@ -68,23 +77,56 @@ class QueryState:
 
 
 class ResultsHub:
-    """Window results per query, to every subscriber (StreamResults) as they arrive."""
+    """Window results per query, to every subscriber (StreamResults) as they arrive; the
+    newest ``keep`` of each query. With a ``folder``, also appended there (one JSON line a
+    result, a file a query) and read back when a restarted controller makes its hub."""
 
-    def __init__(self) -> None:
+    def __init__(self, folder: Path | None = None, keep: int = MAX_RESULTS) -> None:
         self._lock = threading.Condition()
         self._results: dict[str, list[WindowResult]] = {}
+        self._dropped: dict[str, int] = {}  # query -> how many old results were let go
         self._closed: set[str] = set()
+        self._folder, self._keep = folder, keep
+        if folder is not None:
+            folder.mkdir(parents=True, exist_ok=True)
+            for path in sorted(folder.glob("*.jsonl")):
+                lines = path.read_text(encoding="utf-8").splitlines()
+                kept = [r for line in lines if (r := _result(line, path)) is not None][-keep:]
+                if len(kept) < len(lines):  # rewritten whole: appends start on a fresh line
+                    _write_atomically(path, "".join(_line(r) for r in kept))
+                if kept:
+                    self._results[kept[0].query] = kept
+
+    def _file(self, query: str) -> Path | None:
+        if self._folder is None:
+            return None
+        return self._folder / f"{urllib.parse.quote(query, safe='')}.jsonl"
 
     def publish(self, result: WindowResult) -> None:
         with self._lock:
-            self._results.setdefault(result.query, []).append(result)
+            kept = self._results.setdefault(result.query, [])
+            kept.append(result)
+            path = self._file(result.query)
+            if len(kept) >= 2 * self._keep:  # let the oldest half go, in the file too
+                self._dropped[result.query] = self._dropped.get(result.query, 0) + len(
+                    kept) - self._keep
+                del kept[:-self._keep]
+                if path is not None:
+                    _write_atomically(path, "".join(_line(r) for r in kept))
+            elif path is not None:
+                with path.open("a", encoding="utf-8") as out:
+                    out.write(_line(result))
             self._lock.notify_all()
 
     def reset(self, query: str) -> None:
         """Forget a finished run's results, for a new query of the same name."""
         with self._lock:
             self._results.pop(query, None)
+            self._dropped.pop(query, None)
             self._closed.discard(query)
+            path = self._file(query)
+            if path is not None:
+                path.unlink(missing_ok=True)
 
     def close(self, query: str) -> None:
         with self._lock:
@@ -93,15 +135,18 @@ class ResultsHub:
 
     def follow(self, query: str, stop: Callable[[], bool]) -> Iterator[WindowResult]:
         """Every result of ``query``, past and future, until it closes or ``stop()``."""
-        seen = 0
+        seen = 0  # counted from the first result ever published, let go or not
 
         def ready() -> bool:
-            return len(self._results.get(query, ())) > seen or query in self._closed or stop()
+            return (self._dropped.get(query, 0) + len(self._results.get(query, ())) > seen
+                    or query in self._closed or stop())
 
         while True:
             with self._lock:
                 self._lock.wait_for(ready, timeout=0.5)
-                fresh = self._results.get(query, [])[seen:]
+                dropped = self._dropped.get(query, 0)
+                seen = max(seen, dropped)
+                fresh = self._results.get(query, [])[seen - dropped:]
                 done = query in self._closed or stop()
             yield from fresh
             seen += len(fresh)
@@ -113,16 +158,61 @@ class GlobalController:
     """The control plane's brain; thread-safe, driven by the gRPC servicer and a clock."""
 
     def __init__(self, topology: Topology, deploy: Deployer, stop: Stopper, *,
-                 heartbeat_timeout_s: float = 6.0, clock: Callable[[], float] = time.monotonic):
+                 heartbeat_timeout_s: float = 6.0, clock: Callable[[], float] = time.monotonic,
+                 state_dir: Path | None = None):
         self.topology = topology
         self.heartbeat_timeout_s = heartbeat_timeout_s
-        self.results = ResultsHub()
+        self.state_dir = state_dir
+        self.results = ResultsHub(state_dir / "results" if state_dir else None)
         self._deploy, self._stop, self.clock = deploy, stop, clock
         self.lock = threading.RLock()
         self.sites = {s.name: SiteState(s.name) for s in topology.sites}
         self.queries: dict[str, QueryState] = {}
         self.measured: dict[frozenset[str], float] = {}  # link ends -> measured bits/s
         self.planned_bandwidth: dict[frozenset[str], float] = {}  # what the plans assumed
+        self._restore()
+
+    # -- what outlives a restart --------------------------------------------------------------
+    def _restore(self) -> None:
+        """Take up the queries a previous controller kept in the state folder: each is planned
+        anew, under a newer version, and deployed to each site as it registers."""
+        path = self.state_dir / "queries.json" if self.state_dir else None
+        if path is None or not path.exists():
+            return
+        try:
+            saved = json.loads(path.read_text(encoding="utf-8"))["queries"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            msg = f"{path}: cannot read the saved queries ({e}); move the file away"
+            raise ControlPlaneError(msg) from None
+        for entry in saved:
+            try:
+                query = query_from_source(entry["source"], entry["name"])
+                state = QueryState(entry["name"], entry["source"], query,
+                                   state=entry["state"], detail=entry["detail"],
+                                   replans=entry["replans"], version=entry["version"] + 1,
+                                   expected=tuple(entry["expected"]))
+                if state.active:
+                    state.plan = plan_query(query, self.effective_topology())
+            except (JetstreamError, KeyError, TypeError) as e:
+                log.error("%s: cannot take up query %s again: %s", path,
+                          entry.get("name", "?"), e)
+                continue
+            self.queries[state.name] = state
+            if not state.active:
+                self.results.close(state.name)
+            log.info("query %s taken up again (%s, version %d)", state.name, state.state,
+                     state.version)
+        self._save()
+
+    def _save(self) -> None:
+        """Keep every query in the state folder (if any): written whole, atomically."""
+        if self.state_dir is None:
+            return
+        saved = [{"name": q.name, "source": q.source, "state": q.state, "detail": q.detail,
+                  "replans": q.replans, "version": q.version, "expected": list(q.expected)}
+                 for q in self.queries.values()]
+        _write_atomically(self.state_dir / "queries.json",
+                          json.dumps({"queries": saved}, indent=1))
 
     # -- sites ------------------------------------------------------------------------------
     def register_site(self, name: str, address: str) -> None:
@@ -155,8 +245,10 @@ class GlobalController:
                 if (query.active and query.plan is not None
                         and name in query.plan.fragments and name not in query.deployed):
                     self._deploy_all(query)
-            return sorted(q.name for q in self.queries.values()
-                          if q.active and name in q.deployed)
+            # Planned here but not deployed yet (its parent has not registered) counts too:
+            # a site that runs it already, for a restarted controller, goes on with it.
+            return sorted(q.name for q in self.queries.values() if q.active and (
+                name in q.deployed or (q.plan is not None and name in q.plan.fragments)))
 
     def check_liveness(self) -> list[str]:
         """Mark sites whose heartbeats stopped as dead, re-plan; the sites newly dead."""
@@ -215,6 +307,7 @@ class GlobalController:
                 query.name, source, query, plan, expected=tuple(sorted(
                     self._source_sites(query))))
             self._deploy_all(state)
+            self._save()
             return state
 
     def explain(self, source: str, origin: str = "<explain>") -> str:
@@ -241,6 +334,7 @@ class GlobalController:
             self._stop_on(site, state.name)
         state.state, state.deployed = why, set()
         self.results.close(state.name)
+        self._save()
 
     def _replan_all(self, reason: str) -> None:
         for state in self.queries.values():
@@ -255,10 +349,15 @@ class GlobalController:
         self.planned_bandwidth.update(self.measured)
         topology = self.effective_topology()
         try:
+            if not topology.sites:
+                msg = (f"the root {self.topology.root} is down; the sites keep their "
+                       f"partials until it is back")
+                raise PlacementError(msg)
             plan = plan_query(state.query, topology)
         except JetstreamError as e:
             state.state, state.detail = "degraded", f"{reason}; cannot re-plan: {e}"
             log.error("query %s: %s", state.name, state.detail)
+            self._save()
             return
         state.plan, state.replans, state.detail = plan, state.replans + 1, reason
         missing = sorted(self._source_sites(state.query) - set(plan.fragments))
@@ -276,6 +375,7 @@ class GlobalController:
         state.version += 1
         log.info("query %s re-planned (%s)", state.name, reason)
         self._deploy_all(state, force=True)
+        self._save()
 
     def _deploy_all(self, state: QueryState, force: bool = False) -> None:
         assert state.plan is not None
@@ -283,6 +383,8 @@ class GlobalController:
             site = self.sites[name]
             if not site.alive or site.address is None or (name in state.deployed and not force):
                 continue  # deployed when the site registers
+            if fragment.parent and self.sites[fragment.parent].address is None:
+                continue  # deployed when its parent registers: it has nowhere to send yet
             try:
                 placements = self._deploy(site.address, fragment, state)
             except ControlPlaneError as e:
@@ -357,3 +459,27 @@ class GlobalController:
                 load[ends] = load.get(ends, 0.0) + rate
         topology = self.effective_topology()
         return [(link, load.get(link.ends, 0.0)) for link in topology.links]
+
+
+def _line(result: WindowResult) -> str:
+    return json.dumps(result.to_dict()) + "\n"
+
+
+def _result(line: str, path: Path) -> WindowResult | None:
+    """A result kept in ``path``; None, with a warning, for a line a crash cut short."""
+    try:
+        return WindowResult(**json.loads(line))
+    except (ValueError, TypeError) as e:
+        log.warning("%s: skipping a damaged result: %s", path, e)
+        return None
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` so that a crash leaves the old file or the new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staged = path.with_name(f".{path.name}.tmp")
+    with staged.open("w", encoding="utf-8") as out:
+        out.write(text)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(staged, path)

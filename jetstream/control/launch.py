@@ -3,7 +3,8 @@
 :class:`LocalCluster` starts a global controller and one ``jetstream site`` process per site
 of the topology (each its own Python process and, once it runs a local stage, its own Spark
 JVM), waits until every site has registered, and stops them all on the way out, also after an
-error. :func:`replay` submits a query to such a cluster in replay mode and collects the final
+error; they talk over mutual TLS with a token, from a development CA it makes for them.
+:func:`replay` submits a query to such a cluster in replay mode and collects the final
 version of every window's result.
 """
 
@@ -23,6 +24,7 @@ from types import TracebackType
 
 from jetstream.aggtree.loader import load_topology
 from jetstream.control.client import ControllerClient
+from jetstream.control.security import Security, make_dev_certs
 from jetstream.errors import ControlPlaneError
 from jetstream.results import WindowResult
 
@@ -48,7 +50,11 @@ class LocalCluster:
     site processes what its folder holds and then ends. Process output goes to ``logs``.
     ``host`` is where the controller listens; ``site_host`` and ``site_prefix`` give each
     site's listening address and a command prefix to start it with (the emulator puts each
-    site in its own network namespace with them).
+    site in its own network namespace with them); ``site_args`` more flags for a site's
+    command. The controller keeps its state in ``logs/controller-state``, so that
+    :meth:`restart` of a killed controller takes up its queries again. ``tls_dir`` holds the
+    certificates and token every process uses (see :mod:`jetstream.control.security`); by default a
+    development CA is made for the cluster in ``logs/tls``, for those addresses.
     """
 
     topology: Path
@@ -61,7 +67,9 @@ class LocalCluster:
     host: str = "127.0.0.1"
     site_host: Callable[[str], str] = lambda site: "127.0.0.1"
     site_prefix: Callable[[str], list[str]] = lambda site: []
+    site_args: Callable[[str], list[str]] = lambda site: []  # more flags for a site
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    tls_dir: Path | None = None
 
     def __post_init__(self) -> None:
         self.masters = {s.name: s.master for s in load_topology(self.topology).sites}
@@ -69,7 +77,12 @@ class LocalCluster:
         self.logs.mkdir(parents=True, exist_ok=True)
         self._commands: dict[str, tuple[tuple[str, ...], list[str] | None]] = {}
         self.address = f"{self.host}:{_free_port()}"
-        self.client = ControllerClient(self.address)
+        if self.tls_dir is None:
+            hosts = sorted({self.host, *(self.site_host(s) for s in self.sites)})
+            self.tls_dir = make_dev_certs(self.logs / "tls", hosts, days=7, force=True).folder
+        # The folder's token, not one in the environment: the children use the folder's too.
+        self.security = Security.resolve(self.tls_dir, env={})
+        self.client = ControllerClient(self.address, security=self.security)
 
     def __enter__(self) -> LocalCluster:
         try:
@@ -88,7 +101,8 @@ class LocalCluster:
         self.say(f"starting the controller of {self.topology} and {len(self.sites)} sites "
                  f"(logs in {self.logs})")
         self._spawn("controller", "controller", "--topology", str(self.topology),
-                    "--host", self.host, "--port", port, "--heartbeat-interval", "1")
+                    "--host", self.host, "--port", port, "--heartbeat-interval", "1",
+                    "--state-dir", str(self.logs / "controller-state"))
         state = self.logs / "state"
         for site in self.sites:
             args = ["site", "--name", site, "--controller", self.address,
@@ -102,12 +116,14 @@ class LocalCluster:
                 args += ["--window-deadline", str(self.window_deadline_s)]
             if self.idle_timeout_s is not None:
                 args += ["--idle-timeout", str(self.idle_timeout_s)]
-            self._spawn(site, *args, prefix=self.site_prefix(site))
+            self._spawn(site, *args, *self.site_args(site), prefix=self.site_prefix(site))
         self._wait_for_sites()
 
     def _spawn(self, name: str, *args: str, prefix: list[str] | None = None) -> None:
         self._commands[name] = (args, prefix)
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env.pop("JETSTREAM_TOKEN", None)
+        args = (*args, "--tls-dir", str(self.tls_dir))
         with (self.logs / f"{name}.log").open("ab") as out:  # the child keeps its own handle
             self.processes[name] = subprocess.Popen(
                 [*(prefix or []), sys.executable, "-m", "jetstream", *args], stdout=out,

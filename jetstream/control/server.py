@@ -11,6 +11,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from jetstream.control.security import Security
+
 __all__ = ["MAX_MESSAGE_BYTES", "start_server"]
 
 log = logging.getLogger(__name__)
@@ -20,15 +22,21 @@ MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 
 def start_server(services: Sequence[tuple[Callable[[Any, grpc.Server], None], Any, str]],
-                 port: int, host: str = "127.0.0.1") -> tuple[grpc.Server, int]:
+                 port: int, host: str = "127.0.0.1", *,
+                 security: Security | None = None) -> tuple[grpc.Server, int]:
     """Serve ``(add_to_server, servicer, full service name)`` triples; the server and its port.
 
     Every server also answers the standard health check (each service SERVING) and server
-    reflection, so ``grpcurl`` and load balancers work against it.
+    reflection, so ``grpcurl`` and load balancers work against it. ``security`` decides who
+    may connect (mutual TLS) and call (the token); the health check and reflection are
+    guarded like every other service. None is plaintext, for servers inside one test
+    process, and is logged as loudly as ``--insecure``; every daemon passes its own.
     """
+    security = security or Security.plaintext()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=[
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)],
+        interceptors=security.interceptors())
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = []
@@ -39,11 +47,19 @@ def start_server(services: Sequence[tuple[Callable[[Any, grpc.Server], None], An
     health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     reflection.enable_server_reflection(
         [*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    credentials = security.server_credentials()
+    address = f"{host}:{port}"
+    bound = (server.add_insecure_port(address) if credentials is None
+             else server.add_secure_port(address, credentials))
     if bound == 0:
         msg = f"cannot listen on {host}:{port}: is the port taken?"
         raise OSError(msg)
-    log.warning("serving %s on %s:%d without TLS (mutual TLS arrives with the security work)",
-                ", ".join(n.rsplit(".", 1)[-1] for n in names), host, bound)
+    served = ", ".join(n.rsplit(".", 1)[-1] for n in names)
+    if credentials is None:
+        log.warning("INSECURE: serving %s on %s:%d without TLS or authentication (--insecure): "
+                    "anyone who can reach port %d can submit, cancel and read queries, "
+                    "deploy work and inject partials", served, host, bound, bound)
+    else:
+        log.info("serving %s on %s:%d with %s", served, host, bound, security.describe())
     server.start()
     return server, bound

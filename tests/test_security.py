@@ -1,0 +1,268 @@
+"""Security on real gRPC servers on loopback: mutual TLS, the token, what is refused, and how a
+process chooses (``--tls-dir``, ``--token``, ``--insecure``); ``jetstream certs``'s files."""
+
+from __future__ import annotations
+
+import logging
+import stat
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import grpc
+import pytest
+from cryptography import x509
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from jetstream.aggtree.loader import load_topology
+from jetstream.cli import DEFAULT_TOPOLOGY, main
+from jetstream.control.client import ControllerClient
+from jetstream.control.daemons import run_controller, run_site
+from jetstream.control.security import Security, make_dev_certs
+from jetstream.control.server import start_server
+from jetstream.errors import ControlPlaneError
+from jetstream.runtime import SiteOptions
+from jetstream.v1 import control_pb2 as pb
+from jetstream.v1 import control_pb2_grpc as rpc
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_dev_certs(tmp_path_factory.mktemp("tls")).folder
+
+
+@pytest.fixture(scope="module")
+def other_ca(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A second development CA: its certificates look right but nobody here trusts them."""
+    return make_dev_certs(tmp_path_factory.mktemp("other")).folder
+
+
+@dataclass
+class Controller:
+    address: str
+    security: Security
+
+    def client(self, security: Security | None = None) -> ControllerClient:
+        return ControllerClient(self.address, timeout_s=5.0, security=security or self.security)
+
+
+def _serve(target: object, *args: object, **kwargs: object) -> tuple[threading.Event, int]:
+    """Run ``run_controller``/``run_site`` in a thread; its stop event and bound port."""
+    stop, bound = threading.Event(), threading.Event()
+    port: list[int] = []
+
+    def ready(p: int) -> None:
+        port.append(p)
+        bound.set()
+
+    thread = threading.Thread(target=target, args=args,  # type: ignore[arg-type]
+                              kwargs={**kwargs, "ready": ready, "stop": stop}, daemon=True)
+    thread.start()
+    assert bound.wait(10), "the server did not come up"
+    return stop, port[0]
+
+
+@pytest.fixture(scope="module")
+def controller(tls: Path) -> Iterator[Controller]:
+    security = Security.resolve(tls, env={})
+    stop, port = _serve(run_controller, load_topology(DEFAULT_TOPOLOGY), 0, security=security)
+    try:
+        yield Controller(f"127.0.0.1:{port}", security)
+    finally:
+        stop.set()
+
+
+def _status(channel: grpc.Channel) -> pb.StatusResponse:
+    reply: pb.StatusResponse = rpc.GlobalControllerStub(channel).Status(pb.StatusRequest(),
+                                                                        timeout=5)
+    return reply
+
+
+# --- mutual TLS and the token on a real controller -----------------------------------------
+
+
+def test_a_secure_client_and_site_talk_to_a_secure_controller(controller: Controller,
+                                                              tmp_path: Path) -> None:
+    assert controller.client().status().topology == "local-3dc"
+    # A site: its channel to the controller and its own server, both mutual TLS and token.
+    stop, port = _serve(run_site, "sfo", controller.address, security=controller.security,
+                        options=SiteOptions(state_dir=tmp_path))
+    try:
+        site = f"127.0.0.1:{port}"
+        check = health_pb2.HealthCheckRequest(service="jetstream.v1.DataPlane")
+        reply = health_pb2_grpc.HealthStub(controller.security.channel(site)).Check(check,
+                                                                                   timeout=5)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        for caller, code in ((grpc.insecure_channel(site), grpc.StatusCode.UNAVAILABLE),
+                             (replace(controller.security, token=None).channel(site),
+                              grpc.StatusCode.UNAUTHENTICATED)):
+            with pytest.raises(grpc.RpcError) as refused:
+                health_pb2_grpc.HealthStub(caller).Check(check, timeout=5)
+            assert refused.value.code() is code
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if any(s.name == "sfo" and s.alive for s in controller.client().status().sites):
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("sfo never registered over mutual TLS")
+    finally:
+        stop.set()
+
+
+def test_a_client_without_a_certificate_is_refused_by_the_handshake(
+        controller: Controller, tls: Path) -> None:
+    only_ca = grpc.ssl_channel_credentials(root_certificates=(tls / "ca.pem").read_bytes())
+    for channel in (grpc.secure_channel(controller.address, only_ca),
+                    grpc.insecure_channel(controller.address)):
+        with pytest.raises(grpc.RpcError) as refused:
+            _status(channel)
+        assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+    assert controller.client().status().topology == "local-3dc"  # still serving
+
+
+def test_a_certificate_of_another_ca_is_refused(controller: Controller, other_ca: Path) -> None:
+    # The right token does not help: the handshake fails before any call.
+    stranger = replace(controller.security, tls_dir=other_ca)
+    with pytest.raises(grpc.RpcError) as refused:
+        _status(stranger.channel(controller.address))
+    assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+    with pytest.raises(ControlPlaneError, match=r"cannot reach the controller .*UNAVAILABLE.*"
+                                                r"with certificates of the CA in"):
+        controller.client(stranger).status()
+
+
+@pytest.mark.parametrize("token", [None, "wrong"])
+def test_a_call_without_the_right_token_is_unauthenticated(controller: Controller,
+                                                            token: str | None) -> None:
+    assert controller.security.token, "the development folder holds a token"
+    caller = replace(controller.security, token=token)
+    with pytest.raises(grpc.RpcError) as refused:
+        _status(caller.channel(controller.address))
+    assert refused.value.code() is grpc.StatusCode.UNAUTHENTICATED
+    # A streaming call is refused the same way.
+    stream = rpc.GlobalControllerStub(caller.channel(controller.address)).StreamResults(
+        pb.StreamResultsRequest(query="cdn-topk"), timeout=5)
+    with pytest.raises(grpc.RpcError) as refused:
+        list(stream)
+    assert refused.value.code() is grpc.StatusCode.UNAUTHENTICATED
+    with pytest.raises(ControlPlaneError, match="refused us: a valid token is required"):
+        controller.client(caller).status()
+    # Other clients go on being served.
+    assert controller.client().status().topology == "local-3dc"
+
+
+def test_the_cli_uses_the_tls_folder_and_its_token(controller: Controller, tls: Path,
+                                                  monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("JETSTREAM_TOKEN", raising=False)
+    monkeypatch.delenv("JETSTREAM_TLS_DIR", raising=False)
+    assert main(["status", "--json", "--controller", controller.address,
+                 "--tls-dir", str(tls)]) == 0
+    assert '"topology": "local-3dc"' in capsys.readouterr().out
+    monkeypatch.setenv("JETSTREAM_TLS_DIR", str(tls))
+    assert main(["status", "--json", "--controller", controller.address]) == 0
+    capsys.readouterr()
+    assert main(["status", "--controller", controller.address, "--token", "wrong"]) == 1
+    assert "refused us: a valid token is required" in capsys.readouterr().err
+    monkeypatch.setenv("JETSTREAM_TOKEN", "wrong")
+    assert main(["status", "--controller", controller.address]) == 1
+    assert "refused us" in capsys.readouterr().err
+
+
+# --- choosing: --tls-dir, --token, --insecure ------------------------------------------------
+
+
+def test_neither_tls_nor_insecure_is_a_clear_error(monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(ControlPlaneError, match=r"give --tls-dir DIR .*--insecure$"):
+        Security.resolve(env={})
+    with pytest.raises(ControlPlaneError, match="no transport security chosen"):
+        Security()
+    monkeypatch.delenv("JETSTREAM_TLS_DIR", raising=False)
+    for argv in (["status"], ["controller", "--port", "0"], ["site", "--name", "ams"]):
+        assert main(argv) == 1
+        err = capsys.readouterr().err
+        assert "no transport security chosen" in err and "--tls-dir" in err, argv
+        assert "--insecure" in err, argv
+
+
+def test_where_the_folder_and_token_come_from(tls: Path, tmp_path: Path) -> None:
+    written = (tls / "token").read_text().strip()
+    assert Security.resolve(tls, env={}).token == written
+    assert Security.resolve(env={"JETSTREAM_TLS_DIR": str(tls)}) == Security(tls, written)
+    assert Security.resolve(tls, env={"JETSTREAM_TOKEN": "from-env"}).token == "from-env"
+    assert Security.resolve(tls, "flag", env={"JETSTREAM_TOKEN": "from-env"}).token == "flag"
+    with pytest.raises(ControlPlaneError, match="cannot be combined"):
+        Security.resolve(tls, insecure=True)
+    (tmp_path / "ca.pem").write_bytes((tls / "ca.pem").read_bytes())  # only the CA
+    with pytest.raises(ControlPlaneError, match=r"cannot read node\.pem \(No such file"):
+        Security.resolve(tmp_path, env={})
+    # Environment settings give way to an explicit --insecure.
+    assert Security.resolve(insecure=True, env={"JETSTREAM_TLS_DIR": str(tls)}).insecure
+
+
+def test_insecure_is_loud(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        security = Security.resolve(insecure=True, env={})
+        server, port = start_server([], 0, security=security)
+    server.stop(None)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(m.startswith("INSECURE: --insecure given") for m in warnings), warnings
+    assert any(m.startswith("INSECURE: serving") and f"reach port {port} can" in m
+               for m in warnings), warnings
+
+
+def test_an_insecure_controller_serves_plaintext_clients(caplog: pytest.LogCaptureFixture) -> None:
+    plain = Security.plaintext()
+    with caplog.at_level(logging.WARNING):
+        stop, port = _serve(run_controller, load_topology(DEFAULT_TOPOLOGY), 0, security=plain)
+    try:
+        client = ControllerClient(f"127.0.0.1:{port}", security=plain)
+        assert client.status().topology == "local-3dc"
+        assert any("INSECURE" in r.getMessage() for r in caplog.records)
+    finally:
+        stop.set()
+
+
+# --- jetstream certs -------------------------------------------------------------------------
+
+
+def test_certs_writes_a_ca_a_node_certificate_and_a_token(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "tls"
+    assert main(["certs", str(out), "--hosts", "sfo.example.net, 10.77.0.2", "--days", "3"]) == 0
+    assert "development" in capsys.readouterr().out
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()}
+    assert modes == {"ca.pem": 0o644, "ca-key.pem": 0o600, "node.pem": 0o644,
+                     "node-key.pem": 0o600, "token": 0o600}
+    assert len((out / "token").read_text().strip()) >= 32
+
+    ca = x509.load_pem_x509_certificate((out / "ca.pem").read_bytes())
+    node = x509.load_pem_x509_certificate((out / "node.pem").read_bytes())
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    assert node.issuer == ca.subject
+    node.verify_directly_issued_by(ca)
+    names = node.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert names.get_values_for_type(x509.DNSName) == ["localhost", "sfo.example.net"]
+    assert [str(a) for a in names.get_values_for_type(x509.IPAddress)] == [
+        "127.0.0.1", "10.77.0.2"]
+    usages = node.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert {u._name for u in usages} == {"serverAuth", "clientAuth"}
+    lifetime = node.not_valid_after_utc - node.not_valid_before_utc
+    assert 3 * 86400 <= lifetime.total_seconds() <= 3 * 86400 + 3600
+
+
+def test_certs_refuses_to_replace_a_ca_unless_forced(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "tls"
+    assert main(["certs", str(out)]) == 0
+    ca = (out / "ca.pem").read_bytes()
+    assert main(["certs", str(out)]) == 1
+    assert "holds a CA already" in capsys.readouterr().err
+    assert (out / "ca.pem").read_bytes() == ca
+    assert main(["certs", str(out), "--force"]) == 0
+    assert (out / "ca.pem").read_bytes() != ca
+    assert main(["certs", str(tmp_path / "x"), "--days", "0"]) == 1
