@@ -51,6 +51,9 @@ def _client(args: argparse.Namespace) -> ControllerClient:
 
 
 def _certs(args: argparse.Namespace) -> int:
+    if args.keep and (Path(args.out_dir) / "ca.pem").exists():
+        print(f"{args.out_dir} holds a CA already; keeping it (--keep)")
+        return 0
     hosts = [h for h in (args.hosts or "").split(",") if h.strip()]
     made = make_dev_certs(Path(args.out_dir), hosts, days=args.days, force=args.force)
     print(f"a development CA, a node certificate for {', '.join(made.hosts)} and a token in "
@@ -494,6 +497,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="how long the certificates are valid (default: 30)")
     certs.add_argument("--force", action="store_true",
                        help="replace a CA already in OUT_DIR (what it signed stops working)")
+    certs.add_argument("--keep", action="store_true",
+                       help="if OUT_DIR holds a CA already, leave it and succeed (for "
+                            "start-up scripts)")
     certs.set_defaults(run=_certs)
 
     controller = commands.add_parser("controller", help="run the global controller")

@@ -193,3 +193,27 @@ def test_docker_compose_accepts_the_file() -> None:
     done = subprocess.run([*command, "-f", str(COMPOSE_FILE), "config", "-q"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
+
+
+def test_every_process_runs_on_the_certificates_the_certs_service_makes() -> None:
+    (certs,) = running("certs")
+    made = parse(certs)
+    assert made.keep and f"tls:{made.out_dir}" in SERVICES[certs]["volumes"]
+    named = set(made.hosts.split(","))
+    for service in [*running("controller"), *running("site")]:
+        args = parse(service)
+        assert args.tls_dir == made.out_dir and not args.insecure, service
+        assert f"tls:{made.out_dir}:ro" in SERVICES[service]["volumes"], service
+        assert service in named, f"{service} is dialled by a name its certificate lacks"
+        needs = SERVICES[service]["depends_on"]
+        assert needs[certs] == {"condition": "service_completed_successfully"}, service
+    assert "tls" in COMPOSE["volumes"]
+
+
+def test_certs_keep_leaves_a_ca_as_it_is(tmp_path: Path) -> None:
+    from jetstream.cli import main
+
+    assert main(["certs", str(tmp_path / "tls")]) == 0
+    before = (tmp_path / "tls" / "ca.pem").read_bytes()
+    assert main(["certs", str(tmp_path / "tls"), "--keep"]) == 0
+    assert (tmp_path / "tls" / "ca.pem").read_bytes() == before
