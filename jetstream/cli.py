@@ -495,11 +495,12 @@ def _parser() -> argparse.ArgumentParser:
                        help="more names or IP addresses processes are dialled at")
     certs.add_argument("--days", type=int, default=30,
                        help="how long the certificates are valid (default: 30)")
-    certs.add_argument("--force", action="store_true",
-                       help="replace a CA already in OUT_DIR (what it signed stops working)")
-    certs.add_argument("--keep", action="store_true",
-                       help="if OUT_DIR holds a CA already, leave it and succeed (for "
-                            "start-up scripts)")
+    existing = certs.add_mutually_exclusive_group()
+    existing.add_argument("--force", action="store_true",
+                          help="replace a CA already in OUT_DIR (what it signed stops working)")
+    existing.add_argument("--keep", action="store_true",
+                          help="if OUT_DIR holds a CA already, leave it and succeed (for "
+                               "start-up scripts)")
     certs.set_defaults(run=_certs)
 
     controller = commands.add_parser("controller", help="run the global controller")

@@ -359,6 +359,19 @@ SOURCE = (f"{HEADER}query = js.Query('q', logs.window(js.tumbling('10s'), waterm
           ".group_by('domain').agg(n=js.count(), bytes=js.sum('bytes')))\n")
 
 
+class Published:
+    """What a root publishes, and whether it has said it is finished."""
+
+    def __init__(self) -> None:
+        self.results: list[WindowResult] = []
+        self.finished = threading.Event()
+
+    def __call__(self, name: str, out: list[WindowResult], done: bool) -> None:
+        self.results.extend(out)
+        if done:
+            self.finished.set()
+
+
 def test_a_restarted_site_sends_what_its_parent_never_acked(tmp_path: Path) -> None:
     """An edge site sends its windows while the root is down and dies; restarted on the same
     state folder it sends them to the root, which sees each once and equals the reference."""
@@ -388,15 +401,10 @@ def test_a_restarted_site_sends_what_its_parent_never_acked(tmp_path: Path) -> N
     finally:
         first.close()
 
-    results: list[WindowResult] = []
-    finished = threading.Event()
+    published = Published()
+    results, finished = published.results, published.finished
 
-    def publish(name: str, out: list[WindowResult], done: bool) -> None:
-        results.extend(out)
-        if done:
-            finished.set()
-
-    root = SiteRuntime("dc", SiteOptions(deadline_s=30), publish)
+    root = SiteRuntime("dc", SiteOptions(deadline_s=30), published)
     root.deploy(Assignment(Fragment("q", "dc", children=("edge",), final=True), SOURCE,
                            covers=("pop",)))
     server, _ = start_server([(rpc.add_DataPlaneServicer_to_server, root.servicer,
@@ -429,15 +437,10 @@ def test_a_restarted_root_merges_again_what_it_had_acked(tmp_path: Path) -> None
                             partial) for i, r in enumerate(js.run_local(site, events))]
     options = SiteOptions(cubes=True, state_dir=tmp_path, deadline_s=60)
     fragment = Fragment("q", "dc", children=("edge",), final=True)
-    results: list[WindowResult] = []
-    finished = threading.Event()
+    published = Published()
+    results, finished = published.results, published.finished
 
-    def publish(name: str, out: list[WindowResult], done: bool) -> None:
-        results.extend(out)
-        if done:
-            finished.set()
-
-    first = SiteRuntime("dc", options, publish)
+    first = SiteRuntime("dc", options, published)
     first.deploy(Assignment(fragment, SOURCE, covers=("edge",)))
     server, port = start_server([(rpc.add_DataPlaneServicer_to_server, first.servicer,
                                   "jetstream.v1.DataPlane")], 0)
@@ -451,7 +454,7 @@ def test_a_restarted_root_merges_again_what_it_had_acked(tmp_path: Path) -> None
         first.close()
     assert results == []  # no window was final: the edge never said how far it had got
 
-    second = SiteRuntime("dc", options, publish)
+    second = SiteRuntime("dc", options, published)
     second.deploy(Assignment(fragment, SOURCE, covers=("edge",)))
     server, _ = start_server([(rpc.add_DataPlaneServicer_to_server, second.servicer,
                                "jetstream.v1.DataPlane")], port)
