@@ -541,6 +541,11 @@ class SiteRuntime:
                     SparkSession.builder.master(master)
                     .appName(f"jetstream-{self.site}")
                     .config("spark.ui.enabled", "false")
+                    # A stage runs for days: keep the status of few past jobs, not 1,000.
+                    .config("spark.ui.retainedJobs", "50")
+                    .config("spark.ui.retainedStages", "50")
+                    .config("spark.sql.ui.retainedExecutions", "20")
+                    .config("spark.sql.streaming.numRecentProgressUpdates", "20")
                     .config("spark.sql.shuffle.partitions", "2")
                     .config("spark.driver.memory", "1g")
                     .getOrCreate())

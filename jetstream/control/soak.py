@@ -73,7 +73,7 @@ def soak(topology: Path, query_file: Path, work: Path, *, duration_s: float, rat
         threading.Thread(target=follow, name="results", daemon=True).start()
         started = time.monotonic()
         try:
-            while (elapsed := time.monotonic() - started) < duration_s:
+            while time.monotonic() - started < duration_s:
                 stop.wait(sample_s)
                 cluster.check_alive()
                 newest = max((r.window_end for r in list(seen)), default=None)
@@ -83,7 +83,7 @@ def soak(topology: Path, query_file: Path, work: Path, *, duration_s: float, rat
                      for site in sites}, len(seen),
                     None if newest is None else time.time() - newest / 1000)
                 samples.append(sample)
-                say(f"{elapsed:5.0f}s  python {sample.python_mb:6.0f} MB  jvm "
+                say(f"{sample.t_s:5.0f}s  python {sample.python_mb:6.0f} MB  jvm "
                     f"{sample.jvm_mb:6.0f} MB  held {sum(sample.held.values()):3d}  "
                     f"results {sample.results:4d}  lag "
                     f"{'-' if sample.lag_s is None else f'{sample.lag_s:.1f}s'}")
