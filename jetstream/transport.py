@@ -202,6 +202,10 @@ class PartialSender:
                 log.exception("push to %s: marking an ack failed", self.address)
 
 
+#: How many delivered batch identities a receiver remembers to drop duplicates by.
+SEEN_MAX = 100_000
+
+
 class DataPlaneServicer(rpc.DataPlaneServicer):
     """Receives partial batches and progress; ``deliver`` gets each new batch exactly once."""
 
@@ -210,7 +214,9 @@ class DataPlaneServicer(rpc.DataPlaneServicer):
                  progress: Callable[[pb.Progress], None] = lambda p: None) -> None:
         self._aggregate_of, self._deliver, self._progress = aggregate_of, deliver, progress
         self._lock = threading.Lock()
-        self._seen: set[tuple[str, int, int, str, int, int]] = set()
+        # The identities delivered, oldest first; bounded: a duplicate older than SEEN_MAX
+        # batches reaches the merger, which keeps one batch per origin and revision anyway.
+        self._seen: dict[tuple[str, int, int, str, int, int], None] = {}
         self.refused: Counter[str] = Counter()  # origin -> batches refused
         self.duplicates = 0
         self.bytes_received = 0
@@ -231,7 +237,9 @@ class DataPlaneServicer(rpc.DataPlaneServicer):
             batch = self._decode(message.batch, context)
             with self._lock:
                 new = batch.identity not in self._seen
-                self._seen.add(batch.identity)
+                self._seen[batch.identity] = None
+                if len(self._seen) > SEEN_MAX:
+                    del self._seen[next(iter(self._seen))]
                 self.duplicates += not new
             if new:
                 self._deliver(batch)
