@@ -83,7 +83,8 @@ def _controller(args: argparse.Namespace) -> int:
     run_controller(topology, args.port, security=_security(args), host=args.host,
                    heartbeat_interval_s=args.heartbeat_interval,
                    heartbeat_timeout_s=args.heartbeat_timeout,
-                   state_dir=Path(args.state_dir) if args.state_dir else None)
+                   state_dir=Path(args.state_dir) if args.state_dir else None,
+                   metrics_port=args.metrics_port)
     return 0
 
 
@@ -97,7 +98,8 @@ def _site(args: argparse.Namespace) -> int:
     if args.state_dir:
         options.state_dir = Path(args.state_dir)
     run_site(args.name, args.controller, security=_security(args), port=args.port,
-             host=args.host, advertise=args.advertise, options=options)
+             host=args.host, advertise=args.advertise, options=options,
+             metrics_port=args.metrics_port)
     return 0
 
 
@@ -449,6 +451,13 @@ def _security_options(parser: argparse.ArgumentParser) -> None:
                             "use it; for a trusted test network only")
 
 
+def _metrics_option(parser: argparse.ArgumentParser) -> None:
+    """Where a long-running process serves its Prometheus metrics."""
+    parser.add_argument("--metrics-port", type=int, default=0, metavar="PORT",
+                        help="serve Prometheus metrics at http://HOST:PORT/metrics, on the "
+                             "--host address (default: 0, off; plain HTTP, no token)")
+
+
 def _live_options(parser: argparse.ArgumentParser, *, duration_s: float) -> None:
     """The options of a live run on generated logs (demo, emulate)."""
     parser.add_argument("--query", metavar="QUERY.py",
@@ -516,6 +525,7 @@ def _parser() -> argparse.ArgumentParser:
                             help="keep the queries and their results here, so that a "
                                  "restarted controller takes them up again (default: "
                                  "in memory only)")
+    _metrics_option(controller)
     _security_options(controller)
     controller.set_defaults(run=_controller)
 
@@ -549,6 +559,7 @@ def _parser() -> argparse.ArgumentParser:
     site.add_argument("--retention", default="10s=1h,1m=1d,1h=30d", metavar="RES=KEEP,...",
                       help="how long the cube store keeps each resolution "
                            "(default: 10s=1h,1m=1d,1h=30d)")
+    _metrics_option(site)
     _security_options(site)
     site.set_defaults(run=_site)
 

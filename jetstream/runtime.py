@@ -31,8 +31,9 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from jetstream import metrics
 from jetstream.aggregator import ENDED, MergedWindow, WindowMerger
 from jetstream.aggtree.planner import Fragment
 from jetstream.approx.levels import degrade, levels_for, ranking
@@ -49,6 +50,9 @@ from jetstream.results import WindowResult
 from jetstream.rewrite import optimize
 from jetstream.transport import Connect, DataPlaneServicer, PartialSender
 from jetstream.v1 import dataplane_pb2 as pb
+
+if TYPE_CHECKING:
+    from jetstream.stage.job import StageStats
 
 __all__ = ["DEFAULT_DEADLINE_S", "Assignment", "QueryRun", "SiteOptions", "SiteRuntime",
            "distributed", "partial_aggregate", "site_part"]
@@ -134,6 +138,7 @@ class QueryRun:
         self._store = store
         # A replay starts over from its input after a crash: it keeps no inbox.
         self._inbox = None if options.replay else store
+        self.metrics = metrics.RunMetrics(site, fragment.query)
         self._link(assignment)
         if self._inbox is not None:
             self._merge_inbox(self._inbox)
@@ -159,6 +164,8 @@ class QueryRun:
         root)."""
         self.policy: LinkPolicy | None = None
         self.sender: PartialSender | None = None
+        parent = assignment.fragment.parent
+        self.metrics.link = metrics.link_name(self.site, parent) if parent else ""
         self.store = self._store if assignment.parent_address else None
         self._reported: tuple[int | None, bool] = (None, False)
         if not assignment.parent_address:
@@ -176,7 +183,12 @@ class QueryRun:
             self._check_held(self.store)
         self.sender = PartialSender(assignment.parent_address, on_ack=self._acked,
                                     store=self.store, destination=assignment.fragment.query,
-                                    connect=self.options.connect)
+                                    connect=self.options.connect, link=self.metrics.link)
+        self._link_metrics()
+
+    def _link_metrics(self) -> None:
+        if self.policy is not None:
+            self.metrics.link_state(self.policy.level.index, self.policy.throughput)
 
     def retarget(self, assignment: Assignment) -> bool:
         """Take a new version of this run's assignment (a re-plan) in place: new inputs, a new
@@ -191,6 +203,7 @@ class QueryRun:
         if assignment.parent_address != before.parent_address:
             if self.sender is not None:
                 self.sender.close()  # what it holds unacked, the store gives the next one
+            self.metrics.remove_link()  # the old link's
             self._link(assignment)
         log.info("%s at %s: now version %d (inputs %s, parent %s)", self.name, self.site,
                  assignment.version, ", ".join(sorted(self.merger.inputs)),
@@ -216,7 +229,7 @@ class QueryRun:
                                     checkpoint_dir=state / "checkpoint",
                                     quarantine_dir=state / "quarantine", emit=self._local,
                                     snapshot=None if self.options.replay
-                                    else state / "stage.json")
+                                    else state / "stage.json", on_batch=self._stage_batch)
             if self.options.replay:
                 self.stage.run_available()
                 self.merger.progress(self.site, ENDED, ended=True)
@@ -247,6 +260,9 @@ class QueryRun:
                 self.merger.progress(self.site, ENDED)
                 idle = True
         stream.stop()
+
+    def _stage_batch(self, stats: StageStats, seconds: float) -> None:
+        self.metrics.stage_batch(stats.records_in, stats.late_records, stats.malformed, seconds)
 
     def _local(self, window: tuple[int, int], rows: list[dict[str, Any]], events: int,
                revision: int) -> None:
@@ -334,19 +350,26 @@ class QueryRun:
         """Send (or, at the root, finish) every ready window, then report progress."""
         merged = self.merger.ready()
         finished = self.merger.finished
+        if not self._stop.is_set():  # a stopped run's gauges are gone
+            watermark = self.merger.watermark
+            self.metrics.watermark(watermark, ended=watermark == ENDED)
         if self.sender is None:
             results = [r for m in merged for r in self._finish(m)]
+            if results:
+                self.metrics.handed_on(sum(len(r.rows) for r in results))
             if results or (finished and not self._published_finish):
                 self._publish(self.name, results, finished)
                 self._published_finish = finished
             return
         for m in merged:
-            self.sender.send(encode_batch(self._degraded(PartialBatch(
+            batch = self._degraded(PartialBatch(
                 self.name, m.window, self.site, m.rows, sequence=next(self._sequence),
                 events=m.events, error_bound=m.error_bound, complete=m.complete,
                 covers=m.covers, wan_bytes=m.wan_bytes, closed_at_ms=m.closed_at_ms,
                 revision=m.revision, slack=m.slack, omitted=m.omitted,
-                complete_rows=m.complete_rows, warnings=self._warnings(m)), m), self.partial))
+                complete_rows=m.complete_rows, warnings=self._warnings(m)), m)
+            self.sender.send(encode_batch(batch, self.partial))
+            self.metrics.handed_on(len(batch.rows))
         report = (self.merger.watermark, finished)
         if report != self._reported and report[0] is not None:
             self.sender.send_progress(pb.Progress(
@@ -394,6 +417,7 @@ class QueryRun:
                 raise ControlPlaneError(f"{self.name}: {e}") from None
             log.info("%s: link %s %s", self.name, link,
                      "back to the policy" if chosen is None else f"pinned at {level!r}")
+            self._link_metrics()
         return LinkLevel(link, self.policy.level.name, self.policy.pinned,
                          tuple(lv.name for lv in self.policy.levels))
 
@@ -411,6 +435,7 @@ class QueryRun:
         before = self.policy.level
         after = self.policy.observe(batch.ByteSize(), max(seconds, 1e-6), backlog,
                                     level=batch.level)
+        self._link_metrics()
         if after != before:
             log.info("%s at %s: link to %s now at level %r (%s)", self.name, self.site,
                      self.assignment.fragment.parent, after.name,
@@ -422,10 +447,12 @@ class QueryRun:
         if merged.slack is not None and self.ranking is not None:
             results = [self._with_bounds(r, merged) for r in results]
         expected = set(self.assignment.expected or self.assignment.covers)
+        latency_s = (now_ms - merged.closed_at_ms) / 1000 if merged.closed_at_ms else 0.0
+        if merged.closed_at_ms:
+            self.metrics.result(latency_s)
         return [dataclasses.replace(
             r, sites_reporting=len(merged.covers & expected), sites_expected=len(expected),
-            missing_sites=sorted(expected - merged.covers),
-            latency_s=(now_ms - merged.closed_at_ms) / 1000 if merged.closed_at_ms else 0.0,
+            missing_sites=sorted(expected - merged.covers), latency_s=latency_s,
             wan_bytes=merged.wan_bytes, revision=merged.revision,
             warnings=list(merged.warnings)) for r in results]
 
@@ -450,6 +477,7 @@ class QueryRun:
             self.stage.stop()
         if self.sender is not None:
             self.sender.close()
+        self.metrics.remove()
 
 
 class SiteRuntime:
@@ -461,7 +489,8 @@ class SiteRuntime:
         self._runs: dict[str, QueryRun] = {}
         self._spark: Any = None
         self._cubes: CubeStore | None = None
-        self.servicer = DataPlaneServicer(self._aggregate_of, self._deliver, self._progress)
+        self.servicer = DataPlaneServicer(self._aggregate_of, self._deliver, self._progress,
+                                          site=site)
 
     def deploy(self, assignment: Assignment) -> None:
         """Start a query's run here; a new version of a running one is taken in place when

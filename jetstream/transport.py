@@ -15,6 +15,7 @@ has seen before by their identity, hands new ones and progress on, and acks each
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import queue
@@ -25,6 +26,7 @@ from collections.abc import Callable, Iterator
 
 import grpc
 
+from jetstream import metrics
 from jetstream.cubes import CubeStore
 from jetstream.errors import DataError
 from jetstream.operators import WindowAggregate
@@ -67,13 +69,14 @@ class PartialSender:
     def __init__(self, address: str, *, max_backoff_s: float = 5.0,
                  on_ack: Callable[[pb.PartialBatch, float, int], None] | None = None,
                  store: CubeStore | None = None, destination: str = "",
-                 connect: Connect | None = None) -> None:
+                 connect: Connect | None = None, link: str = "") -> None:
         """``connect`` opens the channel to the parent: the site process passes its
         ``Security.channel``; None, plaintext, is for senders within one test process.
         ``on_ack(batch, seconds, backlog)`` hears of each acknowledged batch: how long it
         took from ``send`` to its ack, and how many batches are still unacknowledged.
         ``store``: keep batches there until acked, for ``destination`` (a name that outlives
-        this sender), and send first what it holds unacked for it."""
+        this sender), and send first what it holds unacked for it. ``link`` names the link
+        in the metrics (``"child->parent"``; default: the address)."""
         if store is not None and not destination:
             msg = f"partial sender to {address}: a store needs a destination name"
             raise DataError(msg)
@@ -83,6 +86,9 @@ class PartialSender:
         self._sent_at: dict[AckKey, float] = {}
         self.bytes_sent = 0
         self.batches_sent = 0
+        self._labels = (link or address, destination)
+        self._bytes_metric = metrics.WAN_BYTES_SENT.labels(self._labels[0])
+        self._unacked_metric = metrics.UNACKED.labels(*self._labels)
         self._max_backoff_s = max_backoff_s
         self._unacked: dict[AckKey, pb.PushMessage] = {}
         self._queue: queue.Queue[pb.PushMessage] = queue.Queue()
@@ -117,6 +123,7 @@ class PartialSender:
             self._unacked.pop(key, None)  # a newer progress report goes after the batches
             self._unacked[key] = message
             self._sent_at.setdefault(key, time.monotonic())
+            self._unacked_metric.set(len(self._unacked))
 
     @property
     def unacked(self) -> int:
@@ -131,6 +138,8 @@ class PartialSender:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+        with contextlib.suppress(KeyError):  # the next sender of the query reports its own
+            metrics.UNACKED.remove(*self._labels)
 
     def _run(self) -> None:
         backoff = 0.1
@@ -166,8 +175,10 @@ class PartialSender:
             yield self._counted(message)
 
     def _counted(self, message: pb.PushMessage) -> pb.PushMessage:
-        self.bytes_sent += message.ByteSize()
+        size = message.ByteSize()
+        self.bytes_sent += size
         self.batches_sent += message.HasField("batch")
+        self._bytes_metric.inc(size)
         return message
 
     def _acked(self, ack: pb.Ack) -> None:
@@ -185,6 +196,7 @@ class PartialSender:
             message = self._unacked.pop(key, None)
             sent_at = self._sent_at.pop(key, None)
             backlog = sum(m.HasField("batch") for m in self._unacked.values())
+            self._unacked_metric.set(len(self._unacked))
             self._lock.notify_all()
         if self._on_ack and message is not None and sent_at is not None and not ack.progress:
             self._on_ack(message.batch, time.monotonic() - sent_at, backlog)
@@ -211,8 +223,11 @@ class DataPlaneServicer(rpc.DataPlaneServicer):
 
     def __init__(self, aggregate_of: Callable[[str], WindowAggregate | None],
                  deliver: Callable[[PartialBatch], None],
-                 progress: Callable[[pb.Progress], None] = lambda p: None) -> None:
+                 progress: Callable[[pb.Progress], None] = lambda p: None,
+                 site: str = "") -> None:
+        """``site``, the receiving site, names the links in the metrics."""
         self._aggregate_of, self._deliver, self._progress = aggregate_of, deliver, progress
+        self._site = site or "?"
         self._lock = threading.Lock()
         # The identities delivered, oldest first; bounded: a duplicate older than SEEN_MAX
         # batches reaches the merger, which keeps one batch per origin and revision anyway.
@@ -224,7 +239,10 @@ class DataPlaneServicer(rpc.DataPlaneServicer):
     def Push(self, request_iterator: Iterator[pb.PushMessage],
              context: grpc.ServicerContext) -> Iterator[pb.Ack]:
         for message in request_iterator:
-            self.bytes_received += message.ByteSize()
+            size = message.ByteSize()
+            self.bytes_received += size
+            origin = (message.progress if message.HasField("progress") else message.batch).origin
+            metrics.WAN_BYTES_RECEIVED.labels(self._link(origin)).inc(size)
             if message.HasField("progress"):
                 report = message.progress
                 if self._aggregate_of(report.query) is None:
@@ -247,6 +265,10 @@ class DataPlaneServicer(rpc.DataPlaneServicer):
             yield pb.Ack(query=b.query, window_start_ms=b.window_start_ms, origin=b.origin,
                          partition=b.partition, sequence=b.sequence, revision=b.revision)
 
+    def _link(self, origin: str) -> str:
+        """The link a message came over: every site sends its own partials and progress."""
+        return metrics.link_name(origin or "?", self._site)
+
     def _decode(self, message: pb.PartialBatch, context: grpc.ServicerContext) -> PartialBatch:
         """The batch, or the stream ends: NOT_FOUND for an unknown query, or garbage."""
         aggregate = self._aggregate_of(message.query)
@@ -259,6 +281,7 @@ class DataPlaneServicer(rpc.DataPlaneServicer):
         except DataError as e:
             with self._lock:
                 self.refused[message.origin or "?"] += 1
+            metrics.PARTIALS_REFUSED.labels(self._link(message.origin)).inc()
             log.warning("refused: %s", e)
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
             raise AssertionError("abort returns only by raising") from None

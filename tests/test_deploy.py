@@ -169,6 +169,11 @@ def test_prometheus_scrapes_the_controller_and_every_site() -> None:
                for target in group["targets"]}
     wanted = {*running("controller"), *running("site")}
     assert wanted <= targets, f"not scraped: {sorted(wanted - targets)}"
+    for job in prometheus["scrape_configs"]:  # at the port each serves its metrics on
+        for group in job.get("static_configs", []):
+            for target in group["targets"]:
+                service, _, port = target.rpartition(":")
+                assert flag(service, "--metrics-port") == port, f"{target}: no metrics there"
     assert targets <= set(SERVICES), f"not services: {sorted(targets - set(SERVICES))}"
     mount = "./prometheus.yml:/etc/prometheus/prometheus.yml:ro"
     assert mount in SERVICES["prometheus"]["volumes"]

@@ -9,6 +9,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from wsgiref.simple_server import WSGIServer
 
 import grpc
 
@@ -21,6 +22,7 @@ from jetstream.control.servicers import GlobalControllerServicer, SiteController
 from jetstream.control.site_controller import SiteController
 from jetstream.control.wire import fragment_to_proto, server_from_proto
 from jetstream.errors import ControlPlaneError
+from jetstream.metrics import serve_metrics
 from jetstream.results import WindowResult
 from jetstream.runtime import SiteOptions, SiteRuntime
 from jetstream.v1 import control_pb2 as pb
@@ -75,24 +77,41 @@ class _SiteClients:
             raise ControlPlaneError(msg) from None
 
 
-def _serve_until_stopped(server: grpc.Server, stop: threading.Event) -> None:
-    """Block until ``stop`` is set, or SIGINT/SIGTERM when on the main thread; then drain."""
+def _exporter(host: str, metrics_port: int) -> WSGIServer | None:
+    """Serve ``/metrics`` on ``host:metrics_port``; 0: not at all."""
+    if not metrics_port:
+        return None
+    exporter, _ = serve_metrics(metrics_port, host)
+    log.info("serving /metrics on %s:%d", host, metrics_port)
+    return exporter
+
+
+def _serve_until_stopped(server: grpc.Server, stop: threading.Event,
+                         exporter: WSGIServer | None = None) -> None:
+    """Block until ``stop`` is set, or SIGINT/SIGTERM when on the main thread; then drain
+    (and stop serving ``/metrics``)."""
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
-    # Bounded: a call gRPC never finishes (a peer's malformed stream) would hold it forever.
-    server.stop(grace=1.0).wait(5)
+    try:
+        stop.wait()
+    finally:
+        if exporter is not None:
+            exporter.shutdown()
+            exporter.server_close()
+        # Bounded: a call gRPC never finishes (a peer's malformed stream) would hold it.
+        server.stop(grace=1.0).wait(5)
 
 
 def run_controller(topology: Topology, port: int, *, security: Security,
                    host: str = "127.0.0.1", heartbeat_interval_s: float = 2.0,
                    heartbeat_timeout_s: float = 6.0, state_dir: Path | None = None,
                    ready: Callable[[int], None] | None = None,
-                   stop: threading.Event | None = None) -> None:
+                   stop: threading.Event | None = None, metrics_port: int = 0) -> None:
     """Serve the global controller until SIGINT/SIGTERM (or ``stop``); ``security`` guards
     its server and its channels to the sites. With a ``state_dir`` its queries and their
-    results outlive it (see :class:`GlobalController`)."""
+    results outlive it (see :class:`GlobalController`). A ``metrics_port`` serves Prometheus
+    metrics (:mod:`jetstream.metrics`) on ``host``."""
     clients = _SiteClients(security)
     controller = GlobalController(topology, clients.deploy, clients.stop,
                                   heartbeat_timeout_s=heartbeat_timeout_s, state_dir=state_dir)
@@ -104,6 +123,7 @@ def run_controller(topology: Topology, port: int, *, security: Security,
                                  security=security)
     stop = stop or threading.Event()
     log.info("global controller for %s listening on %s:%d", topology.name, host, bound)
+    exporter = _exporter(host, metrics_port)
     if ready:
         ready(bound)
 
@@ -115,7 +135,7 @@ def run_controller(topology: Topology, port: int, *, security: Security,
                 log.exception("checking site liveness failed")
 
     threading.Thread(target=watch, name="liveness", daemon=True).start()
-    _serve_until_stopped(server, stop)
+    _serve_until_stopped(server, stop, exporter)
 
 
 class _ResultsPublisher:
@@ -157,9 +177,10 @@ def run_site(name: str, controller_address: str, *, security: Security, port: in
              host: str = "127.0.0.1", advertise: str | None = None,
              options: SiteOptions | None = None,
              ready: Callable[[int], None] | None = None,
-             stop: threading.Event | None = None) -> None:
+             stop: threading.Event | None = None, metrics_port: int = 0) -> None:
     """Serve a site: register, send heartbeats, and run the data plane of what is deployed.
-    ``security`` guards its server, its channel to the controller and those to its parents."""
+    ``security`` guards its server, its channel to the controller and those to its parents.
+    A ``metrics_port`` serves Prometheus metrics (:mod:`jetstream.metrics`) on ``host``."""
     stop = stop or threading.Event()
     options = options or SiteOptions()
     options.connect = security.channel
@@ -175,6 +196,7 @@ def run_site(name: str, controller_address: str, *, security: Security, port: in
         (dataplane_rpc.add_DataPlaneServicer_to_server, runtime.servicer,
          "jetstream.v1.DataPlane")], port, host, security=security)
     address = advertise or f"{host}:{bound}"  # where the controller and peers reach us
+    exporter = _exporter(host, metrics_port)
     if ready:
         ready(bound)
 
@@ -216,6 +238,6 @@ def run_site(name: str, controller_address: str, *, security: Security, port: in
 
     threading.Thread(target=beat, name="heartbeat", daemon=True).start()
     try:
-        _serve_until_stopped(server, stop)
+        _serve_until_stopped(server, stop, exporter)
     finally:
         runtime.close()

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import networkx as nx
 
+from jetstream import metrics
 from jetstream.aggtree.planner import Fragment, PhysicalPlan, plan_query
 from jetstream.aggtree.topology import Link, Topology
 from jetstream.dsl import Query
@@ -272,6 +273,7 @@ class GlobalController:
             return False  # not a link of the topology
         ends = frozenset((site, peer))
         self.measured[ends] = bps
+        metrics.LINK_MEASURED_BANDWIDTH.labels(metrics.link_name(site, peer)).set(bps / 8)
         planned = self.planned_bandwidth.get(ends, configured)
         return abs(bps - planned) > REPLAN_BANDWIDTH_CHANGE * planned
 
@@ -360,6 +362,7 @@ class GlobalController:
             self._save()
             return
         state.plan, state.replans, state.detail = plan, state.replans + 1, reason
+        metrics.REPLANS.labels(state.name).inc()
         missing = sorted(self._source_sites(state.query) - set(plan.fragments))
         state.state = "degraded" if missing else "running"
         if missing:

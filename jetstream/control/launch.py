@@ -55,6 +55,8 @@ class LocalCluster:
     :meth:`restart` of a killed controller takes up its queries again. ``tls_dir`` holds the
     certificates and token every process uses (see :mod:`jetstream.control.security`); by default a
     development CA is made for the cluster in ``logs/tls``, for those addresses.
+    ``metrics_port`` gives a process (``"controller"`` or a site's name) the port it serves
+    Prometheus metrics on, at its listening address; 0, the default, is none.
     """
 
     topology: Path
@@ -70,6 +72,7 @@ class LocalCluster:
     site_args: Callable[[str], list[str]] = lambda site: []  # more flags for a site
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     tls_dir: Path | None = None
+    metrics_port: Callable[[str], int] = lambda name: 0
 
     def __post_init__(self) -> None:
         self.masters = {s.name: s.master for s in load_topology(self.topology).sites}
@@ -124,6 +127,8 @@ class LocalCluster:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         env.pop("JETSTREAM_TOKEN", None)
         args = (*args, "--tls-dir", str(self.tls_dir))
+        if port := self.metrics_port(name):
+            args = (*args, "--metrics-port", str(port))
         with (self.logs / f"{name}.log").open("ab") as out:  # the child keeps its own handle
             self.processes[name] = subprocess.Popen(
                 [*(prefix or []), sys.executable, "-m", "jetstream", *args], stdout=out,

@@ -41,6 +41,7 @@ import logging
 import math
 import os
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -77,6 +78,8 @@ log = logging.getLogger(__name__)
 
 # (window, rows, events, revision): a window handed on again (revision 1, 2, ...) is whole.
 Emit = Callable[[tuple[int, int], list[dict[str, Any]], int, int], None]
+# (the stats so far, seconds the micro-batch took): after each micro-batch.
+OnBatch = Callable[["StageStats", float], None]
 _CORRUPT = "_jetstream_corrupt"
 _MANTISSA_BITS = 52  # a double's fraction bits: an integer below 2**53 is exactly a double
 _MIN_EXPONENT = -1074  # 2**-1074, the smallest subnormal: every double is a multiple of it
@@ -95,11 +98,12 @@ class StageStats:
 
 
 class LocalStage:
-    """One query's local stage at one site, over one input folder."""
+    """One query's local stage at one site, over one input folder. ``emit`` gets each window
+    it hands on; ``on_batch``, if given, the stats after each micro-batch and its duration."""
 
     def __init__(self, spark: SparkSession, query: Query, input_dir: str | Path, *,
                  checkpoint_dir: str | Path, quarantine_dir: str | Path, emit: Emit,
-                 snapshot: Path | None = None) -> None:
+                 snapshot: Path | None = None, on_batch: OnBatch | None = None) -> None:
         plan = query.plan()
         self.name = query.name
         chain = _site_chain(plan, query.name)
@@ -115,7 +119,7 @@ class LocalStage:
             msg = f"query {query.name}: the local stage needs a window before the aggregate"
             raise PlanError(msg)
         self.window = window
-        self.spark, self.emit = spark, emit
+        self.spark, self.emit, self.on_batch = spark, emit, on_batch
         self.input_dir, self.checkpoint_dir = str(input_dir), str(checkpoint_dir)
         self.quarantine_dir = str(quarantine_dir)
         self.stats = StageStats()
@@ -179,7 +183,10 @@ class LocalStage:
             if batch_id <= self._done:  # re-run after a restart: the snapshot has it
                 log.info("%s: micro-batch %d is in the snapshot already", self.name, batch_id)
                 return
+            started = time.monotonic()
             self._process(raw, batch_id)
+            if self.on_batch is not None:
+                self.on_batch(self.stats, time.monotonic() - started)
 
     # -- the snapshot -------------------------------------------------------------------------
     def _save(self, batch_id: int) -> None:
