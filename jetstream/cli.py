@@ -18,10 +18,10 @@ from jetstream.aggtree.loader import load_topology
 from jetstream.aggtree.planner import plan_query
 from jetstream.control.client import DEFAULT_CONTROLLER, ControllerClient
 from jetstream.control.daemons import run_controller, run_site
-from jetstream.control.launch import LocalCluster, replay
+from jetstream.control.launch import LocalCluster, _free_port, replay
 from jetstream.control.results_view import follow_table, render_window
 from jetstream.control.security import Security, make_dev_certs
-from jetstream.control.status_view import print_status, status_dict
+from jetstream.control.status_view import print_status, status_dict, watch_status
 from jetstream.cubes import parse_retention
 from jetstream.errors import JetstreamError, PlanError
 from jetstream.local import LocalRun, run_local
@@ -84,7 +84,8 @@ def _controller(args: argparse.Namespace) -> int:
                    heartbeat_interval_s=args.heartbeat_interval,
                    heartbeat_timeout_s=args.heartbeat_timeout,
                    state_dir=Path(args.state_dir) if args.state_dir else None,
-                   metrics_port=args.metrics_port)
+                   metrics_port=args.metrics_port, dashboard_port=args.dashboard_port,
+                   dashboard_host=args.dashboard_host)
     return 0
 
 
@@ -110,7 +111,11 @@ def _submit(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    status = _client(args).status()
+    client = _client(args)
+    if args.watch:
+        watch_status(client.status, interval_s=args.interval)
+        return 0
+    status = client.status()
     if args.json:
         print(json.dumps(status_dict(status), indent=2))
     else:
@@ -308,9 +313,13 @@ def _demo(args: argparse.Namespace) -> int:
     work = Path(tempfile.mkdtemp(prefix="jetstream-demo-"))
     say(f"the {query_file.stem} query across the sites of {Path(args.topology).stem}, on live "
         f"generated CDN logs" + (f", for {args.duration:g}s" if args.duration else ""))
+    dashboard = 0 if args.no_dashboard else args.dashboard_port or _free_port()
+    if dashboard:
+        say(f"dashboard: http://127.0.0.1:{dashboard}/ (once the controller is up)")
     summary = live_demo(Path(args.topology), query_file, work, rate=args.rate,
                         duration_s=args.duration or None, spec=LogSpec(), seed=args.seed,
-                        say=say, console=Console())
+                        say=say, console=Console(),
+                        cluster_options={"dashboard_port": dashboard})
     say(summary.savings())
     say(f"{len(summary.windows)} windows; logs and state in {work}")
     return 0
@@ -526,6 +535,11 @@ def _parser() -> argparse.ArgumentParser:
                                  "restarted controller takes them up again (default: "
                                  "in memory only)")
     _metrics_option(controller)
+    controller.add_argument("--dashboard-port", type=int, default=0, metavar="PORT",
+                            help="serve the live dashboard at http://DASHBOARD_HOST:PORT/ "
+                                 "(default: 0, off; read-only, plain HTTP, no token)")
+    controller.add_argument("--dashboard-host", default="127.0.0.1", metavar="HOST",
+                            help="the address the dashboard listens on (default: 127.0.0.1)")
     _security_options(controller)
     controller.set_defaults(run=_controller)
 
@@ -591,7 +605,12 @@ def _parser() -> argparse.ArgumentParser:
 
     status = commands.add_parser("status", help="sites, queries, trees and link utilisation")
     status.add_argument("--controller", default=DEFAULT_CONTROLLER, metavar="HOST:PORT")
-    status.add_argument("--json", action="store_true", help="machine-readable output")
+    shown = status.add_mutually_exclusive_group()
+    shown.add_argument("--json", action="store_true", help="machine-readable output")
+    shown.add_argument("--watch", action="store_true",
+                       help="a live view, redrawn every --interval seconds until Ctrl-C")
+    status.add_argument("--interval", type=float, default=1.0, metavar="S",
+                        help="with --watch, how often to redraw (default: 1s)")
     _security_options(status)
     status.set_defaults(run=_status)
 
@@ -687,6 +706,9 @@ def _parser() -> argparse.ArgumentParser:
     _live_options(demo, duration_s=60.0)
     demo.add_argument("--replay", action="store_true",
                       help="instead, replay the bundled sample logs to the end and exit")
+    demo.add_argument("--dashboard-port", type=int, metavar="PORT",
+                      help="serve the live dashboard on 127.0.0.1:PORT (default: a free port)")
+    demo.add_argument("--no-dashboard", action="store_true", help="serve no dashboard")
     demo.set_defaults(run=_demo)
 
     emulate = commands.add_parser(

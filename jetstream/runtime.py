@@ -553,6 +553,16 @@ class SiteRuntime:
         with self._lock:
             return self._runs.get(query)
 
+    def links(self) -> dict[str, tuple[str, int, bool, int]]:
+        """Each running query's link to its parent (none at the root): its level's name and
+        index, whether an operator pinned it, and the bytes its sender has sent."""
+        with self._lock:
+            runs = list(self._runs.values())
+        return {run.name: (run.policy.level.name if run.policy else "exact",
+                           run.policy.level.index if run.policy else 0,
+                           bool(run.policy and run.policy.pinned), run.sender.bytes_sent)
+                for run in runs if run.sender is not None}
+
     def session(self) -> Any:
         """The site's one SparkSession, started when the first local stage needs it.
 

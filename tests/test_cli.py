@@ -122,6 +122,37 @@ def test_results_table_shows_the_newest_windows_and_how_complete_they_are() -> N
     assert "warning: link sfo -> dc: too thin" in final
 
 
+def test_status_watch_redraws_until_stopped_and_says_when_the_controller_is_away() -> None:
+    import threading
+
+    from rich.console import Console
+
+    from jetstream.control.status_view import watch_status
+    from jetstream.errors import ControlPlaneError
+    from jetstream.v1 import control_pb2 as pb
+
+    stop, asked = threading.Event(), []
+
+    def fetch() -> pb.StatusResponse:
+        asked.append(1)
+        if len(asked) == 2:
+            raise ControlPlaneError("controller at 127.0.0.1:7070: UNAVAILABLE")
+        if len(asked) == 3:
+            stop.set()
+        return pb.StatusResponse(topology="local-3dc", root="ams", sites=[pb.SiteStatus(
+            name="sfo", kind="datacenter", address="127.0.0.1:7101", alive=True,
+            seconds_since_heartbeat=0.5)], links=[pb.LinkStatus(
+                a="sfo", b="ams", bandwidth_bps=1e9, planned_bytes_per_s=1e3,
+                utilisation=8e-6)])
+
+    console = Console(record=True, width=120, force_terminal=True)  # every frame, recorded
+    assert watch_status(fetch, interval_s=0.01, console=console, stop=stop) == 3
+    screen = console.export_text()
+    assert "sites of local-3dc (root ams)" in screen and "alive (0.5s ago)" in screen
+    assert "controller unreachable: controller at 127.0.0.1:7070: UNAVAILABLE" in screen
+    assert "Ctrl-C stops" in screen
+
+
 def test_run_refuses_a_missing_query_or_input_before_starting_anything(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", "--query", str(tmp_path / "nope.py"), "--input", str(SAMPLE_LOGS)]) == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import signal
 import threading
@@ -15,6 +16,7 @@ import grpc
 
 from jetstream.aggtree.planner import Fragment
 from jetstream.aggtree.topology import Topology
+from jetstream.control.dashboard import serve_dashboard
 from jetstream.control.global_controller import GlobalController, QueryState
 from jetstream.control.security import Security
 from jetstream.control.server import start_server
@@ -107,11 +109,13 @@ def run_controller(topology: Topology, port: int, *, security: Security,
                    host: str = "127.0.0.1", heartbeat_interval_s: float = 2.0,
                    heartbeat_timeout_s: float = 6.0, state_dir: Path | None = None,
                    ready: Callable[[int], None] | None = None,
-                   stop: threading.Event | None = None, metrics_port: int = 0) -> None:
+                   stop: threading.Event | None = None, metrics_port: int = 0,
+                   dashboard_port: int = 0, dashboard_host: str = "127.0.0.1") -> None:
     """Serve the global controller until SIGINT/SIGTERM (or ``stop``); ``security`` guards
     its server and its channels to the sites. With a ``state_dir`` its queries and their
     results outlive it (see :class:`GlobalController`). A ``metrics_port`` serves Prometheus
-    metrics (:mod:`jetstream.metrics`) on ``host``."""
+    metrics (:mod:`jetstream.metrics`) on ``host``; a ``dashboard_port`` the live dashboard
+    (:mod:`jetstream.control.dashboard`) on ``dashboard_host``."""
     clients = _SiteClients(security)
     controller = GlobalController(topology, clients.deploy, clients.stop,
                                   heartbeat_timeout_s=heartbeat_timeout_s, state_dir=state_dir)
@@ -135,7 +139,15 @@ def run_controller(topology: Topology, port: int, *, security: Security,
                 log.exception("checking site liveness failed")
 
     threading.Thread(target=watch, name="liveness", daemon=True).start()
-    _serve_until_stopped(server, stop, exporter)
+    dashboard = None
+    if dashboard_port:
+        dashboard = serve_dashboard(controller, dashboard_port, dashboard_host)
+        log.info("serving the dashboard on http://%s:%d/", dashboard_host, dashboard.port)
+    try:
+        _serve_until_stopped(server, stop, exporter)
+    finally:
+        if dashboard is not None:
+            dashboard.close()
 
 
 class _ResultsPublisher:
@@ -171,6 +183,37 @@ class _ResultsPublisher:
                                 e.code().name)
                     self._stop.wait(backoff)
                     backoff = min(backoff * 2, 5.0)
+
+
+class _InputMeter:
+    """The bytes of raw logs that have landed in a site's input folder since it started.
+
+    Shippers drop whole files (written elsewhere, then renamed), so a file's size is read
+    once; a file removed later still counts: it was raw input all the same."""
+
+    def __init__(self, folder: Path | None) -> None:
+        self._folder = folder
+        self._sizes: dict[str, int] = {}
+
+    def __call__(self) -> int:
+        if self._folder is None:
+            return 0
+        try:
+            with os.scandir(self._folder) as entries:
+                for entry in entries:
+                    # Hidden files are being written (Spark skips them too).
+                    if (entry.name not in self._sizes and entry.name.endswith(".csv")
+                            and not entry.name.startswith((".", "_"))):
+                        self._sizes[entry.name] = entry.stat().st_size
+        except OSError:  # not there yet, or a file renamed away while we looked
+            pass
+        return sum(self._sizes.values())
+
+
+def _link_reports(runtime: SiteRuntime) -> list[pb.LinkReport]:
+    return [pb.LinkReport(query=query, level=level, level_index=index, pinned=pinned,
+                          sent_bytes=sent)
+            for query, (level, index, pinned, sent) in sorted(runtime.links().items())]
 
 
 def run_site(name: str, controller_address: str, *, security: Security, port: int = 0,
@@ -212,6 +255,8 @@ def run_site(name: str, controller_address: str, *, security: Security, port: in
                  response.topology, len(servers))
         return float(response.heartbeat_interval_s) or 2.0
 
+    input_bytes = _InputMeter(options.input_dir)
+
     def beat() -> None:
         interval, registered, backoff = 2.0, False, 0.5
         while not stop.is_set():
@@ -220,8 +265,9 @@ def run_site(name: str, controller_address: str, *, security: Security, port: in
                     interval, registered = register(), True
                 local = servicer.controller
                 running = local.running() if local else []
-                response = controller.Heartbeat(pb.HeartbeatRequest(site=name, running=running),
-                                                timeout=CALL_TIMEOUT_S)
+                response = controller.Heartbeat(pb.HeartbeatRequest(
+                    site=name, running=running, input_bytes=input_bytes(),
+                    query_links=_link_reports(runtime)), timeout=CALL_TIMEOUT_S)
                 for query in set(running) - set(response.queries):
                     assert local is not None
                     local.stop(query)  # the controller no longer wants it here

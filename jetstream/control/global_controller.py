@@ -35,7 +35,8 @@ from jetstream.results import WindowResult
 from jetstream.rewrite import explain
 from jetstream.runtime import distributed, partial_aggregate
 
-__all__ = ["REPLAN_BANDWIDTH_CHANGE", "GlobalController", "QueryState", "SiteState"]
+__all__ = ["REPLAN_BANDWIDTH_CHANGE", "GlobalController", "LinkReport", "QueryState",
+           "SiteState"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,16 @@ Deployer = Callable[[str, Fragment, "QueryState"], list[tuple[str, str]]]
 Stopper = Callable[[str, str], None]
 
 
+@dataclass(frozen=True)
+class LinkReport:
+    """What a site's heartbeat says of one query's link to its parent."""
+
+    level: str
+    level_index: int  # 0 exact, higher coarser
+    pinned: bool
+    sent_bytes: int  # by the site's current sender: starts again at 0 when it is replaced
+
+
 @dataclass
 class SiteState:
     name: str
@@ -57,6 +68,8 @@ class SiteState:
     last_seen: float | None = None
     alive: bool = False
     placements: list[tuple[str, str, str]] = field(default_factory=list)  # query, piece, server
+    input_bytes: int = 0  # raw logs landed in its input folder, as its last heartbeat said
+    links: dict[str, LinkReport] = field(default_factory=dict)  # query -> its link's report
 
 
 @dataclass
@@ -118,6 +131,11 @@ class ResultsHub:
                 with path.open("a", encoding="utf-8") as out:
                     out.write(_line(result))
             self._lock.notify_all()
+
+    def newest(self, query: str, n: int) -> list[WindowResult]:
+        """The newest ``n`` results of ``query``, oldest first (corrections included)."""
+        with self._lock:
+            return self._results.get(query, [])[-n:]
 
     def reset(self, query: str) -> None:
         """Forget a finished run's results, for a new query of the same name."""
@@ -227,14 +245,17 @@ class GlobalController:
                 query.deployed.discard(name)  # a fresh controller holds nothing yet
             self._replan_all(f"site {name} is back" if came_back else "")
 
-    def heartbeat(self, name: str, links: dict[str, float]) -> list[str]:
-        """Record that ``name`` is alive and what it measured; the queries it should run."""
+    def heartbeat(self, name: str, links: dict[str, float], *, input_bytes: int = 0,
+                  reports: dict[str, LinkReport] | None = None) -> list[str]:
+        """Record that ``name`` is alive and what it measured (and, for the dashboard, its
+        raw input and its links' levels); the queries it should run."""
         with self.lock:
             site = self._site(name)
             if site.address is None:
                 msg = f"site {name} sent a heartbeat before registering"
                 raise ControlPlaneError(msg)
             site.last_seen = self.clock()
+            site.input_bytes, site.links = input_bytes, dict(reports or {})
             changed = [peer for peer, bps in links.items() if self._bandwidth_moved(name, peer,
                                                                                    bps)]
             if not site.alive:

@@ -57,6 +57,7 @@ class LocalCluster:
     development CA is made for the cluster in ``logs/tls``, for those addresses.
     ``metrics_port`` gives a process (``"controller"`` or a site's name) the port it serves
     Prometheus metrics on, at its listening address; 0, the default, is none.
+    ``dashboard_port``: the controller serves its live dashboard there, at ``host``.
     """
 
     topology: Path
@@ -73,6 +74,7 @@ class LocalCluster:
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     tls_dir: Path | None = None
     metrics_port: Callable[[str], int] = lambda name: 0
+    dashboard_port: int = 0
 
     def __post_init__(self) -> None:
         self.masters = {s.name: s.master for s in load_topology(self.topology).sites}
@@ -105,7 +107,9 @@ class LocalCluster:
                  f"(logs in {self.logs})")
         self._spawn("controller", "controller", "--topology", str(self.topology),
                     "--host", self.host, "--port", port, "--heartbeat-interval", "1",
-                    "--state-dir", str(self.logs / "controller-state"))
+                    "--state-dir", str(self.logs / "controller-state"),
+                    *(("--dashboard-port", str(self.dashboard_port), "--dashboard-host",
+                       self.host) if self.dashboard_port else ()))
         state = self.logs / "state"
         for site in self.sites:
             args = ["site", "--name", site, "--controller", self.address,
@@ -135,15 +139,22 @@ class LocalCluster:
                 stderr=subprocess.STDOUT, env=env)
 
     def _wait_for_sites(self) -> None:
-        deadline, shown = time.monotonic() + STARTUP_TIMEOUT_S, -1
+        started = time.monotonic()
+        deadline, shown, said = started + STARTUP_TIMEOUT_S, "", started
         while time.monotonic() < deadline:
             self.check_alive()
             with contextlib.suppress(ControlPlaneError):
-                alive = [s.name for s in self.client.status().sites if s.alive]
-                if len(alive) != shown:
-                    shown = len(alive)
-                    self.say(f"sites up: {shown}/{len(self.sites)} {' '.join(sorted(alive))}")
-                if shown == len(self.sites):
+                alive = sorted(s.name for s in self.client.status().sites if s.alive)
+                # A site starts its Spark JVM before it registers: the slow part, so say so.
+                spark = [s for s in self.sites if s not in alive and "starting Spark" in
+                         self.tail(s, lines=50)]
+                line = (f"sites up: {len(alive)}/{len(self.sites)} {' '.join(alive)}".rstrip()
+                        + (f"; starting Spark: {' '.join(spark)}" if spark else ""))
+                if line != shown or time.monotonic() - said >= 10:
+                    elapsed = time.monotonic() - started
+                    self.say(line if line != shown else f"{line} ({elapsed:.0f}s)")
+                    shown, said = line, time.monotonic()
+                if len(alive) == len(self.sites):
                     return
             time.sleep(0.3)
         msg = f"the sites did not all register within {STARTUP_TIMEOUT_S:.0f}s\n{self.tail()}"

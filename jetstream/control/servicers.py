@@ -7,7 +7,7 @@ from typing import NoReturn
 
 import grpc
 
-from jetstream.control.global_controller import GlobalController
+from jetstream.control.global_controller import GlobalController, LinkReport
 from jetstream.control.site_controller import SiteController
 from jetstream.control.wire import assignment_from_proto, server_to_proto
 from jetstream.errors import ControlPlaneError, JetstreamError, PlacementError, PlanError
@@ -96,7 +96,10 @@ class GlobalControllerServicer(rpc.GlobalControllerServicer):
                   context: grpc.ServicerContext) -> pb.HeartbeatResponse:
         try:
             queries = self.controller.heartbeat(
-                request.site, {m.peer: m.bandwidth_bps for m in request.links})
+                request.site, {m.peer: m.bandwidth_bps for m in request.links},
+                input_bytes=request.input_bytes,
+                reports={r.query: LinkReport(r.level, r.level_index, r.pinned, r.sent_bytes)
+                         for r in request.query_links})
         except JetstreamError as e:
             _abort(context, e)
         return pb.HeartbeatResponse(queries=queries)

@@ -1,14 +1,22 @@
-"""``jetstream status`` as readable tables: sites, queries and their trees, link utilisation."""
+"""``jetstream status`` as readable tables: sites, queries and their trees, link utilisation;
+once, or (``--watch``) live until Ctrl-C."""
 
 from __future__ import annotations
 
-from google.protobuf.json_format import MessageToDict
-from rich.console import Console
-from rich.table import Table
+import threading
+import time
+from collections.abc import Callable
 
+from google.protobuf.json_format import MessageToDict
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from jetstream.errors import ControlPlaneError
 from jetstream.v1 import control_pb2 as pb
 
-__all__ = ["print_status", "status_dict"]
+__all__ = ["print_status", "render_status", "status_dict", "watch_status"]
 
 
 def status_dict(status: pb.StatusResponse) -> dict[str, object]:
@@ -17,7 +25,35 @@ def status_dict(status: pb.StatusResponse) -> dict[str, object]:
 
 
 def print_status(status: pb.StatusResponse, console: Console | None = None) -> None:
-    console = console or Console()
+    (console or Console()).print(render_status(status))
+
+
+def watch_status(fetch: Callable[[], pb.StatusResponse], *, interval_s: float = 1.0,
+                 console: Console | None = None, stop: threading.Event | None = None) -> int:
+    """Show the status live, asking ``fetch`` for it every ``interval_s``, until Ctrl-C (or
+    ``stop``); a controller that stops answering is said so on screen, and asked again.
+    How many times the view was drawn."""
+    stop = stop or threading.Event()
+    drawn = 0
+    with Live(Group(), console=console or Console(), auto_refresh=False) as live:
+        try:
+            while not stop.is_set():
+                try:
+                    view: RenderableType = render_status(fetch())
+                except ControlPlaneError as e:
+                    view = Text(f"controller unreachable: {e}; asking again", style="red")
+                stamp = Text(f"{time.strftime('%H:%M:%S')} · every {interval_s:g}s · Ctrl-C "
+                             "stops", style="dim")
+                live.update(Group(view, stamp), refresh=True)
+                drawn += 1
+                stop.wait(interval_s)
+        except KeyboardInterrupt:
+            pass
+    return drawn
+
+
+def render_status(status: pb.StatusResponse) -> Group:
+    parts: list[RenderableType] = []
     sites = Table(title=f"sites of {status.topology} (root {status.root})")
     for column in ("site", "kind", "address", "health", "runs"):
         sites.add_column(column)
@@ -30,7 +66,7 @@ def print_status(status: pb.StatusResponse, console: Console | None = None) -> N
             health = f"[red]dead[/red] ({s.seconds_since_heartbeat:.0f}s silent)"
         runs = "\n".join(f"{p.query}: {p.piece} on {p.server}" for p in s.placements)
         sites.add_row(s.name, s.kind, s.address or "-", health, runs or "-")
-    console.print(sites)
+    parts.append(sites)
 
     queries = Table(title="queries")
     for column in ("query", "state", "re-plans", "aggregation tree", "detail"):
@@ -40,7 +76,7 @@ def print_status(status: pb.StatusResponse, console: Console | None = None) -> N
         colour = {"running": "green", "degraded": "yellow"}.get(q.state, "dim")
         queries.add_row(q.name, f"[{colour}]{q.state}[/{colour}]", str(q.replans), tree or "-",
                         q.detail or "-")
-    console.print(queries if status.queries else "no queries")
+    parts.append(queries if status.queries else Text("no queries"))
 
     links = Table(title="links (planned load of running queries)")
     for column in ("link", "bandwidth", "planned", "utilisation"):
@@ -49,4 +85,5 @@ def print_status(status: pb.StatusResponse, console: Console | None = None) -> N
         links.add_row(f"{link.a} - {link.b}", f"{link.bandwidth_bps / 1e6:.1f} Mbit/s",
                       f"{link.planned_bytes_per_s * 8 / 1e3:.1f} kbit/s",
                       f"{link.utilisation:.1%}")
-    console.print(links)
+    parts.append(links)
+    return Group(*parts)

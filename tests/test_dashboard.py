@@ -1,0 +1,365 @@
+"""The live dashboard: its JSON state against a global controller with fake sites, the page
+and the API over HTTP, and the page itself in headless Chromium (Debian's ``chromium``;
+skipped without it): on fake sites, then on a real cluster running the CDN top-k on live logs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import shutil
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jetstream.aggtree.loader import load_topology
+from jetstream.control.daemons import _InputMeter
+from jetstream.control.dashboard import (
+    RATE_SPAN_S,
+    Dashboard,
+    DashboardState,
+    serve_dashboard,
+)
+from jetstream.control.global_controller import GlobalController, LinkReport
+from jetstream.control.launch import LocalCluster, _free_port
+from jetstream.control.servicers import GlobalControllerServicer
+from jetstream.errors import ControlPlaneError
+from jetstream.loggen import LogSpec, write_live
+from jetstream.results import WindowResult
+from jetstream.v1 import control_pb2 as pb
+from tests.test_control import (
+    EXAMPLE,
+    QUERY,
+    SITES,
+    TIMEOUT_S,
+    FakeClock,
+    FakeSites,
+    register_all,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+TOPOLOGY = ROOT / "topologies" / "local-3dc.yaml"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None, reason="needs headless Chromium on PATH (apt-get install chromium)")
+
+
+class WallClock:
+    """The sampler's clock, moved by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1_767_225_600.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def window(start_s: int, *domains: tuple[str, int], revision: int = 0) -> WindowResult:
+    rows = [{"domain": d, "requests": n, "kb": n * 1.5, "lb": n - 2, "ub": n,
+             "guaranteed": i == 0, "complete": False} for i, (d, n) in enumerate(domains)]
+    return WindowResult(QUERY, start_s * 1000, (start_s + 10) * 1000, rows, exact=False,
+                        error_bound=0.004, sites_reporting=3, sites_expected=3,
+                        latency_s=1.25, wan_bytes=2_000, revision=revision)
+
+
+@pytest.fixture
+def running() -> GlobalController:
+    """A controller whose three fake sites run the CDN top-k."""
+    sites = FakeSites()
+    controller = GlobalController(load_topology(TOPOLOGY), sites.deploy, sites.stop,
+                                  heartbeat_timeout_s=TIMEOUT_S, clock=FakeClock())
+    register_all(controller)
+    controller.submit(EXAMPLE.read_text(encoding="utf-8"))
+    return controller
+
+
+def beat(controller: GlobalController, site: str, sent: int, *, level: int = 0,
+         input_bytes: int = 0) -> None:
+    reports = {} if site == "ams" else {
+        QUERY: LinkReport(["exact", "top 20"][level], level, level == 1, sent)}
+    controller.heartbeat(site, {}, input_bytes=input_bytes, reports=reports)
+
+
+# --- the JSON state ----------------------------------------------------------------------------
+
+
+def test_the_state_holds_the_topology_its_links_and_the_newest_window_with_bounds(
+        running: GlobalController) -> None:
+    clock = WallClock()
+    state = DashboardState(running, clock=clock)
+    running.publish(QUERY, [window(0, ("a.com", 50), ("b.com", 20))], False)
+    running.publish(QUERY, [window(10, ("c.com", 70), ("a.com", 40))], False)
+    running.publish(QUERY, [window(0, ("a.com", 55), ("b.com", 20), revision=1)], False)
+    beat(running, "sfo", 1_000, input_bytes=50_000)
+    beat(running, "sin", 500, level=1, input_bytes=30_000)
+    beat(running, "ams", 0, input_bytes=99_999)  # the root's raw logs cross no link
+    state.sample()
+    snapshot = json.loads(json.dumps(state.snapshot(), allow_nan=False))
+
+    assert (snapshot["topology"], snapshot["root"]) == ("local-3dc", "ams")
+    sites = {s["name"]: s for s in snapshot["sites"]}
+    assert sorted(sites) == list(SITES) and all(s["alive"] for s in sites.values())
+    assert sites["ams"]["y"] < sites["sfo"]["y"] == sites["sin"]["y"]  # the root on top
+    assert sites["sfo"]["input_bytes"] == 50_000
+    links = {link["name"]: link for link in snapshot["links"]}
+    assert sorted(links) == ["sfo->ams", "sin->ams"]
+    sin = links["sin->ams"]
+    assert (sin["child"], sin["parent"], sin["up"]) == ("sin", "ams", True)
+    assert sin["planned_bytes_per_s"] > 0
+    assert sin["planned_utilisation"] == pytest.approx(
+        sin["planned_bytes_per_s"] * 8 / sin["bandwidth_bps"])
+    assert sin["levels"] == {QUERY: {"level": "top 20", "index": 1, "pinned": True}}
+    assert sin["measured_bytes_per_s"] is None  # one sample says no rate yet
+
+    [query] = snapshot["queries"]
+    assert (query["name"], query["state"]) == (QUERY, "running")
+    assert query["parents"] == {"sfo": "ams", "sin": "ams"}
+    latest = query["latest"]  # the newest window, not the later correction of an older one
+    assert (latest["window_start"], latest["revision"]) == (10_000, 0)
+    assert [(r["domain"], r["lb"], r["ub"]) for r in latest["rows"]] == [
+        ("c.com", 68, 70), ("a.com", 38, 40)]
+    assert query["latency"] == [[10_000, 1.25], [20_000, 1.25]]  # first revisions only
+    assert snapshot["series"]["raw_bytes"] == [80_000]
+    assert snapshot["series"]["wan_bytes"] == [1_500]
+    assert snapshot["series"]["levels"] == {"sfo->ams": [0], "sin->ams": [1]}
+
+
+def test_wide_area_bytes_add_up_across_senders_that_start_again(
+        running: GlobalController) -> None:
+    clock = WallClock()
+    state = DashboardState(running, clock=clock)
+    for sent in (1_000, 4_000, 9_000):  # 1 kB/s... then 5 kB/s
+        beat(running, "sfo", sent)
+        state.sample()
+        clock.now += 1
+    beat(running, "sfo", 500)  # a re-plan replaced the sender: it counts from 0 again
+    state.sample()
+    clock.now += 4
+    beat(running, "sfo", 2_500)
+    state.sample()
+    series = state.snapshot()["series"]
+    assert series["wan_bytes"] == [1_000, 4_000, 9_000, 9_500, 11_500]
+    links = {link["name"]: link for link in state.snapshot()["links"]}
+    # Over every sample: they span less than RATE_SPAN_S.
+    assert links["sfo->ams"]["measured_bytes_per_s"] == pytest.approx((11_500 - 1_000) / 7)
+    clock.now += RATE_SPAN_S - 1
+    beat(running, "sfo", 3_500)
+    state.sample()
+    links = {link["name"]: link for link in state.snapshot()["links"]}
+    # Over the newest RATE_SPAN_S (or just more): from the sample at 9,500 bytes on.
+    assert links["sfo->ams"]["measured_bytes_per_s"] == pytest.approx(
+        (12_500 - 9_500) / (RATE_SPAN_S + 3))
+
+
+def test_a_dead_site_and_its_link_show_as_down(running: GlobalController) -> None:
+    clock = running.clock
+    assert isinstance(clock, FakeClock)
+    clock.advance(TIMEOUT_S + 1)
+    beat(running, "ams", 0)
+    beat(running, "sin", 0)
+    assert running.check_liveness() == ["sfo"]
+    snapshot = DashboardState(running).snapshot()
+    sites = {s["name"]: s for s in snapshot["sites"]}
+    assert not sites["sfo"]["alive"] and sites["sfo"]["registered"]
+    links = {link["name"]: link for link in snapshot["links"]}
+    assert not links["sfo->ams"]["up"] and links["sin->ams"]["up"]
+    assert snapshot["queries"][0]["state"] == "degraded"
+
+
+def test_history_is_a_bounded_ring(running: GlobalController) -> None:
+    state = DashboardState(running, history=5)
+    for _ in range(12):
+        state.sample()
+    assert len(state.snapshot()["series"]["t"]) == 5
+
+
+def test_a_heartbeat_carries_the_raw_input_and_the_links_levels(
+        running: GlobalController) -> None:
+    servicer = GlobalControllerServicer(running, 1.0)
+    servicer.Heartbeat(pb.HeartbeatRequest(site="sfo", input_bytes=123, query_links=[
+        pb.LinkReport(query=QUERY, level="top 20", level_index=1, pinned=True, sent_bytes=77)]),
+        context=None)  # used only to refuse
+    assert running.sites["sfo"].input_bytes == 123
+    assert running.sites["sfo"].links == {QUERY: LinkReport("top 20", 1, True, 77)}
+
+
+def test_a_site_counts_every_log_file_that_landed_once(tmp_path: Path) -> None:
+    meter = _InputMeter(tmp_path)
+    assert meter() == 0 and _InputMeter(None)() == 0 and _InputMeter(tmp_path / "none")() == 0
+    (tmp_path / "part-000.csv").write_bytes(b"x" * 100)
+    (tmp_path / ".part-001.csv").write_bytes(b"x" * 50)  # still being written: hidden
+    assert meter() == 100
+    (tmp_path / ".part-001.csv").rename(tmp_path / "part-001.csv")
+    (tmp_path / "part-000.csv").unlink()  # cleaned up after it was read: it still counted
+    assert meter() == 150
+
+
+# --- over HTTP ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def served(running: GlobalController) -> Any:
+    dashboard = serve_dashboard(running, 0, interval_s=0.2)
+    yield dashboard
+    dashboard.close()
+
+
+def get(dashboard: Dashboard, path: str) -> tuple[int, str, bytes]:
+    url = f"http://127.0.0.1:{dashboard.port}{path}"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.headers["Content-Type"], response.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers["Content-Type"], e.read()
+
+
+def test_the_page_and_the_api_are_served_read_only(served: Dashboard,
+                                                   running: GlobalController) -> None:
+    status, kind, page = get(served, "/")
+    assert (status, kind) == (200, "text/html; charset=utf-8")
+    assert b'<svg id="graph"' in page and b"/api/state" in page
+    assert b"http://" not in page.replace(b"http://www.w3.org/2000/svg", b"")  # nothing remote
+    running.publish(QUERY, [window(0, ("a.com", 50))], False)
+    status, kind, body = get(served, "/api/state")
+    assert (status, kind) == (200, "application/json")
+    state = json.loads(body)
+    assert state["queries"][0]["latest"]["rows"][0]["domain"] == "a.com"
+    assert get(served, "/secrets")[0] == 404
+    request = urllib.request.Request(f"http://127.0.0.1:{served.port}/api/state", data=b"x")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=5)
+    assert refused.value.code == 501  # no method but GET
+
+
+# --- the page in headless Chromium -------------------------------------------------------------
+
+
+class TopK(HTMLParser):
+    """The top-k tables of a dumped page: query -> (window start, [[cell, ...] a row]), and
+    the revision of each query's window."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: dict[str, tuple[int, list[list[str]]]] = {}
+        self.revisions: dict[str, int] = {}
+        self.polls = 0
+        self._query = ""
+        self._row: list[str] | None = None
+        self._cell: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if tag == "div" and a.get("class") == "query":
+            self._query = a.get("data-query") or ""
+        elif tag == "span" and a.get("id") == "status":
+            self.polls = int(a.get("data-polls") or 0)
+        elif tag == "table" and a.get("class") == "topk":
+            self.tables[self._query] = (int(a["data-window-start"] or 0), [])
+            self.revisions[self._query] = int(a["data-revision"] or 0)
+        elif tag == "tr" and a.get("class") == "row":
+            self._row = []
+        elif tag == "td" and self._row is not None:
+            self._cell = []
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._cell.append(data)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "td" and self._row is not None and self._cell is not None:
+            self._row.append("".join(self._cell))
+            self._cell = None
+        elif tag == "tr" and self._row is not None:
+            self.tables[self._query][1].append(self._row)
+            self._row = None
+
+
+def dump(url: str, budget_ms: int = 3000) -> TopK:
+    """The page at ``url`` as headless Chromium has it after ``budget_ms`` of (virtual) time."""
+    assert CHROMIUM is not None
+    done = subprocess.run(
+        [CHROMIUM, "--headless", "--disable-gpu", "--no-sandbox", "--no-first-run",
+         f"--virtual-time-budget={budget_ms}", "--dump-dom", url],
+        capture_output=True, text=True, timeout=120, check=True)
+    page = TopK()
+    page.feed(done.stdout)
+    assert page.polls > 0, f"the page never drew the state:\n{done.stdout[:2000]}"
+    return page
+
+
+@needs_chromium
+def test_the_page_draws_the_top_k_and_follows_new_windows(served: Dashboard,
+                                                          running: GlobalController) -> None:
+    url = f"http://127.0.0.1:{served.port}/"
+    running.publish(QUERY, [window(0, ("a.com", 50), ("b.com", 20))], False)
+    first = dump(url)
+    start, rows = first.tables[QUERY]
+    assert start == 0
+    assert [(r[0], r[1]) for r in rows] == [("a.com", "50"), ("b.com", "20")]
+    assert rows[0][-2:] == ["[48, 50]", "certain"] and rows[1][-1] == "likely"
+    running.publish(QUERY, [window(10, ("<b>c.com</b>", 70))], False)
+    second = dump(url)
+    assert second.tables[QUERY][0] == 10_000
+    assert second.tables[QUERY][1][0][0] == "<b>c.com</b>"  # text, never markup
+
+
+@needs_chromium
+@pytest.mark.slow
+def test_the_page_shows_the_live_top_k_of_a_running_cluster(tmp_path: Path) -> None:
+    inputs, port = tmp_path / "input", _free_port()
+    stop = threading.Event()
+    spec = LogSpec(domains=30, out_of_order_s=0, late_fraction=0)
+    writer = threading.Thread(target=write_live, args=(inputs, list(SITES)), daemon=True,
+                              kwargs={"rate": 50, "spec": spec, "seed": 2, "stop": stop})
+    writer.start()
+    try:
+        with LocalCluster(TOPOLOGY, inputs, idle_timeout_s=30, logs=tmp_path / "logs",
+                          dashboard_port=port) as cluster:
+            name = cluster.client.submit(EXAMPLE).query
+            url = f"http://127.0.0.1:{port}/"
+            seen: dict[tuple[int, int], WindowResult] = {}  # (window start, revision)
+
+            def collect() -> None:
+                with contextlib.suppress(ControlPlaneError):  # the cluster stopped
+                    for result in cluster.client.results(name, timeout_s=200):
+                        seen[(result.window_start, result.revision)] = result
+
+            threading.Thread(target=collect, daemon=True).start()
+            first = wait_for_window(url, cluster, name, after=-1)
+            start, rows = first.tables[name]
+            assert rows and all(re.fullmatch(r"site\d+\.example\.com", r[0]) for r in rows)
+            shown = (start, first.revisions[name])
+            deadline = time.monotonic() + 10  # the follower may be a moment behind the page
+            while shown not in seen and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert shown in seen, "the page shows a window the controller published"
+            want = [row["domain"] for row in seen[shown].rows]
+            assert [r[0] for r in rows] == want[:len(rows)]
+            later = wait_for_window(url, cluster, name, after=start)
+            assert later.tables[name][0] >= start + 10_000  # it moved on to a newer window
+    finally:
+        stop.set()
+        writer.join(timeout=10)
+
+
+def wait_for_window(url: str, cluster: LocalCluster, query: str, *, after: int,
+                    timeout_s: float = 180) -> TopK:
+    """The page once it shows rows of a window of ``query`` starting later than ``after``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        cluster.check_alive()
+        page = dump(url)
+        start, rows = page.tables.get(query, (after, []))
+        if rows and start > after:
+            return page
+        time.sleep(2)
+    msg = f"the page showed no (newer) window within {timeout_s:.0f}s\n{cluster.tail()}"
+    raise AssertionError(msg)
