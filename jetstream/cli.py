@@ -18,7 +18,7 @@ from jetstream.aggtree.loader import load_topology
 from jetstream.aggtree.planner import plan_query
 from jetstream.control.client import DEFAULT_CONTROLLER, ControllerClient
 from jetstream.control.daemons import run_controller, run_site
-from jetstream.control.launch import LocalCluster, _free_port, replay
+from jetstream.control.launch import LocalCluster, free_port, replay
 from jetstream.control.results_view import follow_table, render_window
 from jetstream.control.security import Security, make_dev_certs
 from jetstream.control.status_view import print_status, status_dict, watch_status
@@ -313,7 +313,7 @@ def _demo(args: argparse.Namespace) -> int:
     work = Path(tempfile.mkdtemp(prefix="jetstream-demo-"))
     say(f"the {query_file.stem} query across the sites of {Path(args.topology).stem}, on live "
         f"generated CDN logs" + (f", for {args.duration:g}s" if args.duration else ""))
-    dashboard = 0 if args.no_dashboard else args.dashboard_port or _free_port()
+    dashboard = 0 if args.no_dashboard else args.dashboard_port or free_port()
     if dashboard:
         say(f"dashboard: http://127.0.0.1:{dashboard}/ (once the controller is up)")
     summary = live_demo(Path(args.topology), query_file, work, rate=args.rate,

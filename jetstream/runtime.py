@@ -499,7 +499,10 @@ class SiteRuntime:
         Raises
         ------
         ControlPlaneError
-            If the fragment has a parent but no address for it: it would act as the root.
+            If the fragment has a parent but no address for it: it would act as the root and
+            publish partial windows as results. The global controller deploys a fragment
+            only once its parent's address is known; this check is the site guarding itself
+            against any controller that does not.
         """
         fragment = assignment.fragment
         if fragment.parent and not assignment.parent_address:

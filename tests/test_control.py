@@ -3,7 +3,6 @@ placement, the results hub, and the gRPC API served in-process."""
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ from jetstream.control.global_controller import (
     QueryState,
     ResultsHub,
 )
+from jetstream.control.launch import free_port
 from jetstream.control.security import Security
 from jetstream.control.server import start_server
 from jetstream.control.servicers import GlobalControllerServicer
@@ -588,12 +588,6 @@ def served(topology: Topology) -> Iterator[Served]:
         yield Served(controller, sites, f"127.0.0.1:{port}")
     finally:
         server.stop(None)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_submit_status_explain_and_cancel_over_grpc(served: Served) -> None:

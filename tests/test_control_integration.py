@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from jetstream.control.launch import free_port
 from jetstream.control.security import make_dev_certs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,12 +37,6 @@ ENV.pop("JETSTREAM_TOKEN", None)
 DEADLINE_S = 20.0
 
 Status = dict[str, Any]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

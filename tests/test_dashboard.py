@@ -29,7 +29,7 @@ from jetstream.control.dashboard import (
     serve_dashboard,
 )
 from jetstream.control.global_controller import GlobalController, LinkReport
-from jetstream.control.launch import LocalCluster, _free_port
+from jetstream.control.launch import LocalCluster, free_port
 from jetstream.control.servicers import GlobalControllerServicer
 from jetstream.errors import ControlPlaneError
 from jetstream.loggen import LogSpec, write_live
@@ -314,7 +314,7 @@ def test_the_page_draws_the_top_k_and_follows_new_windows(served: Dashboard,
 @needs_chromium
 @pytest.mark.slow
 def test_the_page_shows_the_live_top_k_of_a_running_cluster(tmp_path: Path) -> None:
-    inputs, port = tmp_path / "input", _free_port()
+    inputs, port = tmp_path / "input", free_port()
     stop = threading.Event()
     spec = LogSpec(domains=30, out_of_order_s=0, late_fraction=0)
     writer = threading.Thread(target=write_live, args=(inputs, list(SITES)), daemon=True,

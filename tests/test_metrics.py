@@ -29,7 +29,7 @@ from prometheus_client import REGISTRY, generate_latest
 from jetstream.aggtree.loader import load_topology
 from jetstream.aggtree.planner import Fragment
 from jetstream.control.global_controller import GlobalController
-from jetstream.control.launch import LocalCluster, _free_port
+from jetstream.control.launch import LocalCluster, free_port
 from jetstream.control.server import start_server
 from jetstream.loggen import LogSpec, write_logs
 from jetstream.queryfile import query_from_source
@@ -218,10 +218,10 @@ def promtool_check(exposition: str) -> None:
 @needs_promtool
 def test_promtool_accepts_what_a_controller_process_and_a_site_expose(
         sites: TwoSites, tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     controller = subprocess.Popen(
         [sys.executable, "-m", "jetstream", "controller", "--topology", str(TOPOLOGY),
-         "--port", str(_free_port()), "--insecure", "--metrics-port", str(port)],
+         "--port", str(free_port()), "--insecure", "--metrics-port", str(port)],
         stdout=(tmp_path / "controller.log").open("wb"), stderr=subprocess.STDOUT)
     try:
         exposition = scrape(port)
@@ -253,8 +253,8 @@ def test_prometheus_scrapes_a_running_topology(tmp_path: Path) -> None:
     spec = LogSpec(domains=20, out_of_order_s=0, late_fraction=0)
     write_logs(tmp_path / "input", sites, start_ms=int(time.time() * 1000) - 20_000,
                duration_s=20, rate=20, spec=spec, seed=3, files=2)
-    ports = {name: _free_port() for name in ["controller", *sites]}
-    web = _free_port()
+    ports = {name: free_port() for name in ["controller", *sites]}
+    web = free_port()
     config = tmp_path / "prometheus.yml"
     config.write_text(json.dumps({  # YAML reads JSON
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},

@@ -28,7 +28,7 @@ from jetstream.control.security import Security, make_dev_certs
 from jetstream.errors import ControlPlaneError
 from jetstream.results import WindowResult
 
-__all__ = ["LocalCluster", "replay"]
+__all__ = ["LocalCluster", "free_port", "replay"]
 
 #: How long the processes of a cluster may take to come up and register.
 STARTUP_TIMEOUT_S = 60.0
@@ -36,7 +36,8 @@ STARTUP_TIMEOUT_S = 60.0
 Say = Callable[[str], None]
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (another process may take it)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -81,7 +82,7 @@ class LocalCluster:
         self.sites = list(self.masters)
         self.logs.mkdir(parents=True, exist_ok=True)
         self._commands: dict[str, tuple[tuple[str, ...], list[str] | None]] = {}
-        self.address = f"{self.host}:{_free_port()}"
+        self.address = f"{self.host}:{free_port()}"
         if self.tls_dir is None:
             hosts = sorted({self.host, *(self.site_host(s) for s in self.sites)})
             self.tls_dir = make_dev_certs(self.logs / "tls", hosts, days=7, force=True).folder
