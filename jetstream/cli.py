@@ -313,9 +313,7 @@ def _demo(args: argparse.Namespace) -> int:
     work = Path(tempfile.mkdtemp(prefix="jetstream-demo-"))
     say(f"the {query_file.stem} query across the sites of {Path(args.topology).stem}, on live "
         f"generated CDN logs" + (f", for {args.duration:g}s" if args.duration else ""))
-    dashboard = 0 if args.no_dashboard else args.dashboard_port or free_port()
-    if dashboard:
-        say(f"dashboard: http://127.0.0.1:{dashboard}/ (once the controller is up)")
+    dashboard = _dashboard_port(args, "127.0.0.1", say)
     summary = live_demo(Path(args.topology), query_file, work, rate=args.rate,
                         duration_s=args.duration or None, spec=LogSpec(), seed=args.seed,
                         say=say, console=Console(),
@@ -323,6 +321,14 @@ def _demo(args: argparse.Namespace) -> int:
     say(summary.savings())
     say(f"{len(summary.windows)} windows; logs and state in {work}")
     return 0
+
+
+def _dashboard_port(args: argparse.Namespace, host: str, say: Callable[[str], None]) -> int:
+    """The port a live run's controller serves its dashboard on (0: none), said to the user."""
+    port = 0 if args.no_dashboard else args.dashboard_port or free_port()
+    if port:
+        say(f"dashboard: http://{host}:{port}/ (once the controller is up)")
+    return port
 
 
 def _replay_demo(query_file: Path, logs: Path, say: Callable[[str], None]) -> int:
@@ -346,7 +352,7 @@ def _replay_demo(query_file: Path, logs: Path, say: Callable[[str], None]) -> in
 
 def _emulate(args: argparse.Namespace) -> int:
     from jetstream.control.demo import live_demo
-    from jetstream.control.emulate import HOST_ADDRESS, WideArea
+    from jetstream.control.emulate import HOST_ADDRESS, EmulatedSite, WideArea
     from jetstream.loggen import LogSpec
 
     action, *rest = args.action
@@ -370,19 +376,23 @@ def _emulate(args: argparse.Namespace) -> int:
     query_file = _live_query(args)
     say(f"making a network namespace per site of {area.topology.name} and shaping each "
         "site's link to its parent with tc tbf")
-    area.up()
+
+    def made(site: EmulatedSite, n: int) -> None:
+        shaped = (f"{site.uplink_bps / 1e6:g} Mbit/s to {site.parent}" if site.uplink_bps
+                  else "unshaped (root)")
+        say(f"  [{n}/{len(area.sites)}] {site.name}: {site.namespace}, {site.address}, "
+            f"{shaped}")
+
+    area.up(made)
     try:
-        for site in area.sites.values():
-            shaped = (f"{site.uplink_bps / 1e6:g} Mbit/s to {site.parent}"
-                      if site.uplink_bps else "unshaped (root)")
-            say(f"  {site.name}: {site.namespace}, {site.address}, {shaped}")
         say(f"change a link while it runs: jetstream emulate set-link SITE PARENT 2mbit "
             f"--topology {topology_file}")
         work = Path(tempfile.mkdtemp(prefix="jetstream-emulate-"))
+        dashboard = _dashboard_port(args, HOST_ADDRESS, say)
         summary = live_demo(
             topology_file, query_file, work, rate=args.rate, duration_s=args.duration or None,
             spec=LogSpec(), seed=args.seed, say=say, console=Console(),
-            cluster_options={"host": HOST_ADDRESS,
+            cluster_options={"host": HOST_ADDRESS, "dashboard_port": dashboard,
                              "site_host": lambda s: area.sites[s].address,
                              "site_prefix": area.prefix})
         say(summary.savings())
@@ -477,6 +487,10 @@ def _live_options(parser: argparse.ArgumentParser, *, duration_s: float) -> None
     parser.add_argument("--rate", type=float, default=200.0, metavar="N",
                         help="log records per second at each site (default: 200)")
     parser.add_argument("--seed", type=int, default=0, help="the log generator's seed")
+    parser.add_argument("--dashboard-port", type=int, metavar="PORT",
+                        help="serve the live dashboard on PORT of the controller's address "
+                        "(default: a free port)")
+    parser.add_argument("--no-dashboard", action="store_true", help="serve no dashboard")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -706,9 +720,6 @@ def _parser() -> argparse.ArgumentParser:
     _live_options(demo, duration_s=60.0)
     demo.add_argument("--replay", action="store_true",
                       help="instead, replay the bundled sample logs to the end and exit")
-    demo.add_argument("--dashboard-port", type=int, metavar="PORT",
-                      help="serve the live dashboard on 127.0.0.1:PORT (default: a free port)")
-    demo.add_argument("--no-dashboard", action="store_true", help="serve no dashboard")
     demo.set_defaults(run=_demo)
 
     emulate = commands.add_parser(

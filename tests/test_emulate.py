@@ -69,7 +69,9 @@ def test_namespaces_shaped_links_and_cleanup(tmp_path: Path) -> None:
     ip("netns", "add", leftover)
     area = WideArea(LOCAL, state_file=tmp_path / "state.json")
     try:
-        area.up()
+        made: list[tuple[str, int]] = []
+        area.up(lambda site, n: made.append((site.namespace, n)))
+        assert made == [("js-0", 1), ("js-1", 2), ("js-2", 3)]  # progress, as each is ready
         namespaces, links = ours()
         assert sorted(namespaces) == ["js-0", "js-1", "js-2"]  # the leftover is gone
         assert "js-wan" in links

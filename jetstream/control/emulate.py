@@ -108,15 +108,17 @@ class WideArea:
                    "apt-get install iproute2")
             raise ControlPlaneError(msg)
 
-    def up(self) -> None:
-        """Make every namespace, link and shaping; on failure, remove what was made."""
+    def up(self, made: Callable[[EmulatedSite, int], None] = lambda site, n: None) -> None:
+        """Make every namespace, link and shaping, calling ``made(site, n)`` as the n-th site
+        is ready (progress: about ten commands a site); on failure, remove what was made."""
         self.down()  # what an earlier, crashed run left
         try:
             self._run(["ip", "link", "add", BRIDGE, "type", "bridge"])
             self._run(["ip", "addr", "add", f"{HOST_ADDRESS}/24", "dev", BRIDGE])
             self._run(["ip", "link", "set", BRIDGE, "up"])
-            for site in self.sites.values():
+            for n, site in enumerate(self.sites.values(), 1):
                 self._add(site)
+                made(site, n)
             self.state_file.parent.mkdir(parents=True, exist_ok=True)
             self.state_file.write_text(json.dumps({
                 "topology": self.topology.name,
