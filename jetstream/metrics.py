@@ -79,7 +79,8 @@ LINK_THROUGHPUT = Gauge(
 # -- the global controller ---------------------------------------------------------------------
 LINK_MEASURED_BANDWIDTH = Gauge(
     "jetstream_link_measured_bandwidth_bytes_per_second",
-    "A link's bandwidth as the last heartbeat of one of its ends reported it.", ["link"])
+    "A saturated link's bandwidth as the site at its child end measures it and reports it in "
+    "heartbeats (absent while no query saturates the link).", ["link"])
 REPLANS = Counter(
     "jetstream_replans_total",
     "Times the global controller re-planned a query (a site died or came back, a link "

@@ -54,8 +54,8 @@ from jetstream.v1 import dataplane_pb2 as pb
 if TYPE_CHECKING:
     from jetstream.stage.job import StageStats
 
-__all__ = ["DEFAULT_DEADLINE_S", "Assignment", "QueryRun", "SiteOptions", "SiteRuntime",
-           "distributed", "partial_aggregate", "site_part"]
+__all__ = ["DEFAULT_DEADLINE_S", "Assignment", "LinkState", "QueryRun", "SiteOptions",
+           "SiteRuntime", "distributed", "partial_aggregate", "site_part"]
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +116,25 @@ class LinkLevel:
     level: str
     pinned: bool  # held by an operator rather than chosen by the policy
     levels: tuple[str, ...]  # every level of the link, exact first
+
+
+@dataclass(frozen=True)
+class LinkState:
+    """What a query's sender knows of the site's link to its parent (see
+    :meth:`SiteRuntime.links`)."""
+
+    parent: str
+    level: str
+    level_index: int  # 0 exact, higher coarser
+    pinned: bool  # held by an operator rather than chosen by the policy
+    sent_bytes: int  # sent for the query, resends included
+    throughput: float | None  # bytes/s, the policy's smoothed measurement (None: none yet)
+
+    @property
+    def saturated(self) -> bool:
+        """The policy stepped down on its own: the link could not carry the query's exact
+        windows in time, so what it measures is what the link can carry."""
+        return self.level_index > 0 and not self.pinned and self.throughput is not None
 
 
 class QueryRun:
@@ -556,15 +575,17 @@ class SiteRuntime:
         with self._lock:
             return self._runs.get(query)
 
-    def links(self) -> dict[str, tuple[str, int, bool, int]]:
-        """Each running query's link to its parent (none at the root): its level's name and
-        index, whether an operator pinned it, and the bytes its sender has sent."""
+    def links(self) -> dict[str, LinkState]:
+        """Each running query's link to its parent (none at the root)."""
         with self._lock:
             runs = list(self._runs.values())
-        return {run.name: (run.policy.level.name if run.policy else "exact",
-                           run.policy.level.index if run.policy else 0,
-                           bool(run.policy and run.policy.pinned), run.sender.bytes_sent)
-                for run in runs if run.sender is not None}
+        return {run.name: LinkState(
+            run.assignment.fragment.parent or "",
+            run.policy.level.name if run.policy else "exact",
+            run.policy.level.index if run.policy else 0,
+            bool(run.policy and run.policy.pinned), run.sender.bytes_sent,
+            run.policy.throughput if run.policy else None)
+            for run in runs if run.sender is not None}
 
     def session(self) -> Any:
         """The site's one SparkSession, started when the first local stage needs it.

@@ -13,11 +13,13 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from prometheus_client import REGISTRY
 
 from jetstream.aggtree.loader import load_topology
 from jetstream.aggtree.planner import Fragment
 from jetstream.aggtree.topology import Server, Topology
 from jetstream.control.client import ControllerClient
+from jetstream.control.daemons import link_measurements, link_reports
 from jetstream.control.global_controller import (
     REPLAN_BANDWIDTH_CHANGE,
     GlobalController,
@@ -31,6 +33,7 @@ from jetstream.control.servicers import GlobalControllerServicer
 from jetstream.control.site_controller import Piece, SiteController
 from jetstream.errors import ControlPlaneError, PlanError
 from jetstream.results import WindowResult
+from jetstream.runtime import LinkState
 from jetstream.v1 import control_pb2 as pb
 from jetstream.v1 import control_pb2_grpc as rpc
 
@@ -348,6 +351,41 @@ def test_a_bandwidth_drifting_away_from_the_plan_in_small_steps_replans(
     assert state.replans == 1
 
 
+@pytest.mark.parametrize(("factor", "replans_back"), [(0.3, 1), (0.9, 0)])
+def test_a_measurement_no_heartbeat_repeats_is_forgotten(
+        factor: float, replans_back: int, controller: GlobalController, clock: FakeClock,
+        topology: Topology, source: str) -> None:
+    """A site measures a link only while it is saturated: once its heartbeats stop saying
+    so, the link is planned at its configured bandwidth again, re-planned if that is far
+    from what the plans assumed."""
+    register_all(controller)
+    state = controller.submit(source)
+    configured = topology.link("sfo", "ams").bandwidth_bps
+    controller.heartbeat("sfo", {"ams": configured * factor})
+    replans = state.replans
+    for _ in range(4):  # repeated: it stands
+        clock.advance(TIMEOUT_S / 2)
+        controller.heartbeat("sfo", {"ams": configured * factor})
+        beat(controller, "ams", "sin")
+        assert controller.expire_measurements() == []
+    assert controller.effective_topology().link("sfo", "ams").bandwidth_bps == \
+        pytest.approx(configured * factor)
+    gauge = ("jetstream_link_measured_bandwidth_bytes_per_second", {"link": "sfo->ams"})
+    assert REGISTRY.get_sample_value(*gauge) == pytest.approx(configured * factor / 8)
+    for _ in range(5):  # no longer said: forgotten after two heartbeat timeouts
+        clock.advance(TIMEOUT_S / 2)
+        beat(controller, *SITES)
+        assert controller.check_liveness() == []
+        forgotten = controller.expire_measurements()
+    assert forgotten == ["sfo-ams"]
+    assert REGISTRY.get_sample_value(*gauge) is None  # not its last value forever
+    assert controller.effective_topology().link("sfo", "ams").bandwidth_bps == configured
+    assert state.replans == replans + replans_back
+    if replans_back:
+        assert "no recent measurement of sfo-ams" in state.detail
+    assert controller.expire_measurements() == []
+
+
 def test_a_link_measured_at_zero_does_not_break_the_heartbeat(
         controller: GlobalController, source: str) -> None:
     register_all(controller)
@@ -501,6 +539,20 @@ def test_an_older_fragment_version_is_refused() -> None:
         site.deploy(v1, 1)
     assert [p.name for p in site.pieces()] == ["local stage", "merge"]  # untouched
     assert [p.name for p in site.deploy(v1, 2)] == ["local stage"]  # the same version: again
+
+
+def test_a_site_measures_a_link_only_where_a_policy_stepped_down_on_its_own() -> None:
+    links = {
+        "a": LinkState("ams", "top 20", 1, False, 900, 1_000.0),  # saturated
+        "b": LinkState("ams", "sketch", 3, False, 500, 250.0),  # saturated too: they share
+        "c": LinkState("ams", "exact", 0, False, 100, 9_000.0),  # carries all it has
+        "d": LinkState("dc", "top 20", 1, True, 100, 50.0),  # pinned by an operator
+        "e": LinkState("dc", "top 20", 1, False, 0, None),  # nothing acked yet
+    }
+    assert [(m.peer, m.bandwidth_bps) for m in link_measurements(links)] == [
+        ("ams", 10_000.0)]
+    assert [(r.query, r.level_index, r.sent_bytes) for r in link_reports(links)][:2] == [
+        ("a", 1, 900), ("b", 3, 500)]
 
 
 def test_stop_and_running() -> None:

@@ -159,18 +159,36 @@ def test_wide_area_bytes_add_up_across_senders_that_start_again(
         (12_500 - 9_500) / (RATE_SPAN_S + 3))
 
 
+def test_a_saturated_link_is_drawn_against_its_measured_bandwidth(
+        running: GlobalController) -> None:
+    configured = running.topology.link("sin", "ams").bandwidth_bps
+    running.heartbeat("sin", {"ams": configured / 10})  # its sender stepped down: saturated
+    links = {link["name"]: link for link in DashboardState(running).snapshot()["links"]}
+    sin, sfo = links["sin->ams"], links["sfo->ams"]
+    assert (sin["bandwidth_bps"], sin["measured_bandwidth_bps"]) == (configured, configured / 10)
+    assert sin["planned_utilisation"] == pytest.approx(
+        sin["planned_bytes_per_s"] * 8 / (configured / 10))
+    assert sfo["measured_bandwidth_bps"] is None
+    assert sfo["planned_utilisation"] == pytest.approx(
+        sfo["planned_bytes_per_s"] * 8 / sfo["bandwidth_bps"])
+
+
 def test_a_dead_site_and_its_link_show_as_down(running: GlobalController) -> None:
     clock = running.clock
     assert isinstance(clock, FakeClock)
+    beat(running, "sfo", 100, level=1)
     clock.advance(TIMEOUT_S + 1)
     beat(running, "ams", 0)
     beat(running, "sin", 0)
     assert running.check_liveness() == ["sfo"]
-    snapshot = DashboardState(running).snapshot()
+    state = DashboardState(running)
+    assert state.sample().levels == {"sin->ams": 0}  # not the dead site's last level
+    snapshot = state.snapshot()
     sites = {s["name"]: s for s in snapshot["sites"]}
     assert not sites["sfo"]["alive"] and sites["sfo"]["registered"]
     links = {link["name"]: link for link in snapshot["links"]}
     assert not links["sfo->ams"]["up"] and links["sin->ams"]["up"]
+    assert links["sfo->ams"]["levels"] == {}
     assert snapshot["queries"][0]["state"] == "degraded"
 
 

@@ -16,6 +16,7 @@ import pytest
 import jetstream as js
 from jetstream.aggtree.planner import Fragment
 from jetstream.approx.policy import LinkPolicy
+from jetstream.control.daemons import link_measurements
 from jetstream.control.server import start_server
 from jetstream.partials import encode_batch
 from jetstream.queryfile import query_from_source
@@ -62,10 +63,13 @@ def window_events(w: int, rnd: random.Random) -> list[dict[str, Any]]:
 
 
 def through_thin_link(source: str, events: list[list[dict[str, Any]]], thin: range,
-                      pin: str = "") -> tuple[list[WindowResult], list[int], LinkPolicy]:
+                      pin: str = "", measured: list[tuple[float, float | None]] | None = None,
+                      ) -> tuple[list[WindowResult], list[int], LinkPolicy]:
     """Send each window's events from an edge site to the root, one window a second, over a
     link that is 10x thinner for the windows in ``thin``: the results, and the level the edge
-    chose after each window. ``pin``: an operator holds the link at that level."""
+    chose after each window. ``pin``: an operator holds the link at that level. ``measured``
+    gets, after each window, the link's rate in bit/s and what the edge's heartbeat would
+    say it measured (None: nothing)."""
     query = query_from_source(source, "<test>")
     _, site_query, partial = split(query)
     batches = [site_batches(site_query, partial, "pop", e)[0] for e in events]
@@ -101,6 +105,9 @@ def through_thin_link(source: str, events: list[list[dict[str, Any]]], thin: ran
             run.merger.progress("pop", batch.window[1])
             time.sleep(1.0)
             levels.append(run.policy.level.index)
+            if measured is not None:
+                said = {m.peer: m.bandwidth_bps for m in link_measurements(edge.links())}
+                measured.append((link.rate * 8, said.get("dc")))
         run.merger.progress("pop", ENDED, ended=True)
         assert done.wait(90), f"{len(results)} results"
     finally:
@@ -114,12 +121,27 @@ def test_a_thin_link_degrades_with_bounds_that_hold_and_recovers() -> None:
     query = query_from_source(SOURCE, "<test>")
     rnd = random.Random(5)
     events = [window_events(w, rnd) for w in range(WINDOWS)]
-    results, levels, policy = through_thin_link(SOURCE, events, range(DROP, RESTORE))
+
+    measured: list[tuple[float, float | None]] = []
+    results, levels, policy = through_thin_link(SOURCE, events, range(DROP, RESTORE),
+                                                measured=measured)
 
     history = [(round(c.time, 1), c.from_level.index, c.to_level.index, c.reason[:40])
                for c in policy.history]
     assert max(levels[DROP:DROP + REACTION]) > 0, (levels, history)  # stepped down in time
     assert levels[-1] == 0, (levels, history)  # and climbed back once the link recovered
+    # The heartbeat measures the link only while the policy has stepped down on it: then
+    # what the sender gets through is what the link carries (within the round trips and
+    # the smoothing), and a link that carries everything is not measured at all.
+    said = [(rate, bps) for (rate, bps), level in zip(measured, levels, strict=True)
+            if bps is not None]
+    assert said, (measured, levels)
+    assert all(level > 0 for (_, bps), level in zip(measured, levels, strict=True)
+               if bps is not None)
+    assert measured[-1][1] is None
+    thin_rate = min(rate for rate, _ in measured)
+    assert any(thin_rate / 3 < bps < thin_rate * 3 for rate, bps in said
+               if rate == thin_rate), (said, thin_rate)
     latest = {r.window_start: r for r in results}
     assert len(latest) == WINDOWS
     degraded = [r for r in latest.values() if not r.exact]

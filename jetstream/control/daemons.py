@@ -26,7 +26,7 @@ from jetstream.control.wire import fragment_to_proto, server_from_proto
 from jetstream.errors import ControlPlaneError
 from jetstream.metrics import serve_metrics
 from jetstream.results import WindowResult
-from jetstream.runtime import SiteOptions, SiteRuntime
+from jetstream.runtime import LinkState, SiteOptions, SiteRuntime
 from jetstream.v1 import control_pb2 as pb
 from jetstream.v1 import control_pb2_grpc as rpc
 from jetstream.v1 import dataplane_pb2_grpc as dataplane_rpc
@@ -135,6 +135,7 @@ def run_controller(topology: Topology, port: int, *, security: Security,
         while not stop.wait(min(1.0, heartbeat_timeout_s / 3)):
             try:
                 controller.check_liveness()
+                controller.expire_measurements()
             except Exception:  # one bad re-plan must not stop all failure detection
                 log.exception("checking site liveness failed")
 
@@ -210,10 +211,25 @@ class _InputMeter:
         return sum(self._sizes.values())
 
 
-def _link_reports(runtime: SiteRuntime) -> list[pb.LinkReport]:
-    return [pb.LinkReport(query=query, level=level, level_index=index, pinned=pinned,
-                          sent_bytes=sent)
-            for query, (level, index, pinned, sent) in sorted(runtime.links().items())]
+def link_reports(links: dict[str, LinkState]) -> list[pb.LinkReport]:
+    """What a heartbeat says of each query's link: its level and the bytes sent."""
+    return [pb.LinkReport(query=query, level=link.level, level_index=link.level_index,
+                          pinned=link.pinned, sent_bytes=link.sent_bytes)
+            for query, link in sorted(links.items())]
+
+
+def link_measurements(links: dict[str, LinkState]) -> list[pb.LinkMeasurement]:
+    """The bandwidth of each link to a parent that the site measured at capacity: the sum of
+    the throughputs of the queries whose policy stepped down on the link (it carried less
+    than they had to send). A link no query saturates is not measured: what its senders see
+    is what they sent, not what it could carry; the controller forgets a measurement no
+    heartbeat repeats (see :meth:`GlobalController.expire_measurements`)."""
+    bps: dict[str, float] = {}
+    for link in links.values():
+        if link.saturated and link.throughput is not None:
+            bps[link.parent] = bps.get(link.parent, 0.0) + link.throughput * 8
+    return [pb.LinkMeasurement(peer=parent, bandwidth_bps=value)
+            for parent, value in sorted(bps.items())]
 
 
 def run_site(name: str, controller_address: str, *, security: Security, port: int = 0,
@@ -265,9 +281,11 @@ def run_site(name: str, controller_address: str, *, security: Security, port: in
                     interval, registered = register(), True
                 local = servicer.controller
                 running = local.running() if local else []
+                links = runtime.links()
                 response = controller.Heartbeat(pb.HeartbeatRequest(
                     site=name, running=running, input_bytes=input_bytes(),
-                    query_links=_link_reports(runtime)), timeout=CALL_TIMEOUT_S)
+                    links=link_measurements(links), query_links=link_reports(links)),
+                    timeout=CALL_TIMEOUT_S)
                 for query in set(running) - set(response.queries):
                     assert local is not None
                     local.stop(query)  # the controller no longer wants it here

@@ -118,15 +118,18 @@ class DashboardState:
                 child, parent = self._direction(link.a, link.b)
                 name, planned = link_name(child, parent), load.get(link.ends, 0.0)
                 measured = rates.get(name)
+                # Utilisation is of what the link carries now: its measured bandwidth while
+                # it is saturated (see GlobalController.heartbeat), else its configured one.
+                capacity = controller.measured.get(link.ends) or link.bandwidth_bps
                 links.append({
                     "name": name, "child": child, "parent": parent, "up": link.ends in load,
                     "bandwidth_bps": link.bandwidth_bps, "latency_ms": link.latency_ms,
                     "measured_bandwidth_bps": controller.measured.get(link.ends),
                     "planned_bytes_per_s": planned,
-                    "planned_utilisation": planned * 8 / link.bandwidth_bps,
+                    "planned_utilisation": planned * 8 / capacity,
                     "measured_bytes_per_s": measured,
                     "measured_utilisation": None if measured is None
-                    else measured * 8 / link.bandwidth_bps,
+                    else measured * 8 / capacity,
                     "levels": {query: {"level": r.level, "index": r.level_index,
                                        "pinned": r.pinned}
                                for (site, query), r in sorted(reports.items())

@@ -11,6 +11,7 @@ planning are :mod:`jetstream.rewrite` and :mod:`jetstream.aggtree`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -188,6 +189,8 @@ class GlobalController:
         self.sites = {s.name: SiteState(s.name) for s in topology.sites}
         self.queries: dict[str, QueryState] = {}
         self.measured: dict[frozenset[str], float] = {}  # link ends -> measured bits/s
+        # link ends -> when it was measured, by which site, towards which peer
+        self._measured_at: dict[frozenset[str], tuple[float, str, str]] = {}
         self.planned_bandwidth: dict[frozenset[str], float] = {}  # what the plans assumed
         self._restore()
 
@@ -282,9 +285,35 @@ class GlobalController:
                 log.warning("site %s missed its heartbeats; re-planning", name)
                 self.sites[name].alive = False
                 self.sites[name].placements.clear()
+                self.sites[name].links.clear()  # its last levels are not the links' now
             if dead:
                 self._replan_all(f"site {', '.join(dead)} stopped sending heartbeats")
             return dead
+
+    def expire_measurements(self) -> list[str]:
+        """Forget the link measurements no heartbeat has repeated for two heartbeat timeouts
+        (a site reports a link only while it is saturated; see
+        :func:`jetstream.control.daemons.link_measurements`): such a link is planned at its
+        configured bandwidth again, re-planning if that is far from what the plans assumed.
+        The links forgotten, as "site-peer"."""
+        with self.lock:
+            now = self.clock()
+            stale = [ends for ends, (at, _, _) in self._measured_at.items()
+                     if now - at > 2 * self.heartbeat_timeout_s]
+            names, moved = [], False
+            for ends in stale:
+                _, site, peer = self._measured_at.pop(ends)
+                del self.measured[ends]
+                names.append(f"{site}-{peer}")
+                with contextlib.suppress(KeyError):
+                    metrics.LINK_MEASURED_BANDWIDTH.remove(metrics.link_name(site, peer))
+                configured = self.topology.link(site, peer).bandwidth_bps
+                planned = self.planned_bandwidth.get(ends, configured)
+                moved |= abs(configured - planned) > REPLAN_BANDWIDTH_CHANGE * planned
+            if moved:
+                self._replan_all(f"no recent measurement of {', '.join(names)}: planned at "
+                                 "the configured bandwidth")
+            return names
 
     def _bandwidth_moved(self, site: str, peer: str, bps: float) -> bool:
         """Record a measurement; whether it is far from what the plans were made for."""
@@ -294,6 +323,7 @@ class GlobalController:
             return False  # not a link of the topology
         ends = frozenset((site, peer))
         self.measured[ends] = bps
+        self._measured_at[ends] = (self.clock(), site, peer)
         metrics.LINK_MEASURED_BANDWIDTH.labels(metrics.link_name(site, peer)).set(bps / 8)
         planned = self.planned_bandwidth.get(ends, configured)
         return abs(bps - planned) > REPLAN_BANDWIDTH_CHANGE * planned
@@ -323,7 +353,7 @@ class GlobalController:
             if existing is not None and existing.active:
                 msg = f"query {query.name} is already running; cancel it first"
                 raise ControlPlaneError(msg)
-            self.planned_bandwidth.update(self.measured)
+            self.planned_bandwidth = dict(self.measured)
             plan = plan_query(query, self.effective_topology())  # refuse what cannot be placed
             self.results.reset(query.name)
             state = self.queries[query.name] = QueryState(
@@ -369,7 +399,7 @@ class GlobalController:
                 self._deploy_all(state)
 
     def _replan(self, state: QueryState, reason: str) -> None:
-        self.planned_bandwidth.update(self.measured)
+        self.planned_bandwidth = dict(self.measured)
         topology = self.effective_topology()
         try:
             if not topology.sites:
