@@ -351,6 +351,25 @@ def test_a_bandwidth_drifting_away_from_the_plan_in_small_steps_replans(
     assert state.replans == 1
 
 
+def test_a_link_measured_below_what_exact_partials_need_is_planned_as_configured(
+        controller: GlobalController, clock: FakeClock, sites: FakeSites, source: str) -> None:
+    """A saturated link's measurement is below what its exact partials need: the plan falls
+    back to the configured bandwidths (the link degrades) rather than failing, and later
+    re-plans (a site that dies and comes back) go on working."""
+    register_all(controller)
+    state = controller.submit(source)
+    controller.heartbeat("sfo", {"ams": 100.0})  # 100 bit/s: no tree fits
+    assert (state.state, state.replans) == ("running", 1)
+    assert "measured bandwidth of sfo-ams changed" in state.detail
+    assert "cannot re-plan" not in state.detail
+    assert state.plan is not None and "sfo" in state.plan.fragments
+    assert kill_sfo(controller, clock) == ["sfo"]
+    assert state.state == "degraded" and "sfo" not in state.plan.fragments
+    controller.heartbeat("sfo", {"ams": 100.0})  # back, still saturated
+    assert state.state == "running" and "sfo" in state.plan.fragments
+    assert sites.fragments_at(address("sfo"))[-1].parent == "ams"
+
+
 @pytest.mark.parametrize(("factor", "replans_back"), [(0.3, 1), (0.9, 0)])
 def test_a_measurement_no_heartbeat_repeats_is_forgotten(
         factor: float, replans_back: int, controller: GlobalController, clock: FakeClock,

@@ -214,7 +214,7 @@ class GlobalController:
                                    replans=entry["replans"], version=entry["version"] + 1,
                                    expected=tuple(entry["expected"]))
                 if state.active:
-                    state.plan = plan_query(query, self.effective_topology())
+                    state.plan = self._plan(query)
             except (JetstreamError, KeyError, TypeError) as e:
                 log.error("%s: cannot take up query %s again: %s", path,
                           entry.get("name", "?"), e)
@@ -328,12 +328,13 @@ class GlobalController:
         planned = self.planned_bandwidth.get(ends, configured)
         return abs(bps - planned) > REPLAN_BANDWIDTH_CHANGE * planned
 
-    def effective_topology(self) -> Topology:
-        """The topology as it stands: measured bandwidths in; dead sites, links measured at
-        zero, and the sites they cut off from the root left out."""
+    def effective_topology(self, *, measured: bool = True) -> Topology:
+        """The topology as it stands: measured bandwidths in (unless not ``measured``); dead
+        sites, links measured at zero, and the sites they cut off from the root left out."""
         dead = {s.name for s in self.sites.values() if s.address is not None and not s.alive}
-        links = [dataclasses.replace(link, bandwidth_bps=self.measured.get(link.ends,
-                                                                           link.bandwidth_bps))
+        bandwidth = self.measured if measured else {}
+        links = [dataclasses.replace(link, bandwidth_bps=bandwidth.get(link.ends,
+                                                                       link.bandwidth_bps))
                  for link in self.topology.links if not link.ends & dead]
         links = [link for link in links if link.bandwidth_bps > 0]
         graph = nx.Graph([tuple(link.ends) for link in links])
@@ -343,6 +344,23 @@ class GlobalController:
         sites = tuple(s for s in self.topology.sites if s.name in reachable)
         links = [link for link in links if link.ends <= reachable]
         return dataclasses.replace(self.topology, sites=sites, links=tuple(links))
+
+    def _plan(self, query: Query) -> PhysicalPlan:
+        """Plan ``query`` on the topology as it stands. A link is measured only while it is
+        saturated, so its measurement is below what exact partials need: where no tree fits
+        the measured bandwidths, the plan is made for the configured ones, and the links'
+        degradation levels carry what does not fit."""
+        topology = self.effective_topology()
+        if not topology.sites:
+            msg = (f"the root {self.topology.root} is down; the sites keep their partials "
+                   "until it is back")
+            raise PlacementError(msg)
+        try:
+            return plan_query(query, topology)
+        except PlacementError:
+            if not self.measured:
+                raise
+            return plan_query(query, self.effective_topology(measured=False))
 
     # -- queries ----------------------------------------------------------------------------
     def submit(self, source: str, origin: str = "<submitted>") -> QueryState:
@@ -354,7 +372,7 @@ class GlobalController:
                 msg = f"query {query.name} is already running; cancel it first"
                 raise ControlPlaneError(msg)
             self.planned_bandwidth = dict(self.measured)
-            plan = plan_query(query, self.effective_topology())  # refuse what cannot be placed
+            plan = self._plan(query)  # refuse what cannot be placed
             self.results.reset(query.name)
             state = self.queries[query.name] = QueryState(
                 query.name, source, query, plan, expected=tuple(sorted(
@@ -365,7 +383,7 @@ class GlobalController:
 
     def explain(self, source: str, origin: str = "<explain>") -> str:
         query = query_from_source(source, origin)
-        plan = plan_query(query, self.effective_topology())
+        plan = self._plan(query)
         return f"{explain(query)}\n\n{plan.render()}"
 
     def publish(self, name: str, results: list[WindowResult], finished: bool) -> None:
@@ -400,13 +418,8 @@ class GlobalController:
 
     def _replan(self, state: QueryState, reason: str) -> None:
         self.planned_bandwidth = dict(self.measured)
-        topology = self.effective_topology()
         try:
-            if not topology.sites:
-                msg = (f"the root {self.topology.root} is down; the sites keep their "
-                       f"partials until it is back")
-                raise PlacementError(msg)
-            plan = plan_query(state.query, topology)
+            plan = self._plan(state.query)
         except JetstreamError as e:
             state.state, state.detail = "degraded", f"{reason}; cannot re-plan: {e}"
             log.error("query %s: %s", state.name, state.detail)
@@ -420,7 +433,7 @@ class GlobalController:
             state.detail += f"; no data from {', '.join(missing)}"
         # A site the new plan leaves out stops its part, unless it is only cut off from the
         # root: then it goes on processing locally for when the partition heals.
-        reachable = {s.name for s in topology.sites}
+        reachable = {s.name for s in self.effective_topology().sites}
         for site in sorted(state.deployed - set(plan.fragments)):
             if site in reachable:
                 self._stop_on(site, state.name)
