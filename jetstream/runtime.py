@@ -128,7 +128,7 @@ class LinkState:
     level_index: int  # 0 exact, higher coarser
     pinned: bool  # held by an operator rather than chosen by the policy
     sent_bytes: int  # sent for the query, resends included
-    throughput: float | None  # bytes/s, the policy's smoothed measurement (None: none yet)
+    throughput: float | None  # bytes/s, the policy's recent throughput (None: none lately)
 
     @property
     def saturated(self) -> bool:
@@ -584,7 +584,7 @@ class SiteRuntime:
             run.policy.level.name if run.policy else "exact",
             run.policy.level.index if run.policy else 0,
             bool(run.policy and run.policy.pinned), run.sender.bytes_sent,
-            run.policy.throughput if run.policy else None)
+            run.policy.recent_throughput if run.policy else None)
             for run in runs if run.sender is not None}
 
     def session(self) -> Any:

@@ -15,7 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from prometheus_client import REGISTRY
 
-from jetstream.aggtree.loader import load_topology
+from jetstream.aggtree.loader import load_topology, parse_topology
 from jetstream.aggtree.planner import Fragment
 from jetstream.aggtree.topology import Server, Topology
 from jetstream.control.client import ControllerClient
@@ -295,7 +295,7 @@ def test_a_dead_site_that_comes_back_is_planned_in_again(
 
 
 def test_the_root_dying_degrades_the_query_instead_of_raising(
-        controller: GlobalController, clock: FakeClock, source: str) -> None:
+        controller: GlobalController, clock: FakeClock, sites: FakeSites, source: str) -> None:
     register_all(controller)
     state = controller.submit(source)
     clock.advance(TIMEOUT_S - 1)
@@ -304,6 +304,11 @@ def test_the_root_dying_degrades_the_query_instead_of_raising(
     assert controller.check_liveness() == ["ams"]
     assert state.state == "degraded"
     assert "the root ams is down" in state.detail, state.detail
+    # Restarted elsewhere: the same tree, but its children must learn the new address.
+    controller.register_site("ams", "ams.test:7200")
+    assert (state.state, state.version) == ("running", 1)
+    assert sites.versions_at("ams.test:7200") == [1]
+    assert sites.versions_at(address("sfo")) == sites.versions_at(address("sin")) == [0, 1]
 
 
 # --- the global controller: measured bandwidth ---------------------------------------------
@@ -324,7 +329,8 @@ def test_a_large_bandwidth_change_replans_and_a_small_one_does_not(
     assert controller.heartbeat("sfo", {"ams": planned * factor}) == [QUERY]
     assert state.replans == replans
     assert state.state == "running"
-    assert len(sites.deploys) == 3 + 3 * replans
+    # Three sites in a star: any bandwidth gives the same tree, so nothing is deployed again.
+    assert (len(sites.deploys), state.version) == (3, 0)
     if replans:
         assert "bandwidth" in state.detail and "sfo-ams" in state.detail
     # The measurement is what later plans use, re-planned now or not.
@@ -412,6 +418,48 @@ def test_a_link_measured_at_zero_does_not_break_the_heartbeat(
     assert controller.heartbeat("sfo", {"ams": 0.0}) == [QUERY]
     assert state.state == "degraded"
     assert "sfo" in state.detail
+
+
+def test_a_link_measured_at_zero_stays_cut_when_the_plan_falls_back_to_configured(
+        controller: GlobalController, source: str) -> None:
+    register_all(controller)
+    state = controller.submit(source)
+    controller.heartbeat("sfo", {"ams": 0.0})  # cut
+    controller.heartbeat("sin", {"ams": 100.0})  # saturated: no tree fits what it measured
+    assert state.plan is not None and sorted(state.plan.fragments) == ["ams", "sin"]
+    assert state.state == "degraded" and "no data from sfo" in state.detail
+
+
+TWO_PATHS = """
+name: two-paths
+root: dc
+sites:
+  - {name: pop, kind: pop, servers: [{name: p, cores: 2, memory_gb: 4}],
+     sources: [{name: cdn_logs, events_per_s: 5000, distinct_keys: 50000}]}
+  - {name: mid0, kind: datacenter, servers: [{name: m0, cores: 4, memory_gb: 8}]}
+  - {name: mid1, kind: datacenter, servers: [{name: m1, cores: 4, memory_gb: 8}]}
+  - {name: dc, kind: datacenter, servers: [{name: d, cores: 8, memory_gb: 16}]}
+links:
+  - {between: [pop, mid0], bandwidth: 100mbit, latency: 10ms}
+  - {between: [pop, mid1], bandwidth: 100mbit, latency: 20ms}
+  - {between: [mid0, dc], bandwidth: 1gbit, latency: 10ms}
+  - {between: [mid1, dc], bandwidth: 1gbit, latency: 10ms}
+"""
+
+
+def test_a_measurement_that_moves_the_tree_deploys_a_new_version(
+        sites: FakeSites, source: str) -> None:
+    controller = GlobalController(parse_topology(TWO_PATHS), sites.deploy, sites.stop)
+    for site in ("pop", "mid0", "mid1", "dc"):
+        controller.register_site(site, address(site))
+    state = controller.submit(source)
+    assert sites.fragments_at(address("pop"))[-1].parent == "mid0"  # the nearer one
+    controller.heartbeat("pop", {"mid0": 100_000.0})  # too thin for exact partials
+    assert (state.state, state.replans, state.version) == ("running", 1, 1)
+    assert sites.fragments_at(address("pop"))[-1].parent == "mid1"
+    assert sorted(a for a, _, v in sites.deploys if v == 1) == [
+        address("dc"), address("mid1"), address("pop")]
+    assert sites.stops == [(address("mid0"), QUERY)]  # it relays nothing now
 
 
 # --- the global controller: queries and refusals -------------------------------------------
@@ -564,12 +612,14 @@ def test_a_site_measures_a_link_only_where_a_policy_stepped_down_on_its_own() ->
     links = {
         "a": LinkState("ams", "top 20", 1, False, 900, 1_000.0),  # saturated
         "b": LinkState("ams", "sketch", 3, False, 500, 250.0),  # saturated too: they share
-        "c": LinkState("ams", "exact", 0, False, 100, 9_000.0),  # carries all it has
+        "c": LinkState("ams", "exact", 0, False, 100, 750.0),  # exact, on the same link
         "d": LinkState("dc", "top 20", 1, True, 100, 50.0),  # pinned by an operator
-        "e": LinkState("dc", "top 20", 1, False, 0, None),  # nothing acked yet
+        "e": LinkState("dc", "top 20", 1, False, 0, None),  # nothing acked lately
+        "f": LinkState("dc", "exact", 0, False, 100, 9_000.0),  # carries all it has
     }
+    # Every query on a saturated link counts: they share what it carries.
     assert [(m.peer, m.bandwidth_bps) for m in link_measurements(links)] == [
-        ("ams", 10_000.0)]
+        ("ams", 16_000.0)]
     assert [(r.query, r.level_index, r.sent_bytes) for r in link_reports(links)][:2] == [
         ("a", 1, 900), ("b", 3, 500)]
 

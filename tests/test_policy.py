@@ -196,6 +196,19 @@ def test_one_outlier_moves_neither_the_estimate_nor_the_level() -> None:
     assert policy.history == [] and policy.level.index == 0
 
 
+def test_a_throughput_no_ack_confirms_for_three_windows_is_not_recent() -> None:
+    policy, clock = make_policy()
+    assert policy.recent_throughput is None  # nothing acknowledged yet
+    feed(policy, clock, 1e6, 0.25, times=3)
+    clock.now += 3 * WINDOW_S
+    assert policy.recent_throughput == policy.throughput == pytest.approx(4e6)
+    feed(policy, clock, 0, 0.25)  # an empty window says nothing of the link's speed
+    assert policy.recent_throughput is None  # the link stalled: its old speed is not news
+    assert policy.throughput == pytest.approx(4e6)
+    feed(policy, clock, 1e6, 0.5)
+    assert policy.recent_throughput == policy.throughput
+
+
 def test_two_slow_windows_are_a_shift_not_an_outlier() -> None:
     policy, clock = make_policy()
     feed(policy, clock, 1e6, 0.25, times=10)

@@ -39,6 +39,8 @@ __all__ = ["DegradationLevel", "LevelChange", "LinkPolicy", "LinkSLO", "degradat
 SMOOTHING = 0.3
 #: A sample this many times above or below the average is an outlier until the next confirms it.
 OUTLIER_FACTOR = 2.0
+#: A throughput no acknowledged window has confirmed for this many windows is stale.
+STALE_WINDOWS = 3
 
 
 @dataclass(frozen=True)
@@ -212,6 +214,7 @@ class LinkPolicy:
         self._current = 0
         self._changed_at: float | None = None
         self._throughput = _RobustAverage()
+        self._sampled_at: float | None = None  # when the newest throughput sample came
         self._volume = _RobustAverage()  # window bytes per unit of bytes_per_window
         self._last_backlog: int | None = None
         self._last_was_evidence = False
@@ -249,6 +252,15 @@ class LinkPolicy:
     @property
     def throughput(self) -> float | None:
         """The smoothed throughput of the link in bytes/s (before the SLO's cap), or None."""
+        return self._throughput.value
+
+    @property
+    def recent_throughput(self) -> float | None:
+        """:attr:`throughput`, or None if no window with bytes in it was acknowledged in the
+        last ``STALE_WINDOWS`` windows: a stalled link's last speed is not its speed now."""
+        if (self._sampled_at is None
+                or self._clock() - self._sampled_at > STALE_WINDOWS * self.window_s):
+            return None
         return self._throughput.value
 
     def send_time_s(self, level: DegradationLevel | int) -> float | None:
@@ -316,6 +328,7 @@ class LinkPolicy:
         now = self._clock()
         if window_bytes > 0:
             self._throughput.add(window_bytes / send_s)
+            self._sampled_at = now
             self._volume.add(window_bytes / self._levels[encoded].bytes_per_window)
 
         # Only a window at the current level or coarser says the current level is too heavy.

@@ -135,9 +135,12 @@ def run_controller(topology: Topology, port: int, *, security: Security,
         while not stop.wait(min(1.0, heartbeat_timeout_s / 3)):
             try:
                 controller.check_liveness()
-                controller.expire_measurements()
             except Exception:  # one bad re-plan must not stop all failure detection
                 log.exception("checking site liveness failed")
+            try:
+                controller.expire_measurements()
+            except Exception:
+                log.exception("forgetting old link measurements failed")
 
     threading.Thread(target=watch, name="liveness", daemon=True).start()
     dashboard = None
@@ -219,14 +222,16 @@ def link_reports(links: dict[str, LinkState]) -> list[pb.LinkReport]:
 
 
 def link_measurements(links: dict[str, LinkState]) -> list[pb.LinkMeasurement]:
-    """The bandwidth of each link to a parent that the site measured at capacity: the sum of
-    the throughputs of the queries whose policy stepped down on the link (it carried less
-    than they had to send). A link no query saturates is not measured: what its senders see
-    is what they sent, not what it could carry; the controller forgets a measurement no
-    heartbeat repeats (see :meth:`GlobalController.expire_measurements`)."""
+    """The bandwidth of each link to a parent that the site measured at capacity: where the
+    policy of some query stepped down on the link (it carried less than the query had to
+    send), the sum of the recent throughputs of every query on it, as they share it. A link
+    no query saturates is not measured: what its senders see is what they sent, not what it
+    could carry; the controller forgets a measurement no heartbeat repeats (see
+    :meth:`GlobalController.expire_measurements`)."""
+    saturated = {link.parent for link in links.values() if link.saturated}
     bps: dict[str, float] = {}
     for link in links.values():
-        if link.saturated and link.throughput is not None:
+        if link.parent in saturated and link.throughput is not None:
             bps[link.parent] = bps.get(link.parent, 0.0) + link.throughput * 8
     return [pb.LinkMeasurement(peer=parent, bandwidth_bps=value)
             for parent, value in sorted(bps.items())]

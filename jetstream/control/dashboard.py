@@ -119,12 +119,14 @@ class DashboardState:
                 name, planned = link_name(child, parent), load.get(link.ends, 0.0)
                 measured = rates.get(name)
                 # Utilisation is of what the link carries now: its measured bandwidth while
-                # it is saturated (see GlobalController.heartbeat), else its configured one.
-                capacity = controller.measured.get(link.ends) or link.bandwidth_bps
+                # it is saturated (see daemons.link_measurements), else its configured one.
+                said = controller.measured.get(link.ends)
+                bandwidth = said.bandwidth_bps if said else None
+                capacity = bandwidth or link.bandwidth_bps
                 links.append({
                     "name": name, "child": child, "parent": parent, "up": link.ends in load,
                     "bandwidth_bps": link.bandwidth_bps, "latency_ms": link.latency_ms,
-                    "measured_bandwidth_bps": controller.measured.get(link.ends),
+                    "measured_bandwidth_bps": bandwidth,
                     "planned_bytes_per_s": planned,
                     "planned_utilisation": planned * 8 / capacity,
                     "measured_bytes_per_s": measured,

@@ -36,8 +36,8 @@ from jetstream.results import WindowResult
 from jetstream.rewrite import explain
 from jetstream.runtime import distributed, partial_aggregate
 
-__all__ = ["REPLAN_BANDWIDTH_CHANGE", "GlobalController", "LinkReport", "QueryState",
-           "SiteState"]
+__all__ = ["REPLAN_BANDWIDTH_CHANGE", "GlobalController", "LinkReport", "Measurement",
+           "QueryState", "SiteState"]
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,16 @@ class LinkReport:
     level_index: int  # 0 exact, higher coarser
     pinned: bool
     sent_bytes: int  # by the site's current sender: starts again at 0 when it is replaced
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """A link's bandwidth as a site's heartbeat last said it."""
+
+    bandwidth_bps: float
+    at: float  # the controller's clock
+    site: str  # the link's ends: the site that measured it, and its peer
+    peer: str
 
 
 @dataclass
@@ -188,10 +198,9 @@ class GlobalController:
         self.lock = threading.RLock()
         self.sites = {s.name: SiteState(s.name) for s in topology.sites}
         self.queries: dict[str, QueryState] = {}
-        self.measured: dict[frozenset[str], float] = {}  # link ends -> measured bits/s
-        # link ends -> when it was measured, by which site, towards which peer
-        self._measured_at: dict[frozenset[str], tuple[float, str, str]] = {}
-        self.planned_bandwidth: dict[frozenset[str], float] = {}  # what the plans assumed
+        self.measured: dict[frozenset[str], Measurement] = {}  # by the link's ends
+        # The measurements the latest plan was made with (link ends -> bits/s).
+        self.planned_bandwidth: dict[frozenset[str], float] = {}
         self._restore()
 
     # -- what outlives a restart --------------------------------------------------------------
@@ -298,12 +307,12 @@ class GlobalController:
         The links forgotten, as "site-peer"."""
         with self.lock:
             now = self.clock()
-            stale = [ends for ends, (at, _, _) in self._measured_at.items()
-                     if now - at > 2 * self.heartbeat_timeout_s]
+            stale = [ends for ends, m in self.measured.items()
+                     if now - m.at > 2 * self.heartbeat_timeout_s]
             names, moved = [], False
             for ends in stale:
-                _, site, peer = self._measured_at.pop(ends)
-                del self.measured[ends]
+                forgotten = self.measured.pop(ends)
+                site, peer = forgotten.site, forgotten.peer
                 names.append(f"{site}-{peer}")
                 with contextlib.suppress(KeyError):
                     metrics.LINK_MEASURED_BANDWIDTH.remove(metrics.link_name(site, peer))
@@ -322,17 +331,18 @@ class GlobalController:
         except PlacementError:
             return False  # not a link of the topology
         ends = frozenset((site, peer))
-        self.measured[ends] = bps
-        self._measured_at[ends] = (self.clock(), site, peer)
+        self.measured[ends] = Measurement(bps, self.clock(), site, peer)
         metrics.LINK_MEASURED_BANDWIDTH.labels(metrics.link_name(site, peer)).set(bps / 8)
         planned = self.planned_bandwidth.get(ends, configured)
         return abs(bps - planned) > REPLAN_BANDWIDTH_CHANGE * planned
 
     def effective_topology(self, *, measured: bool = True) -> Topology:
-        """The topology as it stands: measured bandwidths in (unless not ``measured``); dead
-        sites, links measured at zero, and the sites they cut off from the root left out."""
+        """The topology as it stands: measured bandwidths in (unless not ``measured``: then
+        the configured ones); dead sites, links measured at zero (cut, either way), and the
+        sites they cut off from the root left out."""
         dead = {s.name for s in self.sites.values() if s.address is not None and not s.alive}
-        bandwidth = self.measured if measured else {}
+        bandwidth = {ends: bps for ends, bps in self._measured_bps().items()
+                     if measured or bps <= 0}
         links = [dataclasses.replace(link, bandwidth_bps=bandwidth.get(link.ends,
                                                                        link.bandwidth_bps))
                  for link in self.topology.links if not link.ends & dead]
@@ -344,6 +354,9 @@ class GlobalController:
         sites = tuple(s for s in self.topology.sites if s.name in reachable)
         links = [link for link in links if link.ends <= reachable]
         return dataclasses.replace(self.topology, sites=sites, links=tuple(links))
+
+    def _measured_bps(self) -> dict[frozenset[str], float]:
+        return {ends: m.bandwidth_bps for ends, m in self.measured.items()}
 
     def _plan(self, query: Query) -> PhysicalPlan:
         """Plan ``query`` on the topology as it stands. A link is measured only while it is
@@ -371,7 +384,7 @@ class GlobalController:
             if existing is not None and existing.active:
                 msg = f"query {query.name} is already running; cancel it first"
                 raise ControlPlaneError(msg)
-            self.planned_bandwidth = dict(self.measured)
+            self.planned_bandwidth = self._measured_bps()
             plan = self._plan(query)  # refuse what cannot be placed
             self.results.reset(query.name)
             state = self.queries[query.name] = QueryState(
@@ -383,7 +396,8 @@ class GlobalController:
 
     def explain(self, source: str, origin: str = "<explain>") -> str:
         query = query_from_source(source, origin)
-        plan = self._plan(query)
+        with self.lock:
+            plan = self._plan(query)
         return f"{explain(query)}\n\n{plan.render()}"
 
     def publish(self, name: str, results: list[WindowResult], finished: bool) -> None:
@@ -417,7 +431,8 @@ class GlobalController:
                 self._deploy_all(state)
 
     def _replan(self, state: QueryState, reason: str) -> None:
-        self.planned_bandwidth = dict(self.measured)
+        """Plan ``state``'s query anew; deploy the new version where its tree changed."""
+        self.planned_bandwidth = self._measured_bps()
         try:
             plan = self._plan(state.query)
         except JetstreamError as e:
@@ -425,6 +440,10 @@ class GlobalController:
             log.error("query %s: %s", state.name, state.detail)
             self._save()
             return
+        # Nothing to send again if every site of the same tree holds its part already (a
+        # site that registered anew since, at a new address perhaps, does not).
+        unchanged = (state.plan is not None and plan.fragments == state.plan.fragments
+                     and set(plan.fragments) <= state.deployed)
         state.plan, state.replans, state.detail = plan, state.replans + 1, reason
         metrics.REPLANS.labels(state.name).inc()
         missing = sorted(self._source_sites(state.query) - set(plan.fragments))
@@ -439,6 +458,10 @@ class GlobalController:
                 self._stop_on(site, state.name)
             if site in reachable or not self.sites[site].alive:
                 state.deployed.discard(site)
+        if unchanged:
+            log.info("query %s re-planned (%s): the same tree", state.name, reason)
+            self._save()
+            return
         state.version += 1
         log.info("query %s re-planned (%s)", state.name, reason)
         self._deploy_all(state, force=True)
