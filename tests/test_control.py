@@ -25,6 +25,7 @@ from jetstream.control.global_controller import (
     GlobalController,
     QueryState,
     ResultsHub,
+    SiteCalls,
 )
 from jetstream.control.launch import free_port
 from jetstream.control.security import Security
@@ -309,6 +310,43 @@ def test_the_root_dying_degrades_the_query_instead_of_raising(
     assert (state.state, state.version) == ("running", 1)
     assert sites.versions_at("ams.test:7200") == [1]
     assert sites.versions_at(address("sfo")) == sites.versions_at(address("sin")) == [0, 1]
+
+
+def test_a_site_that_does_not_answer_holds_up_no_heartbeat_and_no_other_site(
+        topology: Topology, clock: FakeClock, source: str) -> None:
+    """With each site's calls made on a thread of its own, a deploy that waits on a site
+    holds neither the controller's lock nor the calls to the other sites; when it lands
+    after a re-plan, it is not taken for the newer version."""
+    sites, answer = FakeSites(), threading.Event()
+
+    def deploy(at: str, fragment: Fragment, state: QueryState) -> list[tuple[str, str]]:
+        if at == address("sfo"):
+            assert answer.wait(10), "never answered"
+        return sites.deploy(at, fragment, state)
+
+    calls = SiteCalls()
+    controller = GlobalController(topology, deploy, sites.stop, heartbeat_timeout_s=TIMEOUT_S,
+                                  clock=clock, dispatch=calls)
+    try:
+        register_all(controller)
+        state = controller.submit(source)  # back at once, sfo's deploy still under way
+        deadline = time.monotonic() + 10
+        while state.deployed != {"ams", "sin"} and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert state.deployed == {"ams", "sin"}
+        clock.advance(TIMEOUT_S - 1)
+        beat(controller, "ams", "sfo")  # answered; sfo's deploy is not asked for twice
+        clock.advance(2)
+        assert controller.check_liveness() == ["sin"]  # version 1, without sin
+        answer.set()
+        while state.deployed != {"ams", "sfo"} and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sites.versions_at(address("sfo")) == [0, 1]
+        assert (state.version, state.deployed) == (1, {"ams", "sfo"})
+        assert [p[0] for p in controller.sites["sfo"].placements] == [QUERY]
+    finally:
+        answer.set()
+        calls.close()
 
 
 # --- the global controller: measured bandwidth ---------------------------------------------

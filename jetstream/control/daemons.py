@@ -17,7 +17,7 @@ import grpc
 from jetstream.aggtree.planner import Fragment
 from jetstream.aggtree.topology import Topology
 from jetstream.control.dashboard import serve_dashboard
-from jetstream.control.global_controller import GlobalController, QueryState
+from jetstream.control.global_controller import GlobalController, QueryState, SiteCalls
 from jetstream.control.security import Security
 from jetstream.control.server import start_server
 from jetstream.control.servicers import GlobalControllerServicer, SiteControllerServicer
@@ -117,8 +117,10 @@ def run_controller(topology: Topology, port: int, *, security: Security,
     metrics (:mod:`jetstream.metrics`) on ``host``; a ``dashboard_port`` the live dashboard
     (:mod:`jetstream.control.dashboard`) on ``dashboard_host``."""
     clients = _SiteClients(security)
+    calls = SiteCalls()  # deploys and stops never hold the controller's lock
     controller = GlobalController(topology, clients.deploy, clients.stop,
-                                  heartbeat_timeout_s=heartbeat_timeout_s, state_dir=state_dir)
+                                  heartbeat_timeout_s=heartbeat_timeout_s, state_dir=state_dir,
+                                  dispatch=calls)
     clients.addresses = lambda site: controller.sites[site].address or ""
     servicer = GlobalControllerServicer(controller, heartbeat_interval_s,
                                         set_level=clients.set_level)
@@ -150,6 +152,7 @@ def run_controller(topology: Topology, port: int, *, security: Security,
     try:
         _serve_until_stopped(server, stop, exporter)
     finally:
+        calls.close()
         if dashboard is not None:
             dashboard.close()
 

@@ -12,10 +12,13 @@ planning are :mod:`jetstream.rewrite` and :mod:`jetstream.aggtree`.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
+import functools
 import json
 import logging
 import os
+import queue
 import threading
 import time
 import urllib.parse
@@ -37,7 +40,7 @@ from jetstream.rewrite import explain
 from jetstream.runtime import distributed, partial_aggregate
 
 __all__ = ["REPLAN_BANDWIDTH_CHANGE", "GlobalController", "LinkReport", "Measurement",
-           "QueryState", "SiteState"]
+           "QueryState", "SiteCalls", "SiteState", "call_now"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +53,48 @@ MAX_RESULTS = 10_000
 #: Deploys one fragment to the site controller at an address; returns (piece, server) pairs.
 Deployer = Callable[[str, Fragment, "QueryState"], list[tuple[str, str]]]
 Stopper = Callable[[str, str], None]
+#: Makes a call to one site's controller (named first): now, or later (see SiteCalls).
+Dispatch = Callable[[str, Callable[[], None]], None]
+
+
+def call_now(site: str, call: Callable[[], None]) -> None:
+    """Make a call to ``site`` at once, on the caller's thread."""
+    call()
+
+
+class SiteCalls:
+    """Makes the global controller's calls to each site controller on a thread of that
+    site's, in the order they were asked for, so that no call holds the controller's lock:
+    one that waits out its deadline on a site that does not answer delays neither the
+    heartbeats nor the calls to other sites."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._queues: dict[str, queue.SimpleQueue[Callable[[], None] | None]] = {}
+
+    def __call__(self, site: str, call: Callable[[], None]) -> None:
+        with self._lock:
+            calls = self._queues.get(site)
+            if calls is None:
+                calls = self._queues[site] = queue.SimpleQueue()
+                threading.Thread(target=self._run, args=(site, calls), daemon=True,
+                                 name=f"calls-to-{site}").start()
+        calls.put(call)
+
+    def close(self) -> None:
+        """Let each site's thread end once the calls already asked for are made."""
+        with self._lock:
+            for calls in self._queues.values():
+                calls.put(None)
+            self._queues.clear()
+
+    @staticmethod
+    def _run(site: str, calls: queue.SimpleQueue[Callable[[], None] | None]) -> None:
+        while (call := calls.get()) is not None:
+            try:
+                call()
+            except Exception:  # one failed call must not stop the site's later ones
+                log.exception("a call to site %s failed", site)
 
 
 @dataclass(frozen=True)
@@ -189,12 +234,14 @@ class GlobalController:
 
     def __init__(self, topology: Topology, deploy: Deployer, stop: Stopper, *,
                  heartbeat_timeout_s: float = 6.0, clock: Callable[[], float] = time.monotonic,
-                 state_dir: Path | None = None):
+                 state_dir: Path | None = None, dispatch: Dispatch = call_now):
         self.topology = topology
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.state_dir = state_dir
         self.results = ResultsHub(state_dir / "results" if state_dir else None)
         self._deploy, self._stop, self.clock = deploy, stop, clock
+        self._dispatch = dispatch
+        self._deploying: set[tuple[str, str, int]] = set()  # (query, site, version) under way
         self.lock = threading.RLock()
         self.sites = {s.name: SiteState(s.name) for s in topology.sites}
         self.queries: dict[str, QueryState] = {}
@@ -475,11 +522,30 @@ class GlobalController:
                 continue  # deployed when the site registers
             if fragment.parent and self.sites[fragment.parent].address is None:
                 continue  # deployed when its parent registers: it has nowhere to send yet
-            try:
-                placements = self._deploy(site.address, fragment, state)
-            except ControlPlaneError as e:
-                log.warning("deploying %s to %s failed: %s", state.name, name, e)
-                continue
+            if (state.name, name, state.version) in self._deploying:
+                continue  # on its way
+            self._deploying.add((state.name, name, state.version))
+            self._dispatch(name, functools.partial(self._deploy_to, state, copy.copy(state),
+                                                   fragment, site.address))
+
+    def _deploy_to(self, state: QueryState, asked: QueryState, fragment: Fragment,
+                   address: str) -> None:
+        """Deploy ``fragment`` of the query version ``asked`` (a copy of ``state`` as it was
+        when the deploy was asked for) to the site controller at ``address``; record where
+        it runs unless the query moved on meanwhile (a newer version, or cancelled) or the
+        site registered anew."""
+        name = fragment.site
+        try:
+            placements = self._deploy(address, fragment, asked)
+        except ControlPlaneError as e:
+            log.warning("deploying %s to %s failed: %s", state.name, name, e)
+            placements = None
+        with self.lock:
+            self._deploying.discard((state.name, name, asked.version))
+            site = self.sites[name]
+            if (placements is None or not state.active or state.version != asked.version
+                    or site.address != address):
+                return
             site.placements = [p for p in site.placements if p[0] != state.name] + [
                 (state.name, piece, server) for piece, server in placements]
             state.deployed.add(name)
@@ -515,10 +581,13 @@ class GlobalController:
         state = self.sites[site]
         state.placements = [p for p in state.placements if p[0] != query]
         if state.alive and state.address is not None:
-            try:
-                self._stop(state.address, query)
-            except ControlPlaneError as e:
-                log.warning("stopping %s on %s failed: %s", query, site, e)
+            self._dispatch(site, functools.partial(self._stop_at, state.address, query, site))
+
+    def _stop_at(self, address: str, query: str, site: str) -> None:
+        try:
+            self._stop(address, query)
+        except ControlPlaneError as e:
+            log.warning("stopping %s on %s failed: %s", query, site, e)
 
     def _source_sites(self, query: Query) -> set[str]:
         plan = query.plan()
