@@ -36,11 +36,20 @@ def query_from_source(source: str, origin: str = "<query>") -> Query:
     """
     namespace: dict[str, object] = {"__name__": "jetstream_query", "__file__": origin}
     try:
-        exec(compile(source, origin, "exec"), namespace)
+        code = compile(source, origin, "exec")
+    except ValueError as e:  # a NUL byte: SyntaxError since 3.11.4 (and 3.12), before that this
+        msg = f"{origin}: syntax error: {e}"
+        raise PlanError(msg) from None
+    except SyntaxError as e:
+        line = f":{e.lineno}" if e.lineno else ""
+        msg = f"{origin}{line}: syntax error: {e.msg}"
+        raise PlanError(msg) from None
+    try:
+        exec(code, namespace)
     except JetstreamError as e:
         msg = f"{origin}: {_text(e)}"
         raise PlanError(msg) from None
-    except SyntaxError as e:
+    except SyntaxError as e:  # one the file raises itself, e.g. from its own compile()
         line = f":{e.lineno}" if e.lineno else ""
         msg = f"{origin}{line}: syntax error: {e.msg}"
         raise PlanError(msg) from None
