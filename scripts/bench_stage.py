@@ -69,7 +69,7 @@ def main() -> None:
         windows: dict[tuple[int, int], list] = {}
         stage = LocalStage(spark, query, logs, checkpoint_dir=Path(tmp) / "ck1",
                            quarantine_dir=Path(tmp) / "q",
-                           emit=lambda w, rows, n: windows.setdefault(w, []).extend(rows))
+                           emit=lambda w, rows, n, rev: windows.setdefault(w, []).extend(rows))
         start = time.perf_counter()
         stage.run_available()
         ours = time.perf_counter() - start

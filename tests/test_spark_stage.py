@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -245,3 +246,64 @@ def test_float_sums_of_infinities_and_nans(spark: Any, tmp_path: Path) -> None:
                for pop, xs in groups.items() for x in xs]
     got = run_stage_on_records(spark, query, [records], tmp_path)
     assert repr(got) == repr(js.run_local(query, records))  # repr: NaN == NaN
+
+
+@settings(max_examples=10, deadline=None)
+@given(values=st.lists(st.tuples(st.sampled_from(["g0", "g1"]),
+                                 st.one_of(st.integers(-(2**63), 2**63 - 1),
+                                           st.integers(-1000, 1000),
+                                           st.sampled_from([-(2**63), 2**63 - 1, -1, 0]))),
+                       min_size=1, max_size=24))
+def test_integer_sums_are_exact_past_64_bits(spark: Any, tmp_path_factory: pytest.TempPathFactory,
+                                             values: list[tuple[str, int]]) -> None:
+    # Each value fits a bigint, their total need not: the reference's Python int carries on.
+    query = js.Query("q", SUMS.agg(total=js.sum("bytes"), mean=js.avg("bytes")))
+    records = [log(1767225600000 + i, pop=pop, bytes=x) for i, (pop, x) in enumerate(values)]
+    got = run_stage_on_records(spark, query, [records], tmp_path_factory.mktemp("stage"))
+    assert got == js.run_local(query, records)
+
+
+def test_a_batch_with_nothing_valid_counts_what_it_read(spark: Any, tmp_path: Path) -> None:
+    """A file with only its header, and one whose records a filter drops, still count: the
+    counters ride on the batch's one job, which then collects no rows."""
+    query = js.Query("q", LOGS.where(js.col("status") > 999)
+                     .window(js.tumbling("10s"), watermark="1s").agg(n=js.count()))
+    site = tmp_path / "in"
+    site.mkdir()
+    header = ",".join(f.name for f in LOGS.schema)
+    (site / "a.csv").write_text(header + "\n")
+    (site / "b.csv").write_text(header + "\n" + "\n".join(
+        ",".join(str(r[f.name]) for f in LOGS.schema) for r in (log(1000), log(20_000)))
+        + "\nnot,a,record\n")
+    got, stats = run_stage(spark, query, site, tmp_path)
+    assert got == js.run_local(js.optimize(query), site) == []
+    assert stats.records_in == 2
+    assert stats.malformed == {"wrong field count": 1}
+
+
+def test_a_live_micro_batch_is_one_spark_job(spark: Any, tmp_path: Path) -> None:
+    """Parsing, counting, lateness and the partials of a batch are one Spark job (plus one,
+    only in a batch with malformed lines, that sets them aside)."""
+    optimized = js.optimize(load_query(ROOT / "examples" / "cdn_topk.py"))
+    site = tmp_path / "in"
+    site.mkdir()
+    header = ",".join(f.name for f in LOGS.schema)
+    done: list[float] = []
+    stage = LocalStage(spark, optimized, site, checkpoint_dir=tmp_path / "checkpoint",
+                       quarantine_dir=tmp_path / "quarantine", emit=lambda *_: None,
+                       on_batch=lambda stats, seconds: done.append(seconds))
+    stage.start(trigger_s=0.1)
+    try:
+        for i in range(4):  # a file a batch, the later ones with late records in them
+            lines = [",".join(str(r[f.name]) for f in LOGS.schema)
+                     for r in (log(i * 6_000 + t, f"d{t % 5}.com") for t in range(0, 6_000, 100))]
+            (tmp_path / "f.csv").write_text(header + "\n" + "\n".join(lines) + "\n")
+            (tmp_path / "f.csv").rename(site / f"{i}.csv")
+            deadline = time.monotonic() + 120
+            while len(done) <= i and time.monotonic() < deadline:
+                time.sleep(0.05)
+        assert len(done) == stage.stats.batches == 4
+        assert stage.jobs_run() == 4
+    finally:
+        stage.stop()
+    assert stage.stats.records_in == 240

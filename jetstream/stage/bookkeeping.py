@@ -1,0 +1,185 @@
+"""A local stage's windows in plain Python: which are open, the watermark, what is handed on.
+
+:class:`OpenWindows` holds the partials of every window a stage has not closed, merges each
+micro-batch's rows into them, and hands on (``emit``) each window the watermark closes. It
+decides lateness (a row for a window the watermark has closed is dropped and its records
+counted late) and keeps the stage's snapshot. Nothing here knows of Spark, so it is tested
+without it.
+
+The watermark is the largest event time the site has read, less the window's delay — the
+reference executor's rule, applied at micro-batch granularity: the rows of one micro-batch
+are judged against the watermark that held before it, and the batch's largest event time
+moves it only afterwards.
+
+An idle input (:meth:`OpenWindows.close` with no watermark) hands on its open windows before
+the watermark closes them. Such a window is kept until the watermark passes it: records for it
+that come later are merged into it, and the whole window is handed on again with the next
+revision (0, 1, 2, ...), which replaces the earlier one downstream.
+
+The snapshot (:meth:`OpenWindows.save`) holds the windows still open, those handed on early,
+the watermark and the id of the micro-batch it follows, written atomically.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+from collections import Counter
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from jetstream.errors import DataError
+from jetstream.operators import WindowAggregate
+from jetstream.partials import PartialBatch, decode_batch, encode_batch
+from jetstream.v1 import dataplane_pb2 as pb
+
+__all__ = ["Emit", "OpenWindows"]
+
+log = logging.getLogger(__name__)
+
+# (window, rows, events, revision): a window handed on again (revision 1, 2, ...) is whole.
+Emit = Callable[[tuple[int, int], list[dict[str, Any]], int, int], None]
+Groups = dict[tuple[Any, ...], list[Any]]
+
+_SNAPSHOT_VERSION = 2
+
+
+class OpenWindows:
+    """The open windows of one query's local stage (see the module's docstring).
+
+    ``partial`` is the stage's partial aggregate (its keys and aggregates), ``delay_ms`` the
+    window's watermark delay; ``emit`` gets each window handed on.
+    """
+
+    def __init__(self, query: str, partial: WindowAggregate, delay_ms: int,
+                 emit: Emit) -> None:
+        self.query, self.partial, self.delay_ms, self.emit = query, partial, delay_ms, emit
+        self.latest: int | None = None  # the largest event time read so far
+        self.done = -1  # the last micro-batch the snapshot holds
+        self._open: dict[tuple[int, int], Groups] = {}
+        self._events: Counter[tuple[int, int]] = Counter()
+        # Windows handed on before the watermark closed them: their rows, events and revision.
+        self._flushed: dict[tuple[int, int], tuple[Groups, int, int]] = {}
+
+    @property
+    def watermark(self) -> int | None:
+        """Every window ending at or before this has been handed on (None: nothing read)."""
+        return None if self.latest is None else self.latest - self.delay_ms
+
+    def closed(self, window: tuple[int, int]) -> bool:
+        """Whether the watermark has closed ``window``: rows for it now are late."""
+        watermark = self.watermark
+        return watermark is not None and window[1] <= watermark
+
+    def add(self, window: tuple[int, int], key: tuple[Any, ...], accs: list[Any],
+            events: int) -> None:
+        """Merge one group's accumulators (``accs``, which are taken over) into ``window``."""
+        groups = self._open.setdefault(window, {})
+        current = groups.get(key)
+        groups[key] = accs if current is None else self._merged(current, accs)
+        self._events[window] += events
+
+    def merge_into(self, window: tuple[int, int], key: tuple[Any, ...], i: int,
+                   acc: Any) -> None:
+        """Merge ``acc`` into the ``i``-th accumulator of a group :meth:`add` made."""
+        accs = self._open[window][key]
+        accs[i] = self.partial.aggregates[i][1].merge(accs[i], acc)
+
+    def advance(self, latest: int | None) -> None:
+        """A micro-batch read event times up to ``latest`` (None: it read none)."""
+        if latest is not None:
+            self.latest = latest if self.latest is None else max(self.latest, latest)
+
+    def close(self, watermark: int | None) -> None:
+        """Hand on every window ending at or before ``watermark`` (None: every open window;
+        those the watermark has not closed are kept, whole, for records that come later)."""
+        for window in sorted(self._open):
+            if watermark is not None and window[1] > watermark:
+                continue
+            groups, events, revision = self._open.pop(window), self._events.pop(window, 0), 0
+            if window in self._flushed:  # handed on before: merge, hand on whole again
+                before, before_events, last = self._flushed.pop(window)
+                for key, accs in before.items():
+                    groups[key] = accs if key not in groups else self._merged(accs, groups[key])
+                events, revision = events + before_events, last + 1
+            self.emit(window, self.rows(groups), events, revision)
+            if watermark is None and not self.closed(window):
+                self._flushed[window] = (groups, events, revision)
+        for window in [w for w in self._flushed if self.closed(w)]:
+            del self._flushed[window]
+
+    def close_passed(self) -> None:
+        """Hand on every window the watermark has closed."""
+        if self.watermark is not None:
+            self.close(self.watermark)
+
+    def rows(self, groups: Groups) -> list[dict[str, Any]]:
+        """A window's groups as partial rows (accumulators compacted for the wire)."""
+        aggregates = self.partial.aggregates
+        return [dict(zip(self.partial.keys, key, strict=True)) | {
+            name: agg.compact(acc) for (name, agg), acc in zip(aggregates, accs, strict=True)}
+            for key, accs in groups.items()]
+
+    def open_windows(self) -> list[tuple[int, int]]:
+        return sorted(self._open)
+
+    def _merged(self, accs: list[Any], other: Iterable[Any]) -> list[Any]:
+        return [agg.merge(a, b) for (_, agg), a, b in
+                zip(self.partial.aggregates, accs, other, strict=True)]
+
+    # -- the snapshot -------------------------------------------------------------------------
+    def save(self, path: Path, batch_id: int) -> None:
+        """Write the snapshot after micro-batch ``batch_id``, atomically and durably."""
+        state = {"version": _SNAPSHOT_VERSION, "query": self.query, "batch": batch_id,
+                 "latest": self.latest,
+                 "windows": [[*w, self._events[w], -1, self._encode(w, g)]
+                             for w, g in sorted(self._open.items())],
+                 "flushed": [[*w, events, revision, self._encode(w, g)]
+                             for w, (g, events, revision) in sorted(self._flushed.items())]}
+        temporary = path.with_name(f".{path.name}.tmp")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with temporary.open("w") as f:
+            json.dump(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+        self.done = batch_id
+
+    def restore(self, path: Path) -> None:
+        """Load the snapshot at ``path``.
+
+        Raises
+        ------
+        DataError
+            If it cannot be read, or is not a snapshot of this query in this version.
+        """
+        try:
+            state = json.loads(path.read_text())
+            if state.get("version") != _SNAPSHOT_VERSION or state.get("query") != self.query:
+                msg = f"it is not a version {_SNAPSHOT_VERSION} snapshot of {self.query}"
+                raise DataError(msg)
+            for start, end, events, _, encoded in state["windows"]:
+                self._open[(start, end)] = self._decode(encoded)
+                self._events[(start, end)] = events
+            for start, end, events, revision, encoded in state["flushed"]:
+                self._flushed[(start, end)] = (self._decode(encoded), events, revision)
+            self.latest, self.done = state["latest"], state["batch"]
+        except (OSError, ValueError, KeyError, TypeError, DataError) as e:
+            msg = f"{self.query}: cannot restore the local stage from {path}: {e}"
+            raise DataError(msg) from e
+        log.info("%s: restored %d open windows at micro-batch %d from %s", self.query,
+                 len(self._open), self.done, path)
+
+    def _encode(self, window: tuple[int, int], groups: Groups) -> str:
+        batch = PartialBatch(self.query, window, "snapshot", tuple(self.rows(groups)))
+        return base64.b64encode(encode_batch(batch, self.partial).SerializeToString()).decode()
+
+    def _decode(self, encoded: str) -> Groups:
+        message = pb.PartialBatch.FromString(base64.b64decode(encoded))
+        aggregates = self.partial.aggregates
+        return {tuple(row[k] for k in self.partial.keys):
+                [agg.merge(agg.create(), row[name]) for name, agg in aggregates]
+                for row in decode_batch(message, self.partial).rows}

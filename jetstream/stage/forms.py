@@ -1,0 +1,183 @@
+"""Each aggregate's Spark form: the Spark aggregate expressions whose values make its partial.
+
+One row of :data:`SPARK_FORMS` per aggregate type (an aggregate without its own row takes its
+nearest base class's, as ``avg`` takes ``sum``'s): ``columns`` gives the Spark aggregate
+expressions over the aggregate's input column, ``accumulator`` turns their values, as
+collected, into the aggregate's accumulator (:mod:`jetstream.aggregates`). Adding an aggregate
+to the Spark stage is adding its row here.
+
+Sums are exact without Spark's DECIMAL arithmetic, which costs an object per value: an integer
+is summed as its high and low 32 bits, two bigint sums that cannot overflow; a double as three
+29-bit integer limbs of ``|x| / 2**band``, where the band of exponents joins the group key
+(see :func:`float_parts`). Both are put back together in Python, exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import datasketches as ds
+from pyspark.sql import Column
+from pyspark.sql import functions as F
+
+from jetstream.aggregates import Aggregate, Count, CountDistinct, Max, Min, Quantile, Sum
+from jetstream.approx.sketches import ApproxCountDistinct, ApproxQuantile, TopKItems
+from jetstream.errors import PlanError
+
+__all__ = ["LIMBS", "SPARK_FORMS", "SparkForm", "exact_floats", "float_parts", "form_of"]
+
+_MANTISSA_BITS = 52  # a double's fraction bits: an integer below 2**53 is exactly a double
+_MIN_EXPONENT = -1074  # 2**-1074, the smallest subnormal: every double is a multiple of it
+# Exponents that share one band (and one group row): |x| / 2**band is an integer below
+# 2**(55 + 31), so three 29-bit limbs hold it; a column's values rarely span two bands.
+_EXPONENT_BAND = 32
+_LIMB_BITS = 29
+#: The limbs of a double's integer part, most significant first.
+LIMBS = 3
+_NON_FINITE = (math.inf, -math.inf, math.nan)  # Spark, unlike Python, has NaN = NaN
+
+
+@dataclass(frozen=True)
+class Input:
+    """An aggregate's input as the stage's grouped rows hold it: ``value`` the column; for
+    a sum of doubles, also its band and limb columns (see :func:`float_parts`)."""
+
+    value: Column
+    band: Column | None = None
+    limbs: tuple[Column, ...] = ()
+
+
+@dataclass(frozen=True)
+class SparkForm:
+    """``columns(agg, input)``: Spark aggregate expressions; ``accumulator(agg, values,
+    band)``: the accumulator from their collected values and the row's band of exponents
+    (None but for a sum of doubles), a new object that the caller owns."""
+
+    columns: Callable[[Any, Input], list[Column]]
+    accumulator: Callable[[Any, list[Any], int | None], Any]
+    #: Its input, when a double, comes in bands of exponents and limbs (a sum's).
+    banded: bool = False
+
+
+def _count(agg: Count, x: Input) -> list[Column]:
+    return [F.count(F.lit(1)) if agg.expr is None else F.count(x.value)]
+
+
+def _sum(agg: Sum, x: Input) -> list[Column]:
+    if x.band is not None:  # doubles: limbs of the finite values, a count of the others
+        return [F.count(x.value), *(F.sum(limb) for limb in x.limbs),
+                *(F.count(F.when(x.value == F.lit(v), True)) for v in _NON_FINITE)]
+    # Integers: the high and low 32 bits summed apart cannot overflow a bigint.
+    return [F.count(x.value), F.sum(F.shiftright(x.value, 32)),
+            F.sum(x.value.bitwiseAND(F.lit(0xFFFFFFFF)))]
+
+
+def _sum_accumulator(agg: Sum, values: list[Any], band: int | None) -> list[Any]:
+    if not values[0]:
+        return agg.create()
+    if len(values) == 3:  # integers: the count, the high and the low halves
+        return [int(values[0]), (int(values[1]) << 32) + int(values[2]), []]
+    count, limbs, non_finite = values[0], values[1:1 + LIMBS], values[1 + LIMBS:]
+    acc = [int(count), 0, []]
+    for value, times in zip(_NON_FINITE, non_finite, strict=True):
+        acc = agg.merge(acc, [0, 0, [value] * times])
+    if band is not None:  # a NULL band: this row's values are not finite
+        total = 0
+        for limb in limbs:
+            total = (total << _LIMB_BITS) + int(limb)
+        acc = agg.merge(acc, [0, 0, exact_floats(total, int(band))])
+    return acc
+
+
+def _first(agg: Aggregate, values: list[Any], band: int | None) -> Any:
+    return values[0]
+
+
+def _hll(agg: ApproxCountDistinct, values: list[Any], band: int | None) -> Any:
+    return agg.create() if values[0] is None else ds.hll_sketch.deserialize(bytes(values[0]))
+
+
+def _kll(agg: ApproxQuantile, values: list[Any], band: int | None) -> Any:
+    return (agg.create() if values[0] is None
+            else ds.kll_doubles_sketch.deserialize(bytes(values[0])))
+
+
+#: Aggregate type -> its Spark form.
+SPARK_FORMS: dict[type[Aggregate], SparkForm] = {
+    Count: SparkForm(_count, lambda agg, v, band: int(v[0])),
+    Sum: SparkForm(_sum, _sum_accumulator, banded=True),  # and avg, a Sum
+    Min: SparkForm(lambda agg, x: [F.min(x.value)], _first),
+    Max: SparkForm(lambda agg, x: [F.max(x.value)], _first),
+    # Both skip NULLs, as the reference's ``add`` does.
+    CountDistinct: SparkForm(lambda agg, x: [F.collect_set(x.value)],
+                             lambda agg, v, band: set(v[0])),
+    Quantile: SparkForm(lambda agg, x: [F.collect_list(x.value)],
+                        lambda agg, v, band: list(v[0])),
+    ApproxCountDistinct: SparkForm(lambda agg, x: [F.hll_sketch_agg(x.value, agg.lg_k)], _hll),
+    ApproxQuantile: SparkForm(
+        lambda agg, x: [F.kll_sketch_agg_double(x.value.cast("double"), agg.k)], _kll),
+    # Built from per-item counts in a second Spark job (LocalStage._top_items): no columns.
+    TopKItems: SparkForm(lambda agg, x: [], lambda agg, v, band: agg.create()),
+}
+
+
+def form_of(agg: Aggregate) -> SparkForm:
+    """The Spark form of ``agg``: its type's row, or its nearest base class's."""
+    for kind in type(agg).__mro__:
+        if kind in SPARK_FORMS:
+            return SPARK_FORMS[kind]
+    msg = f"{agg} does not run in the Spark local stage"
+    raise PlanError(msg)
+
+
+def float_parts(x: Column) -> tuple[Column, tuple[Column, ...]]:
+    """Columns ``(band, limbs)`` with ``x == sum(limb * 2**(29 * i)) * 2**band`` exactly (the
+    limbs most significant first, signed like ``x``) for a finite double ``x``; a NULL band
+    and limbs for a NULL ``x``, which is how the caller marks the values that are not finite.
+
+    ``floor(log2(|x|))`` is the exponent of ``x``'s top bit or one off (Spark's ``log2`` can
+    be, near a power of two), so ``last = that - 53``, and never below -1074 (the subnormals'
+    last bit), is at or up to two below the exponent of ``x``'s last bit: ``|x| / 2**last`` is
+    an integer below 2**55. The band starts at a multiple of 32 exponents from -1074, at or
+    below ``last``: ``|x| / 2**band`` is an integer below 2**86. Dividing by a power of two
+    (all of -1074 to 971 are doubles) and flooring are exact, so is every limb. Zero has no
+    ``log2`` (NULL), and ``greatest`` skips a NULL: zero gets band -1074 and zero limbs.
+    """
+    two = F.lit(2.0)
+    magnitude = F.abs(x)
+    top = F.floor(F.log2(F.when(x != 0, magnitude)))
+    last = F.greatest(top - F.lit(_MANTISSA_BITS + 1), F.lit(_MIN_EXPONENT))
+    band = last - F.pmod(last - F.lit(_MIN_EXPONENT), F.lit(_EXPONENT_BAND))
+    rest = magnitude / F.pow(two, band)
+    limbs = []
+    for i in reversed(range(LIMBS)):
+        scale = F.lit(float(2 ** (_LIMB_BITS * i)))
+        limb = F.floor(rest / scale)
+        rest = rest - limb * scale
+        limbs.append(F.when(x < 0, -limb).otherwise(limb))
+    return F.when(x.isNotNull(), band), tuple(limbs)
+
+
+def exact_floats(total: int, e: int) -> list[float]:
+    """Floats whose exact sum is ``total * 2**e``: [0.0] for zero.
+
+    Cut into 52-bit chunks, each chunk times its power of two is a double, exactly. A total of
+    2**1024 or more has no such chunks: it becomes ±inf, what a float addition overflows to.
+    That is the one case where the stage is not exact (it is while the values of one band, at
+    one site, in one micro-batch, window and key add up to less than 2**1024); the reference's
+    exact partials overflow there too, to infinities that depend on the order of the values.
+    """
+    sign, rest, shift = -1.0 if total < 0 else 1.0, abs(total), 0
+    chunks = []
+    try:
+        while rest:
+            if chunk := rest & ((1 << _MANTISSA_BITS) - 1):
+                chunks.append(sign * math.ldexp(chunk, e + shift))
+            rest >>= _MANTISSA_BITS
+            shift += _MANTISSA_BITS
+    except OverflowError:
+        return [sign * math.inf]
+    return chunks or [0.0]
