@@ -192,6 +192,33 @@ class _ResultsPublisher:
                     backoff = min(backoff * 2, 5.0)
 
 
+class _Stops:
+    """Stops, each on a thread of its own, the queries the controller no longer wants here:
+    a stop may wait for Spark to end a stream, and the heartbeat that asks for it must not."""
+
+    def __init__(self, site: str) -> None:
+        self._site = site
+        self._lock = threading.Lock()
+        self._stopping: set[str] = set()
+
+    def __call__(self, local: SiteController, query: str) -> None:
+        with self._lock:
+            if query in self._stopping:  # asked again by the next heartbeat
+                return
+            self._stopping.add(query)
+        threading.Thread(target=self._stop, args=(local, query), name=f"stop-{query}",
+                         daemon=True).start()
+
+    def _stop(self, local: SiteController, query: str) -> None:
+        try:
+            local.stop(query)
+        except Exception:  # the next heartbeat asks again
+            log.exception("site %s: stopping %s failed", self._site, query)
+        finally:
+            with self._lock:
+                self._stopping.discard(query)
+
+
 class _InputMeter:
     """The bytes of raw logs that have landed in a site's input folder since it started.
 
@@ -275,11 +302,17 @@ def run_site(name: str, controller_address: str, *, security: Security, port: in
             options.spark_master = response.spark_master or None
         if servicer.controller is None:
             servicer.controller = SiteController(name, servers, runtime)
+            if not given_master and options.input_dir is not None:
+                # The JVM takes 10-40 s: start it now rather than when the first fragment
+                # arrives. This forks under running gRPC threads, as a start at the first
+                # deploy would (see SiteRuntime.session); --spark-master avoids both.
+                runtime.warm_up()
         log.info("site %s registered with %s (%s, %d servers)", name, controller_address,
                  response.topology, len(servers))
         return float(response.heartbeat_interval_s) or 2.0
 
     input_bytes = _InputMeter(options.input_dir)
+    stop_here = _Stops(name)
 
     def beat() -> None:
         interval, registered, backoff = 2.0, False, 0.5
@@ -296,7 +329,7 @@ def run_site(name: str, controller_address: str, *, security: Security, port: in
                     timeout=CALL_TIMEOUT_S)
                 for query in set(running) - set(response.queries):
                     assert local is not None
-                    local.stop(query)  # the controller no longer wants it here
+                    stop_here(local, query)  # the controller no longer wants it here
                 backoff = 0.5
             except grpc.RpcError as e:
                 if e.code() is grpc.StatusCode.FAILED_PRECONDITION:
