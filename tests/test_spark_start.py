@@ -1,7 +1,8 @@
 """A site whose Spark is starting stays alive: a real controller and a real site, in a fresh
 process so that the site starts a JVM of its own (the tests' shared session would answer at
 once), with heartbeats tighter than a JVM start; and the session it starts has the Spark
-settings of the topology, the command line and the defaults, in that order of precedence."""
+settings of its command line over the topology's (carried at registration) over the
+defaults."""
 
 from __future__ import annotations
 
@@ -37,7 +38,13 @@ sites:
     servers: [{name: solo-1, cores: 1, memory_gb: 1}]
     sources: [{name: cdn_logs}]
     spark_master: local[1]
+    spark_conf:
+      spark.driver.memory: 768m          # read only when the JVM starts
+      spark.sql.shuffle.partitions: 3
+      spark.jetstream.probe: topology    # the command line's wins
 """
+#: What the site is given on its command line (jetstream site --spark-conf).
+COMMAND_LINE = {"spark.jetstream.probe": "command line"}
 
 
 def _probe(folder: Path) -> dict[str, Any]:
@@ -75,7 +82,8 @@ def _probe(folder: Path) -> dict[str, Any]:
         time.sleep(0.05)
     address = f"127.0.0.1:{ports[0]}"
     (folder / "input").mkdir()
-    options = SiteOptions(input_dir=folder / "input", state_dir=folder / "state")
+    options = SiteOptions(input_dir=folder / "input", state_dir=folder / "state",
+                          spark_conf=dict(COMMAND_LINE))
     site = threading.Thread(target=run_site, args=("solo", address), daemon=True, kwargs=dict(
         security=Security.plaintext(), options=options, stop=stop))
     site.start()
@@ -92,7 +100,8 @@ def _probe(folder: Path) -> dict[str, Any]:
     time.sleep(2 * TIMEOUT_S)  # a death during the start would be declared by now
     spark = sessions[0]
     seen["conf"] = {key: spark.conf.get(key, None) for key in (
-        "spark.sql.adaptive.enabled", "spark.driver.memory", "spark.sql.shuffle.partitions")}
+        "spark.sql.adaptive.enabled", "spark.driver.memory", "spark.sql.shuffle.partitions",
+        "spark.jetstream.probe")}
     seen["replans"] = [q.replans for q in client.status().queries]
     stop.set()
     site.join(30)
@@ -119,5 +128,7 @@ def test_a_site_is_not_declared_dead_while_its_spark_starts(tmp_path: Path) -> N
     assert seen["replans"] == [0]
     # The fragment was taken while the JVM started: deploys do not wait for Spark either.
     assert seen["deployed"] and seen["deployed"][0] < up
-    assert seen["conf"] == {"spark.sql.adaptive.enabled": "false",
-                            "spark.driver.memory": "1g", "spark.sql.shuffle.partitions": "2"}
+    # The session has the defaults, under the topology's settings, under the command line's.
+    assert seen["conf"] == {"spark.sql.adaptive.enabled": "false", "spark.driver.memory": "768m",
+                            "spark.sql.shuffle.partitions": "3",
+                            "spark.jetstream.probe": "command line"}
