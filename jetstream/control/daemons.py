@@ -281,7 +281,8 @@ def run_site(name: str, controller_address: str, *, security: Security, port: in
     given_master = options.spark_master is not None
     given_conf = dict(options.spark_conf)  # the command line's: over the topology's
     runtime = SiteRuntime(name, options, lambda *_: None)
-    if given_master and options.input_dir is not None:
+    started_early = given_master and options.input_dir is not None
+    if started_early:
         runtime.session()  # before any gRPC thread exists: see SiteRuntime.session
     controller = rpc.GlobalControllerStub(security.channel(controller_address))
     runtime.publish = _ResultsPublisher(controller, stop)
@@ -301,18 +302,19 @@ def run_site(name: str, controller_address: str, *, security: Security, port: in
         servers = [server_from_proto(s) for s in response.servers]
         if not given_master:
             options.spark_master = response.spark_master or None
+        if not started_early:
             options.spark_conf = {**response.spark_conf, **given_conf}
-        else:
-            # Spark started before the site registered: the topology's settings came late.
-            late = sorted(key for key, value in response.spark_conf.items()
-                          if key not in given_conf and options.spark_conf.get(key) != value)
-            if late:
-                log.warning("site %s: Spark started before registering (--spark-master), "
-                            "without the topology's %s; pass them with --spark-conf", name,
-                            ", ".join(late))
         if servicer.controller is None:
             servicer.controller = SiteController(name, servers, runtime)
-            if not given_master and options.input_dir is not None:
+            if started_early:
+                # Spark started before registering: the topology's settings came too late.
+                late = sorted(key for key, value in response.spark_conf.items()
+                              if key not in given_conf and options.spark_conf.get(key) != value)
+                if late:
+                    log.warning("site %s: Spark started before registering (--spark-master), "
+                                "without the topology's %s; pass them with --spark-conf",
+                                name, ", ".join(late))
+            elif options.input_dir is not None:
                 # The JVM takes 10-40 s: start it now rather than when the first fragment
                 # arrives. This forks under running gRPC threads, as a start at the first
                 # deploy would (see SiteRuntime.session); --spark-master avoids both.
