@@ -16,6 +16,7 @@ from rich.console import Console
 from jetstream import __version__
 from jetstream.aggtree.loader import load_topology
 from jetstream.aggtree.planner import plan_query
+from jetstream.aggtree.topology import spark_key_problem
 from jetstream.control.client import DEFAULT_CONTROLLER, ControllerClient
 from jetstream.control.daemons import run_controller, run_site
 from jetstream.control.launch import LocalCluster, free_port, replay
@@ -95,6 +96,7 @@ def _site(args: argparse.Namespace) -> int:
     options = SiteOptions(input_dir=Path(args.input) if args.input else None,
                           replay=args.replay, deadline_s=args.window_deadline,
                           idle_s=args.idle_timeout, spark_master=args.spark_master,
+                          spark_conf=dict(args.spark_conf or ()),
                           cubes=args.cubes, retention=parse_retention(args.retention))
     if args.state_dir:
         options.state_dir = Path(args.state_dir)
@@ -102,6 +104,18 @@ def _site(args: argparse.Namespace) -> int:
              host=args.host, advertise=args.advertise, options=options,
              metrics_port=args.metrics_port)
     return 0
+
+
+def _spark_setting(text: str) -> tuple[str, str]:
+    """``--spark-conf KEY=VALUE``, checked as the topology's ``spark_conf`` is."""
+    key, equals, value = text.partition("=")
+    if not equals:
+        msg = f"expected KEY=VALUE, e.g. spark.driver.memory=2g, got {text!r}"
+        raise argparse.ArgumentTypeError(msg)
+    problem = spark_key_problem(key)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return key, value
 
 
 def _submit(args: argparse.Namespace) -> int:
@@ -572,6 +586,10 @@ def _parser() -> argparse.ArgumentParser:
     site.add_argument("--spark-master", metavar="URL",
                       help="Spark master of the local stage, e.g. local[2] or spark://host:7077 "
                            "(default: the topology's, from the controller)")
+    site.add_argument("--spark-conf", action="append", type=_spark_setting,
+                      metavar="KEY=VALUE",
+                      help="a Spark setting of the local stage, e.g. spark.driver.memory=2g; "
+                           "repeat for more (over the topology's spark_conf and the defaults)")
     site.add_argument("--state-dir", metavar="DIR",
                       help="checkpoints and quarantined records (default: a temp folder)")
     site.add_argument("--window-deadline", type=float, metavar="S",

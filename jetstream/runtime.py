@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from jetstream import metrics
@@ -54,8 +55,8 @@ from jetstream.v1 import dataplane_pb2 as pb
 if TYPE_CHECKING:
     from jetstream.stage.job import StageStats
 
-__all__ = ["DEFAULT_DEADLINE_S", "Assignment", "LinkState", "QueryRun", "SiteOptions",
-           "SiteRuntime", "distributed", "partial_aggregate", "site_part"]
+__all__ = ["DEFAULT_DEADLINE_S", "DEFAULT_SPARK_CONF", "Assignment", "LinkState", "QueryRun",
+           "SiteOptions", "SiteRuntime", "distributed", "partial_aggregate", "site_part"]
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,19 @@ DEFAULT_DEADLINE_S = 10.0
 TICK_S = 0.2
 #: How often a run rolls up and expires what the cube store keeps of it.
 CUBE_INTERVAL_S = 10.0
+
+#: A site's Spark settings where neither its topology (``spark_conf``) nor ``jetstream site
+#: --spark-conf`` says otherwise; values are strings, as Spark reads them.
+DEFAULT_SPARK_CONF: Mapping[str, str] = MappingProxyType({
+    "spark.ui.enabled": "false",  # no web UI: several site JVMs share one machine's ports
+    "spark.ui.retainedJobs": "50",  # a stage runs for days: keep few past jobs, not 1,000
+    "spark.ui.retainedStages": "50",  # likewise for stages
+    "spark.sql.ui.retainedExecutions": "20",  # likewise for SQL executions
+    "spark.sql.streaming.numRecentProgressUpdates": "20",  # likewise for batch progress
+    "spark.sql.shuffle.partitions": "2",  # about the cores of a small site (not yet measured)
+    "spark.driver.memory": "1g",  # the whole local stage lives in the driver's JVM
+    "spark.sql.adaptive.enabled": "false",  # micro-batches are tiny; AQE re-plans each one
+})
 
 #: Publishes a query's final results; ``finished``: there will be no more.
 Publish = Callable[[str, list[WindowResult], bool], None]
@@ -97,6 +111,9 @@ class SiteOptions:
     #: The local stage's Spark master; None: what the controller says (the topology's).
     #: Given up front, Spark starts before anything else (see ``SiteRuntime.session``).
     spark_master: str | None = None
+    #: Spark settings over ``DEFAULT_SPARK_CONF``: ``jetstream site --spark-conf`` over the
+    #: topology's ``spark_conf`` for the site. Read once, when Spark starts.
+    spark_conf: dict[str, str] = field(default_factory=dict)
     #: Keep the partials the site sends in a cube store, ``state_dir/<site>/cubes.sqlite``:
     #: what the parent has not acked is sent again after a restart, and finished windows roll
     #: up for history. Off, they live in memory only (and two sites never share a file).
@@ -504,7 +521,14 @@ class SiteRuntime:
 
     def __init__(self, site: str, options: SiteOptions, publish: Publish) -> None:
         self.site, self.options, self.publish = site, options, publish
+        # Three locks, so that nothing a heartbeat or the data plane needs waits for Spark:
+        # _lock guards only the dict of runs (held for a lookup, never across a call);
+        # _changing puts deploys and stops in order (a stop may wait for Spark to stop a
+        # stream, and a run that replaces another must not start on the same checkpoint
+        # before); _spark_lock is held while the JVM starts (10-40 s).
         self._lock = threading.Lock()
+        self._changing = threading.Lock()
+        self._spark_lock = threading.Lock()
         self._runs: dict[str, QueryRun] = {}
         self._spark: Any = None
         self._cubes: CubeStore | None = None
@@ -528,16 +552,21 @@ class SiteRuntime:
             msg = (f"{fragment.query} at {self.site}: no address for its parent "
                    f"{fragment.parent}")
             raise ControlPlaneError(msg)
-        with self._lock:
-            old = self._runs.pop(assignment.fragment.query, None)
+        name = fragment.query
+        with self._changing:
+            old = self.run(name)
             if old is not None:
                 if old.assignment == assignment or old.retarget(assignment):
-                    self._runs[assignment.fragment.query] = old
                     return
+                # Until the new run is in, the data plane answers NOT_FOUND for the query
+                # and senders send again: better than waiting for the old stream to stop.
+                with self._lock:
+                    del self._runs[name]
                 old.stop()
-            self._runs[assignment.fragment.query] = QueryRun(
-                self.site, assignment, self.options, self.session, self._published,
-                self._store())
+            run = QueryRun(self.site, assignment, self.options, self.session, self._published,
+                           self._store())
+            with self._lock:
+                self._runs[name] = run
 
     def _store(self) -> CubeStore | None:
         """The site's cube store, opened when the first run needs it (with ``cubes``)."""
@@ -550,10 +579,11 @@ class SiteRuntime:
         self.publish(query, results, finished)
 
     def stop(self, query: str) -> None:
-        with self._lock:
-            run = self._runs.pop(query, None)
-        if run is not None:
-            run.stop()
+        with self._changing:  # a deploy of the query waits until its old stream has stopped
+            with self._lock:
+                run = self._runs.pop(query, None)
+            if run is not None:
+                run.stop()
 
     def close(self) -> None:
         for query in list(self._runs):
@@ -588,32 +618,39 @@ class SiteRuntime:
             for run in runs if run.sender is not None}
 
     def session(self) -> Any:
-        """The site's one SparkSession, started when the first local stage needs it.
+        """The site's one SparkSession, started when the first local stage needs it (or by
+        :meth:`warm_up`), with ``DEFAULT_SPARK_CONF`` under ``SiteOptions.spark_conf``.
 
         Starting it forks the JVM; a process whose gRPC threads are busy can fork badly
         (gRPC skips its fork handlers then), so a site that knows its master starts Spark
-        before it starts gRPC.
+        before it starts gRPC. Only the threads that need Spark wait while it starts: the
+        runs, heartbeats and deploys take other locks.
         """
-        with self._lock:
+        with self._spark_lock:
             if self._spark is None:
                 from pyspark.sql import SparkSession
 
                 master = self.options.spark_master or "local[1]"
+                conf = {**DEFAULT_SPARK_CONF, **self.options.spark_conf}
                 log.info("site %s: starting Spark (%s)", self.site, master)
-                self._spark = (
-                    SparkSession.builder.master(master)
-                    .appName(f"jetstream-{self.site}")
-                    .config("spark.ui.enabled", "false")
-                    # A stage runs for days: keep the status of few past jobs, not 1,000.
-                    .config("spark.ui.retainedJobs", "50")
-                    .config("spark.ui.retainedStages", "50")
-                    .config("spark.sql.ui.retainedExecutions", "20")
-                    .config("spark.sql.streaming.numRecentProgressUpdates", "20")
-                    .config("spark.sql.shuffle.partitions", "2")
-                    .config("spark.driver.memory", "1g")
-                    .getOrCreate())
+                builder = SparkSession.builder.master(master).appName(f"jetstream-{self.site}")
+                for key, value in conf.items():
+                    builder = builder.config(key, value)
+                self._spark = builder.getOrCreate()
                 self._spark.sparkContext.setLogLevel("ERROR")
             return self._spark
+
+    def warm_up(self) -> None:
+        """Start Spark on a thread of its own, so that the JVM is up when the first local
+        stage needs it; a failure is logged, and the stage that needs Spark tries again."""
+        def start() -> None:
+            try:
+                self.session()
+            except Exception:
+                log.exception("site %s: starting Spark ahead of the first stage failed",
+                              self.site)
+
+        threading.Thread(target=start, name="spark-warm-up", daemon=True).start()
 
     # -- the DataPlane servicer's callbacks -----------------------------------------------------
     def _aggregate_of(self, query: str) -> WindowAggregate | None:

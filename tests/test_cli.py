@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 import jetstream as js
+from jetstream import cli
 from jetstream.cli import load_query, main
+from jetstream.runtime import SiteOptions
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "cdn_topk.py"
@@ -172,3 +174,37 @@ def test_results_output_appends_every_result_as_it_passes(tmp_path: Path) -> Non
     lines = [json.loads(line) for line in sink.read_text().splitlines()]
     assert lines[0] == {"earlier": True}
     assert [line["window_start"] for line in lines[1:]] == [0, 10]
+
+
+def test_site_spark_settings_are_repeatable_and_the_last_of_a_key_wins(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    sites: list[dict[str, object]] = []
+    monkeypatch.setattr(cli, "run_site", lambda name, controller, **kw: sites.append(kw))
+    args = cli._parser().parse_args([
+        "site", "--name", "ams", "--insecure", "--spark-conf", "spark.driver.memory=2g",
+        "--spark-conf=spark.sql.shuffle.partitions=1", "--spark-conf", "spark.driver.memory=3g",
+        "--spark-conf", "spark.executorEnv.OPTS=-Da=b"])
+    assert args.run(args) == 0
+    [site] = sites
+    options = site["options"]
+    assert isinstance(options, SiteOptions)
+    assert options.spark_conf == {"spark.driver.memory": "3g",
+                                  "spark.sql.shuffle.partitions": "1",
+                                  "spark.executorEnv.OPTS": "-Da=b"}
+    args = cli._parser().parse_args(["site", "--name", "ams", "--insecure"])
+    assert args.spark_conf is None  # the topology's and the defaults, then
+
+
+@pytest.mark.parametrize(("flag", "message"), [
+    ("spark.driver.memory", "expected KEY=VALUE, e.g. spark.driver.memory=2g, got "
+                            "'spark.driver.memory'"),
+    ("driver.memory=2g", "'driver.memory' is not a Spark setting; its name starts with 'spark.'"),
+    ("spark.master=local[2]", "the master is not a setting: use spark_master (or "
+                              "--spark-master)"),
+])
+def test_a_bad_site_spark_setting_is_refused_before_anything_starts(
+        flag: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli._parser().parse_args(["site", "--name", "ams", "--insecure", "--spark-conf", flag])
+    assert exit_.value.code == 2
+    assert f"argument --spark-conf: {message}" in capsys.readouterr().err

@@ -34,7 +34,7 @@ from jetstream.control.servicers import GlobalControllerServicer
 from jetstream.control.site_controller import Piece, SiteController
 from jetstream.errors import ControlPlaneError, PlanError
 from jetstream.results import WindowResult
-from jetstream.runtime import LinkState
+from jetstream.runtime import Assignment, LinkState
 from jetstream.v1 import control_pb2 as pb
 from jetstream.v1 import control_pb2_grpc as rpc
 
@@ -670,6 +670,36 @@ def test_stop_and_running() -> None:
     assert site.stop("a") is False
     assert site.running() == ["b"]
     assert [p.query for p in site.pieces()] == ["b"]
+
+
+def test_running_answers_while_a_deploy_or_a_stop_waits_for_the_runtime() -> None:
+    """Every heartbeat asks running(); a deploy or a stop may wait for Spark in the runtime
+    (a replaced run's stream stopping), and running() must not wait with it."""
+    entered, release = threading.Event(), threading.Event()
+
+    class SlowRuntime:  # the runtime's side: as long as Spark takes to stop a stream
+        def deploy(self, assignment: Assignment) -> None:
+            entered.set()
+            release.wait(10)
+
+        def stop(self, query: str) -> None:
+            self.deploy(Assignment(Fragment(query, "lhr"), ""))
+
+    site = SiteController("lhr", SERVERS, SlowRuntime())  # type: ignore[arg-type]
+    fragment = Fragment("a", "lhr", sources=("cdn_logs",))
+    for change, running in [(lambda: site.deploy(fragment, 1, Assignment(fragment, "")), ["a"]),
+                            (lambda: site.stop("a"), [])]:
+        entered.clear()
+        release.clear()
+        changing = threading.Thread(target=change)
+        changing.start()
+        assert entered.wait(5)
+        asked = time.monotonic()
+        assert site.running() == running
+        assert [p.query for p in site.pieces()] == running
+        assert time.monotonic() - asked < 1.0
+        release.set()
+        changing.join(5)
 
 
 def test_the_site_controller_refuses_what_is_not_its_own() -> None:

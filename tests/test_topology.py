@@ -176,7 +176,10 @@ def topologies(draw: st.DrawFn) -> Topology:
                   for s in source_names),
             spark_master=draw(st.none() | st.sampled_from(
                 ["local", "local[3]", "local[*]", "local[2,4]", "spark://host-1:7077",
-                 "yarn"]))))
+                 "yarn"])),
+            spark_conf=draw(st.sampled_from(
+                [(), (("spark.driver.memory", "2g"),),
+                 (("spark.sql.adaptive.enabled", "true"), ("spark.x", "1"), ("spark.y", ""))]))))
     # A spanning tree (each site to an earlier one), then a few more links.
     pairs = [(draw(st.integers(0, i - 1)), i) for i in range(1, len(sites))]
     others = [(i, j) for i in range(len(sites)) for j in range(i + 1, len(sites))
@@ -368,7 +371,7 @@ ERRORS: list[tuple[str, dict[int, str], str]] = [
      "cdn-3dc.yaml:9: sites[0].sources: expected a list, got nothing"),
     ("a site that is a list", {16: "  - [DC3]", 17: "", 18: "", 19: ""},
      "cdn-3dc.yaml:16: sites[2]: expected a mapping with fields name, kind, servers, sources, "
-     "spark_master, got a list"),
+     "spark_master, spark_conf, got a list"),
     ("no sites", {4: "sites: []", **dict.fromkeys(range(5, 20), "")},
      "cdn-3dc.yaml:4: sites: expected at least one site"),
     ("spark master misspelt", {12: "    kind: datacenter\n    spark_master: locl[2]"},
@@ -379,9 +382,10 @@ ERRORS: list[tuple[str, dict[int, str], str]] = [
      "cdn-3dc.yaml:14: sites[1].servers[0].memroy_gb: unknown field; did you mean 'memory_gb'?"),
     ("unknown field", {12: "    colour: blue"},
      "cdn-3dc.yaml:12: sites[1].colour: unknown field; expected one of name, kind, servers, "
-     "sources, spark_master"),
+     "sources, spark_master, spark_conf"),
     ("unknown top-level field", {2: "name: tiny\nversion: 2"},
-     "cdn-3dc.yaml:3: version: unknown field; expected one of name, root, sites, links"),
+     "cdn-3dc.yaml:3: version: unknown field; expected one of name, root, sites, links, "
+     "spark_conf"),
     ("field name not a string", {14: SERVER % "1: 8, memory_gb: 32"},
      "cdn-3dc.yaml:14: sites[1].servers[0]: expected a field name, got 1"),
     ("duplicate field", {14: SERVER % "cores: 8, cores: 4, memory_gb: 32"},
@@ -485,9 +489,9 @@ def test_errors_name_the_file_line_and_field(edits: dict[int, str], message: str
     ("", "x.yaml:1: the topology is empty; expected a mapping with name, root, sites and links"),
     ("# nothing here\n", "x.yaml:1: the topology is empty"),
     ("- PoP1\n- DC1\n", "x.yaml:1: expected a mapping with fields name, root, sites, links, "
-                        "got a list"),
-    ("just words", "x.yaml:1: expected a mapping with fields name, root, sites, links, got "
-                   "'just words'"),
+                        "spark_conf, got a list"),
+    ("just words", "x.yaml:1: expected a mapping with fields name, root, sites, links, "
+                   "spark_conf, got 'just words'"),
 ])
 def test_errors_about_the_whole_file(text: str, message: str) -> None:
     assert error_of(text, origin="x.yaml").startswith(message)
@@ -548,3 +552,58 @@ def test_quoted_names_that_look_like_numbers_are_names() -> None:
                              22: LINK % ('"1", DC3', "10mbit", "60ms")}))
     assert t.site("1").name == "1"
     assert t.link("1", "DC3").bandwidth_bps == 10e6
+
+
+# --- Spark settings ---------------------------------------------------------------------------
+
+
+def test_spark_settings_are_the_sites_own_over_the_topologys() -> None:
+    t = parse_topology(edit({
+        3: "root: DC3\nspark_conf: {spark.sql.shuffle.partitions: 4, spark.driver.memory: 1g}",
+        10: "      - {name: cdn_logs}\n    spark_conf:\n      spark.driver.memory: 2g\n"
+            "      spark.sql.adaptive.enabled: true\n      spark.memory.fraction: 0.5",
+    }))
+    assert dict(t.site("PoP1").spark_conf) == {
+        "spark.driver.memory": "2g", "spark.sql.shuffle.partitions": "4",
+        "spark.sql.adaptive.enabled": "true", "spark.memory.fraction": "0.5"}
+    assert dict(t.site("DC1").spark_conf) == {"spark.driver.memory": "1g",
+                                              "spark.sql.shuffle.partitions": "4"}
+    assert parse_topology(to_yaml(t)) == t
+
+
+def test_spark_settings_are_optional() -> None:
+    assert all(site.spark_conf == () for site in parse_topology(BASE).sites)
+
+
+SPARK_CONF = "      - {name: cdn_logs}\n    spark_conf: %s"
+
+
+@pytest.mark.parametrize(("conf", "message"), [
+    ("{driver.memory: 2g}",
+     "cdn-3dc.yaml:11: sites[0].spark_conf.'driver.memory': site PoP1: 'driver.memory' is not a "
+     "Spark setting; its name starts with 'spark.' and holds no space or '=', e.g. "
+     "spark.driver.memory"),
+    ("{spark.master: 'local[2]'}",
+     "cdn-3dc.yaml:11: sites[0].spark_conf.'spark.master': site PoP1: the master is not a "
+     "setting: use spark_master (or --spark-master)"),
+    ("{spark.driver.memory: }",
+     "cdn-3dc.yaml:11: sites[0].spark_conf.'spark.driver.memory': site PoP1: expected a single "
+     "value for spark.driver.memory, e.g. a string, a number or true/false, got nothing"),
+    ("{spark.jars: [a.jar, b.jar]}",
+     "cdn-3dc.yaml:11: sites[0].spark_conf.'spark.jars': site PoP1: expected a single value "
+     "for spark.jars, e.g. a string, a number or true/false, got a list"),
+    ("[spark.driver.memory=2g]",
+     "cdn-3dc.yaml:11: sites[0].spark_conf: expected a mapping of Spark settings for site "
+     "PoP1, e.g. {spark.driver.memory: 2g}, got a list"),
+    ("{spark.a: 1, spark.a: 2}",
+     "cdn-3dc.yaml:11: sites[0].spark_conf.'spark.a': duplicate entry (first at line 11)"),
+])
+def test_a_bad_spark_setting_is_refused_naming_the_site_and_key(conf: str, message: str) -> None:
+    assert error_of(edit({10: SPARK_CONF % conf})) == message
+
+
+def test_a_bad_topology_wide_spark_setting_says_it_is_every_sites() -> None:
+    assert error_of(edit({3: "root: DC3\nspark_conf: {sql.shuffle: 2}"})) == (
+        "cdn-3dc.yaml:4: spark_conf.'sql.shuffle': every site: 'sql.shuffle' is not a Spark "
+        "setting; its name starts with 'spark.' and holds no space or '=', e.g. "
+        "spark.driver.memory")

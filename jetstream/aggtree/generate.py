@@ -135,6 +135,9 @@ def to_yaml(topology: Topology) -> str:
                       f"distinct_keys: {s.distinct_keys}}}" for s in site.sources]
         if site.spark_master is not None:
             lines.append(f"    spark_master: {_scalar(site.spark_master)}")
+        if site.spark_conf:
+            lines.append("    spark_conf:")
+            lines += [f"      {_scalar(key)}: {_scalar(value)}" for key, value in site.spark_conf]
     lines.append("links:" if topology.links else "links: []")
     for link in topology.links:
         if link.latency_ms != int(link.latency_ms) or link.latency_ms < 0:

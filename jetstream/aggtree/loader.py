@@ -12,6 +12,8 @@ The format (``topologies/README.md`` has the long version)::
         sources:                     # optional; names unique within the site
           - {name: cdn_logs, events_per_s: 2000, bytes_per_event: 200, distinct_keys: 3000}
         spark_master: local[2]       # optional; default local[N], N = the largest server's cores
+        spark_conf: {spark.driver.memory: 2g}  # optional; over the topology's and the defaults
+    spark_conf: {spark.sql.shuffle.partitions: 2}  # optional: every site's, under its own
     links:                           # optional for a single site; full duplex
       - {between: [PoP1, DC1], bandwidth: 100mbit, latency: 20ms}
 
@@ -40,7 +42,15 @@ import networkx as nx
 import yaml
 from yaml.constructor import SafeConstructor
 
-from jetstream.aggtree.topology import Link, Server, Site, SiteKind, SourceLoad, Topology
+from jetstream.aggtree.topology import (
+    Link,
+    Server,
+    Site,
+    SiteKind,
+    SourceLoad,
+    Topology,
+    spark_key_problem,
+)
 from jetstream.errors import PlacementError, PlanError
 from jetstream.units import parse_bandwidth
 from jetstream.windows import parse_duration
@@ -97,8 +107,10 @@ def parse_topology(text: str, origin: str = "<string>") -> Topology:
     reader = _Reader(origin)
     document = reader.compose(text)
     fields = reader.fields(document, "", required=("name", "root", "sites"),
-                           optional=("links",))
+                           optional=("links", "spark_conf"))
     name = reader.name(fields["name"], "name")
+    spark_conf = (_spark_conf(reader, fields["spark_conf"], "spark_conf", "every site")
+                  if "spark_conf" in fields else {})
 
     site_nodes = reader.sequence(fields["sites"], "sites")
     if not site_nodes:
@@ -106,7 +118,7 @@ def parse_topology(text: str, origin: str = "<string>") -> Topology:
     sites: list[Site] = []
     site_at: dict[str, yaml.Node] = {}  # where each site is defined, for later messages
     for i, node in enumerate(site_nodes):
-        site, name_node = _site(reader, node, f"sites[{i}]")
+        site, name_node = _site(reader, node, f"sites[{i}]", spark_conf)
         reader.unique(site_at, site.name, name_node, f"sites[{i}].name", "site")
         site_at[site.name] = node
         sites.append(site)
@@ -131,9 +143,11 @@ def parse_topology(text: str, origin: str = "<string>") -> Topology:
     return topology
 
 
-def _site(reader: _Reader, node: yaml.Node, path: str) -> tuple[Site, yaml.Node]:
+def _site(reader: _Reader, node: yaml.Node, path: str,
+          spark_conf: dict[str, str]) -> tuple[Site, yaml.Node]:
+    """A site; ``spark_conf`` is the topology's, which the site's own overrides by name."""
     fields = reader.fields(node, path, required=("name", "kind", "servers"),
-                           optional=("sources", "spark_master"))
+                           optional=("sources", "spark_master", "spark_conf"))
     name = reader.name(fields["name"], f"{path}.name")
     kind = reader.kind(fields["kind"], f"{path}.kind")
     servers = _servers(reader, fields["servers"], f"{path}.servers", name)
@@ -146,8 +160,38 @@ def _site(reader: _Reader, node: yaml.Node, path: str) -> tuple[Site, yaml.Node]
             reader.fail(fields["spark_master"], f"{path}.spark_master",
                         f"{master!r} is not a Spark master URL; e.g. 'local[2]', 'local[*]', "
                         "'spark://host:7077', or leave it out for local[N]")
-    site = Site(name=name, kind=kind, servers=servers, sources=sources, spark_master=master)
+    if "spark_conf" in fields:
+        spark_conf = {**spark_conf, **_spark_conf(reader, fields["spark_conf"],
+                                                   f"{path}.spark_conf", f"site {name}")}
+    site = Site(name=name, kind=kind, servers=servers, sources=sources, spark_master=master,
+                spark_conf=tuple(sorted(spark_conf.items())))
     return site, fields["name"]
+
+
+def _spark_conf(reader: _Reader, node: yaml.Node, path: str, whose: str) -> dict[str, str]:
+    """Spark settings by name, each value as the string Spark reads (``true``, not
+    ``True``); ``whose`` names them in messages ("site PoP1", "every site")."""
+    if not isinstance(node, yaml.MappingNode):
+        reader.fail(node, path, f"expected a mapping of Spark settings for {whose}, e.g. "
+                    f"{{spark.driver.memory: 2g}}, got {reader.describe(node, path)}")
+    settings: dict[str, str] = {}
+    for key_node, value_node in reader.entries(node, path):
+        key = reader.value(key_node, path)
+        if not isinstance(key, str):
+            reader.fail(key_node, path, f"{whose}: expected the name of a Spark setting, "
+                        f"e.g. spark.driver.memory, got {_show(key)}")
+        here = _join(path, key)
+        problem = spark_key_problem(key)
+        if problem is not None:
+            reader.fail(key_node, here, f"{whose}: {problem}")
+        value = (reader.value(value_node, here) if isinstance(value_node, yaml.ScalarNode)
+                 else value_node)
+        if value is None or not isinstance(value, str | int | float | bool):
+            reader.fail(value_node, here, f"{whose}: expected a single value for {key}, e.g. "
+                        f"a string, a number or true/false, got "
+                        f"{reader.describe(value_node, here)}")
+        settings[key] = ("true" if value else "false") if isinstance(value, bool) else str(value)
+    return settings
 
 
 def _servers(reader: _Reader, node: yaml.Node, path: str, site: str) -> tuple[Server, ...]:
@@ -333,6 +377,22 @@ class _Reader:
             if field not in fields:
                 self.fail(node, path, f"missing required field '{field}'")
         return fields
+
+    def entries(self, node: yaml.MappingNode, path: str) -> list[tuple[yaml.Node, yaml.Node]]:
+        """A mapping's keys and values, merge keys resolved; a key twice is refused."""
+        seen: dict[object, yaml.Node] = {}
+        for key, _ in node.value:
+            if key.tag == _MERGE:
+                continue
+            if isinstance(key, yaml.ScalarNode) and key.value in seen:
+                self.fail(key, _join(path, key.value),
+                          f"duplicate entry (first at line {_line(seen[key.value])})")
+            seen[key.value if isinstance(key, yaml.ScalarNode) else id(key)] = key
+        try:
+            self._constructor.flatten_mapping(node)
+        except yaml.MarkedYAMLError as e:
+            self.fail(node, path, f"bad merge key: {e.problem}")
+        return list(node.value)
 
     def sequence(self, node: yaml.Node, path: str) -> list[yaml.Node]:
         if not isinstance(node, yaml.SequenceNode):

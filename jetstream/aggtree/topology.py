@@ -13,7 +13,22 @@ import networkx as nx
 
 from jetstream.errors import PlacementError
 
-__all__ = ["Link", "Server", "Site", "SiteKind", "SourceLoad", "Topology"]
+__all__ = ["Link", "Server", "Site", "SiteKind", "SourceLoad", "Topology", "spark_key_problem"]
+
+
+def spark_key_problem(key: str) -> str | None:
+    """What is wrong with ``key`` as the name of a site's Spark setting; None if nothing.
+
+    A setting names a Spark property (``spark.driver.memory``); the master has a field of
+    its own (``spark_master``, ``--spark-master``), so that there is one place to look.
+    """
+    if key == "spark.master":
+        return "the master is not a setting: use spark_master (or --spark-master)"
+    if (not key.startswith("spark.") or key == "spark." or "=" in key
+            or any(c.isspace() for c in key)):
+        return (f"{key!r} is not a Spark setting; its name starts with 'spark.' and holds "
+                "no space or '=', e.g. spark.driver.memory")
+    return None
 
 
 class SiteKind(enum.Enum):
@@ -55,6 +70,9 @@ class Site:
     sources: tuple[SourceLoad, ...] = ()
     #: The Spark master for the site's local stage; None means ``local[N]`` with N cores.
     spark_master: str | None = None
+    #: Spark settings for the site's session, by name, over the runtime's defaults;
+    #: pairs (sorted by name) rather than a dict, so that a site stays hashable.
+    spark_conf: tuple[tuple[str, str], ...] = ()
 
     @property
     def cores(self) -> int:

@@ -192,6 +192,33 @@ class _ResultsPublisher:
                     backoff = min(backoff * 2, 5.0)
 
 
+class _Stops:
+    """Stops, each on a thread of its own, the queries the controller no longer wants here:
+    a stop may wait for Spark to end a stream, and the heartbeat that asks for it must not."""
+
+    def __init__(self, site: str) -> None:
+        self._site = site
+        self._lock = threading.Lock()
+        self._stopping: set[str] = set()
+
+    def __call__(self, local: SiteController, query: str) -> None:
+        with self._lock:
+            if query in self._stopping:  # asked again by the next heartbeat
+                return
+            self._stopping.add(query)
+        threading.Thread(target=self._stop, args=(local, query), name=f"stop-{query}",
+                         daemon=True).start()
+
+    def _stop(self, local: SiteController, query: str) -> None:
+        try:
+            local.stop(query)
+        except Exception:  # the next heartbeat asks again
+            log.exception("site %s: stopping %s failed", self._site, query)
+        finally:
+            with self._lock:
+                self._stopping.discard(query)
+
+
 class _InputMeter:
     """The bytes of raw logs that have landed in a site's input folder since it started.
 
@@ -252,8 +279,10 @@ def run_site(name: str, controller_address: str, *, security: Security, port: in
     options = options or SiteOptions()
     options.connect = security.channel
     given_master = options.spark_master is not None
+    given_conf = dict(options.spark_conf)  # the command line's: over the topology's
     runtime = SiteRuntime(name, options, lambda *_: None)
-    if given_master and options.input_dir is not None:
+    started_early = given_master and options.input_dir is not None
+    if started_early:
         runtime.session()  # before any gRPC thread exists: see SiteRuntime.session
     controller = rpc.GlobalControllerStub(security.channel(controller_address))
     runtime.publish = _ResultsPublisher(controller, stop)
@@ -273,13 +302,29 @@ def run_site(name: str, controller_address: str, *, security: Security, port: in
         servers = [server_from_proto(s) for s in response.servers]
         if not given_master:
             options.spark_master = response.spark_master or None
+        if not started_early:
+            options.spark_conf = {**response.spark_conf, **given_conf}
         if servicer.controller is None:
             servicer.controller = SiteController(name, servers, runtime)
+            if started_early:
+                # Spark started before registering: the topology's settings came too late.
+                late = sorted(key for key, value in response.spark_conf.items()
+                              if key not in given_conf and options.spark_conf.get(key) != value)
+                if late:
+                    log.warning("site %s: Spark started before registering (--spark-master), "
+                                "without the topology's %s; pass them with --spark-conf",
+                                name, ", ".join(late))
+            elif options.input_dir is not None:
+                # The JVM takes 10-40 s: start it now rather than when the first fragment
+                # arrives. This forks under running gRPC threads, as a start at the first
+                # deploy would (see SiteRuntime.session); --spark-master avoids both.
+                runtime.warm_up()
         log.info("site %s registered with %s (%s, %d servers)", name, controller_address,
                  response.topology, len(servers))
         return float(response.heartbeat_interval_s) or 2.0
 
     input_bytes = _InputMeter(options.input_dir)
+    stop_here = _Stops(name)
 
     def beat() -> None:
         interval, registered, backoff = 2.0, False, 0.5
@@ -296,7 +341,7 @@ def run_site(name: str, controller_address: str, *, security: Security, port: in
                     timeout=CALL_TIMEOUT_S)
                 for query in set(running) - set(response.queries):
                     assert local is not None
-                    local.stop(query)  # the controller no longer wants it here
+                    stop_here(local, query)  # the controller no longer wants it here
                 backoff = 0.5
             except grpc.RpcError as e:
                 if e.code() is grpc.StatusCode.FAILED_PRECONDITION:

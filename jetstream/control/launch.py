@@ -78,7 +78,11 @@ class LocalCluster:
     dashboard_port: int = 0
 
     def __post_init__(self) -> None:
-        self.masters = {s.name: s.master for s in load_topology(self.topology).sites}
+        sites = load_topology(self.topology).sites
+        self.masters = {s.name: s.master for s in sites}
+        # Given its master, a site starts Spark before it registers: it needs the
+        # topology's settings up front too.
+        self.spark_confs = {s.name: s.spark_conf for s in sites}
         self.sites = list(self.masters)
         self.logs.mkdir(parents=True, exist_ok=True)
         self._commands: dict[str, tuple[tuple[str, ...], list[str] | None]] = {}
@@ -115,7 +119,8 @@ class LocalCluster:
         for site in self.sites:
             args = ["site", "--name", site, "--controller", self.address,
                     "--host", self.site_host(site),
-                    "--state-dir", str(state), "--spark-master", self.masters[site]]
+                    "--state-dir", str(state), "--spark-master", self.masters[site],
+                    *(f"--spark-conf={key}={value}" for key, value in self.spark_confs[site])]
             if self.input_dir is not None:
                 args += ["--input", str(self.input_dir / site)]
             if self.replay:

@@ -88,7 +88,7 @@ class GlobalControllerServicer(rpc.GlobalControllerServicer):
             _abort(context, e)
         return pb.RegisterSiteResponse(
             topology=self.controller.topology.name, kind=site.kind.value,
-            spark_master=site.master,
+            spark_master=site.master, spark_conf=dict(site.spark_conf),
             heartbeat_interval_s=self.heartbeat_interval_s,
             servers=[server_to_proto(s) for s in site.servers])
 

@@ -41,7 +41,11 @@ class SiteController:
             raise ControlPlaneError(msg)
         self.site, self.runtime = site, runtime
         self.servers = sorted(servers, key=lambda s: (-s.cores, s.name))
+        # _lock guards the deployments only, so that running() (every heartbeat) never
+        # waits; _changing puts deploys and stops in order through to the runtime, which
+        # may wait for Spark to stop a stream.
         self._lock = threading.Lock()
+        self._changing = threading.Lock()
         self._deployments: dict[str, _Deployment] = {}
 
     def deploy(self, fragment: Fragment, version: int,
@@ -53,24 +57,27 @@ class SiteController:
         if fragment.site != self.site:
             msg = f"site {self.site} was sent the fragment of site {fragment.site}"
             raise ControlPlaneError(msg)
-        with self._lock:
-            current = self._deployments.get(fragment.query)
-            if current is not None and current.version > version:
-                msg = (f"site {self.site} runs version {current.version} of {fragment.query}; "
-                       f"refusing the older version {version}")
-                raise ControlPlaneError(msg)
-            pieces = self._place(fragment)
-            self._deployments[fragment.query] = _Deployment(fragment, version, pieces)
+        with self._changing:
+            with self._lock:
+                current = self._deployments.get(fragment.query)
+                if current is not None and current.version > version:
+                    msg = (f"site {self.site} runs version {current.version} of "
+                           f"{fragment.query}; refusing the older version {version}")
+                    raise ControlPlaneError(msg)
+                pieces = self._place(fragment)
+                self._deployments[fragment.query] = _Deployment(fragment, version, pieces)
             if self.runtime is not None and assignment is not None:
                 self.runtime.deploy(assignment)
             return pieces
 
     def stop(self, query: str) -> bool:
         """Stop a query's pieces here; whether it was running."""
-        with self._lock:
+        with self._changing:
+            with self._lock:
+                placed = self._deployments.pop(query, None) is not None
             if self.runtime is not None:
                 self.runtime.stop(query)
-            return self._deployments.pop(query, None) is not None
+            return placed
 
     def set_level(self, query: str, level: str) -> LinkLevel:
         """An operator's hold on this site's link for ``query`` (see ``QueryRun.set_level``)."""

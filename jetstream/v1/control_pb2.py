@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from jetstream.v1 import query_pb2 as jetstream_dot_v1_dot_query__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ajetstream/v1/control.proto\x12\x0cjetstream.v1\x1a\x18jetstream/v1/query.proto\"<\n\x12SubmitQueryRequest\x12&\n\x05query\x18\x01 \x01(\x0b\x32\x17.jetstream.v1.QuerySpec\"2\n\x13SubmitQueryResponse\x12\r\n\x05query\x18\x01 \x01(\t\x12\x0c\n\x04plan\x18\x02 \x01(\t\"8\n\x0e\x45xplainRequest\x12&\n\x05query\x18\x01 \x01(\x0b\x32\x17.jetstream.v1.QuerySpec\"\x1f\n\x0f\x45xplainResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\"\x0f\n\rStatusRequest\"\x96\x01\n\nSiteStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\r\n\x05\x61live\x18\x04 \x01(\x08\x12\x1f\n\x17seconds_since_heartbeat\x18\x05 \x01(\x01\x12+\n\nplacements\x18\x06 \x03(\x0b\x32\x17.jetstream.v1.Placement\"9\n\tPlacement\x12\r\n\x05query\x18\x01 \x01(\t\x12\r\n\x05piece\x18\x02 \x01(\t\x12\x0e\n\x06server\x18\x03 \x01(\t\"k\n\nLinkStatus\x12\t\n\x01\x61\x18\x01 \x01(\t\x12\t\n\x01\x62\x18\x02 \x01(\t\x12\x15\n\rbandwidth_bps\x18\x03 \x01(\x01\x12\x1b\n\x13planned_bytes_per_s\x18\x04 \x01(\x01\x12\x13\n\x0butilisation\x18\x05 \x01(\x01\"\xc2\x01\n\x0bQueryStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\x12\x0c\n\x04plan\x18\x04 \x01(\t\x12\x0f\n\x07replans\x18\x05 \x01(\x05\x12\x37\n\x07parents\x18\x06 \x03(\x0b\x32&.jetstream.v1.QueryStatus.ParentsEntry\x1a.\n\x0cParentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xae\x01\n\x0eStatusResponse\x12\x10\n\x08topology\x18\x01 \x01(\t\x12\x0c\n\x04root\x18\x02 \x01(\t\x12\'\n\x05sites\x18\x03 \x03(\x0b\x32\x18.jetstream.v1.SiteStatus\x12*\n\x07queries\x18\x04 \x03(\x0b\x32\x19.jetstream.v1.QueryStatus\x12\'\n\x05links\x18\x05 \x03(\x0b\x32\x18.jetstream.v1.LinkStatus\"#\n\x12\x43\x61ncelQueryRequest\x12\r\n\x05query\x18\x01 \x01(\t\"\x15\n\x13\x43\x61ncelQueryResponse\"%\n\x14StreamResultsRequest\x12\r\n\x05query\x18\x01 \x01(\t\"4\n\x13RegisterSiteRequest\x12\x0c\n\x04site\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"8\n\x06Server\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x63ores\x18\x02 \x01(\x05\x12\x11\n\tmemory_gb\x18\x03 \x01(\x01\"\x91\x01\n\x14RegisterSiteResponse\x12\x10\n\x08topology\x18\x01 \x01(\t\x12\x1c\n\x14heartbeat_interval_s\x18\x02 \x01(\x01\x12%\n\x07servers\x18\x03 \x03(\x0b\x32\x14.jetstream.v1.Server\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12\x14\n\x0cspark_master\x18\x05 \x01(\t\"e\n\x15PublishResultsRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12+\n\x07results\x18\x02 \x03(\x0b\x32\x1a.jetstream.v1.WindowResult\x12\x10\n\x08\x66inished\x18\x03 \x01(\x08\"\x18\n\x16PublishResultsResponse\"6\n\x0fLinkMeasurement\x12\x0c\n\x04peer\x18\x01 \x01(\t\x12\x15\n\rbandwidth_bps\x18\x02 \x01(\x01\"c\n\nLinkReport\x12\r\n\x05query\x18\x01 \x01(\t\x12\r\n\x05level\x18\x02 \x01(\t\x12\x13\n\x0blevel_index\x18\x03 \x01(\x05\x12\x0e\n\x06pinned\x18\x04 \x01(\x08\x12\x12\n\nsent_bytes\x18\x05 \x01(\x03\"\xa3\x01\n\x10HeartbeatRequest\x12\x0c\n\x04site\x18\x01 \x01(\t\x12,\n\x05links\x18\x02 \x03(\x0b\x32\x1d.jetstream.v1.LinkMeasurement\x12\x0f\n\x07running\x18\x03 \x03(\t\x12\x13\n\x0binput_bytes\x18\x04 \x01(\x03\x12-\n\x0bquery_links\x18\x05 \x03(\x0b\x32\x18.jetstream.v1.LinkReport\"$\n\x11HeartbeatResponse\x12\x0f\n\x07queries\x18\x01 \x03(\t\"\xe1\x01\n\x08\x46ragment\x12\r\n\x05query\x18\x01 \x01(\t\x12%\n\x04spec\x18\x02 \x01(\x0b\x32\x17.jetstream.v1.QuerySpec\x12\x0f\n\x07sources\x18\x03 \x03(\t\x12\x10\n\x08\x63hildren\x18\x04 \x03(\t\x12\x0e\n\x06parent\x18\x05 \x01(\t\x12\x16\n\x0eparent_address\x18\x06 \x01(\t\x12\x12\n\npartitions\x18\x07 \x01(\x05\x12\r\n\x05\x66inal\x18\x08 \x01(\x08\x12\x0f\n\x07version\x18\t \x01(\x05\x12\x0e\n\x06\x63overs\x18\n \x03(\t\x12\x10\n\x08\x65xpected\x18\x0b \x03(\t\"A\n\x15\x44\x65ployFragmentRequest\x12(\n\x08\x66ragment\x18\x01 \x01(\x0b\x32\x16.jetstream.v1.Fragment\"E\n\x16\x44\x65ployFragmentResponse\x12+\n\nplacements\x18\x01 \x03(\x0b\x32\x17.jetstream.v1.Placement\"$\n\x13StopFragmentRequest\x12\r\n\x05query\x18\x01 \x01(\t\"\x16\n\x14StopFragmentResponse\"=\n\x0fSetLevelRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12\x0c\n\x04site\x18\x02 \x01(\t\x12\r\n\x05level\x18\x03 \x01(\t\"O\n\x10SetLevelResponse\x12\x0c\n\x04link\x18\x01 \x01(\t\x12\r\n\x05level\x18\x02 \x01(\t\x12\x0e\n\x06pinned\x18\x03 \x01(\x08\x12\x0e\n\x06levels\x18\x04 \x03(\t2\xe7\x05\n\x10GlobalController\x12R\n\x0bSubmitQuery\x12 .jetstream.v1.SubmitQueryRequest\x1a!.jetstream.v1.SubmitQueryResponse\x12\x46\n\x07\x45xplain\x12\x1c.jetstream.v1.ExplainRequest\x1a\x1d.jetstream.v1.ExplainResponse\x12\x43\n\x06Status\x12\x1b.jetstream.v1.StatusRequest\x1a\x1c.jetstream.v1.StatusResponse\x12R\n\x0b\x43\x61ncelQuery\x12 .jetstream.v1.CancelQueryRequest\x1a!.jetstream.v1.CancelQueryResponse\x12Q\n\rStreamResults\x12\".jetstream.v1.StreamResultsRequest\x1a\x1a.jetstream.v1.WindowResult0\x01\x12U\n\x0cRegisterSite\x12!.jetstream.v1.RegisterSiteRequest\x1a\".jetstream.v1.RegisterSiteResponse\x12L\n\tHeartbeat\x12\x1e.jetstream.v1.HeartbeatRequest\x1a\x1f.jetstream.v1.HeartbeatResponse\x12[\n\x0ePublishResults\x12#.jetstream.v1.PublishResultsRequest\x1a$.jetstream.v1.PublishResultsResponse\x12I\n\x08SetLevel\x12\x1d.jetstream.v1.SetLevelRequest\x1a\x1e.jetstream.v1.SetLevelResponse2\x8f\x02\n\x0eSiteController\x12[\n\x0e\x44\x65ployFragment\x12#.jetstream.v1.DeployFragmentRequest\x1a$.jetstream.v1.DeployFragmentResponse\x12U\n\x0cStopFragment\x12!.jetstream.v1.StopFragmentRequest\x1a\".jetstream.v1.StopFragmentResponse\x12I\n\x08SetLevel\x12\x1d.jetstream.v1.SetLevelRequest\x1a\x1e.jetstream.v1.SetLevelResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ajetstream/v1/control.proto\x12\x0cjetstream.v1\x1a\x18jetstream/v1/query.proto\"<\n\x12SubmitQueryRequest\x12&\n\x05query\x18\x01 \x01(\x0b\x32\x17.jetstream.v1.QuerySpec\"2\n\x13SubmitQueryResponse\x12\r\n\x05query\x18\x01 \x01(\t\x12\x0c\n\x04plan\x18\x02 \x01(\t\"8\n\x0e\x45xplainRequest\x12&\n\x05query\x18\x01 \x01(\x0b\x32\x17.jetstream.v1.QuerySpec\"\x1f\n\x0f\x45xplainResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\"\x0f\n\rStatusRequest\"\x96\x01\n\nSiteStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\r\n\x05\x61live\x18\x04 \x01(\x08\x12\x1f\n\x17seconds_since_heartbeat\x18\x05 \x01(\x01\x12+\n\nplacements\x18\x06 \x03(\x0b\x32\x17.jetstream.v1.Placement\"9\n\tPlacement\x12\r\n\x05query\x18\x01 \x01(\t\x12\r\n\x05piece\x18\x02 \x01(\t\x12\x0e\n\x06server\x18\x03 \x01(\t\"k\n\nLinkStatus\x12\t\n\x01\x61\x18\x01 \x01(\t\x12\t\n\x01\x62\x18\x02 \x01(\t\x12\x15\n\rbandwidth_bps\x18\x03 \x01(\x01\x12\x1b\n\x13planned_bytes_per_s\x18\x04 \x01(\x01\x12\x13\n\x0butilisation\x18\x05 \x01(\x01\"\xc2\x01\n\x0bQueryStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\x12\x0c\n\x04plan\x18\x04 \x01(\t\x12\x0f\n\x07replans\x18\x05 \x01(\x05\x12\x37\n\x07parents\x18\x06 \x03(\x0b\x32&.jetstream.v1.QueryStatus.ParentsEntry\x1a.\n\x0cParentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xae\x01\n\x0eStatusResponse\x12\x10\n\x08topology\x18\x01 \x01(\t\x12\x0c\n\x04root\x18\x02 \x01(\t\x12\'\n\x05sites\x18\x03 \x03(\x0b\x32\x18.jetstream.v1.SiteStatus\x12*\n\x07queries\x18\x04 \x03(\x0b\x32\x19.jetstream.v1.QueryStatus\x12\'\n\x05links\x18\x05 \x03(\x0b\x32\x18.jetstream.v1.LinkStatus\"#\n\x12\x43\x61ncelQueryRequest\x12\r\n\x05query\x18\x01 \x01(\t\"\x15\n\x13\x43\x61ncelQueryResponse\"%\n\x14StreamResultsRequest\x12\r\n\x05query\x18\x01 \x01(\t\"4\n\x13RegisterSiteRequest\x12\x0c\n\x04site\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"8\n\x06Server\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x63ores\x18\x02 \x01(\x05\x12\x11\n\tmemory_gb\x18\x03 \x01(\x01\"\x8a\x02\n\x14RegisterSiteResponse\x12\x10\n\x08topology\x18\x01 \x01(\t\x12\x1c\n\x14heartbeat_interval_s\x18\x02 \x01(\x01\x12%\n\x07servers\x18\x03 \x03(\x0b\x32\x14.jetstream.v1.Server\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12\x14\n\x0cspark_master\x18\x05 \x01(\t\x12\x45\n\nspark_conf\x18\x06 \x03(\x0b\x32\x31.jetstream.v1.RegisterSiteResponse.SparkConfEntry\x1a\x30\n\x0eSparkConfEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"e\n\x15PublishResultsRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12+\n\x07results\x18\x02 \x03(\x0b\x32\x1a.jetstream.v1.WindowResult\x12\x10\n\x08\x66inished\x18\x03 \x01(\x08\"\x18\n\x16PublishResultsResponse\"6\n\x0fLinkMeasurement\x12\x0c\n\x04peer\x18\x01 \x01(\t\x12\x15\n\rbandwidth_bps\x18\x02 \x01(\x01\"c\n\nLinkReport\x12\r\n\x05query\x18\x01 \x01(\t\x12\r\n\x05level\x18\x02 \x01(\t\x12\x13\n\x0blevel_index\x18\x03 \x01(\x05\x12\x0e\n\x06pinned\x18\x04 \x01(\x08\x12\x12\n\nsent_bytes\x18\x05 \x01(\x03\"\xa3\x01\n\x10HeartbeatRequest\x12\x0c\n\x04site\x18\x01 \x01(\t\x12,\n\x05links\x18\x02 \x03(\x0b\x32\x1d.jetstream.v1.LinkMeasurement\x12\x0f\n\x07running\x18\x03 \x03(\t\x12\x13\n\x0binput_bytes\x18\x04 \x01(\x03\x12-\n\x0bquery_links\x18\x05 \x03(\x0b\x32\x18.jetstream.v1.LinkReport\"$\n\x11HeartbeatResponse\x12\x0f\n\x07queries\x18\x01 \x03(\t\"\xe1\x01\n\x08\x46ragment\x12\r\n\x05query\x18\x01 \x01(\t\x12%\n\x04spec\x18\x02 \x01(\x0b\x32\x17.jetstream.v1.QuerySpec\x12\x0f\n\x07sources\x18\x03 \x03(\t\x12\x10\n\x08\x63hildren\x18\x04 \x03(\t\x12\x0e\n\x06parent\x18\x05 \x01(\t\x12\x16\n\x0eparent_address\x18\x06 \x01(\t\x12\x12\n\npartitions\x18\x07 \x01(\x05\x12\r\n\x05\x66inal\x18\x08 \x01(\x08\x12\x0f\n\x07version\x18\t \x01(\x05\x12\x0e\n\x06\x63overs\x18\n \x03(\t\x12\x10\n\x08\x65xpected\x18\x0b \x03(\t\"A\n\x15\x44\x65ployFragmentRequest\x12(\n\x08\x66ragment\x18\x01 \x01(\x0b\x32\x16.jetstream.v1.Fragment\"E\n\x16\x44\x65ployFragmentResponse\x12+\n\nplacements\x18\x01 \x03(\x0b\x32\x17.jetstream.v1.Placement\"$\n\x13StopFragmentRequest\x12\r\n\x05query\x18\x01 \x01(\t\"\x16\n\x14StopFragmentResponse\"=\n\x0fSetLevelRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12\x0c\n\x04site\x18\x02 \x01(\t\x12\r\n\x05level\x18\x03 \x01(\t\"O\n\x10SetLevelResponse\x12\x0c\n\x04link\x18\x01 \x01(\t\x12\r\n\x05level\x18\x02 \x01(\t\x12\x0e\n\x06pinned\x18\x03 \x01(\x08\x12\x0e\n\x06levels\x18\x04 \x03(\t2\xe7\x05\n\x10GlobalController\x12R\n\x0bSubmitQuery\x12 .jetstream.v1.SubmitQueryRequest\x1a!.jetstream.v1.SubmitQueryResponse\x12\x46\n\x07\x45xplain\x12\x1c.jetstream.v1.ExplainRequest\x1a\x1d.jetstream.v1.ExplainResponse\x12\x43\n\x06Status\x12\x1b.jetstream.v1.StatusRequest\x1a\x1c.jetstream.v1.StatusResponse\x12R\n\x0b\x43\x61ncelQuery\x12 .jetstream.v1.CancelQueryRequest\x1a!.jetstream.v1.CancelQueryResponse\x12Q\n\rStreamResults\x12\".jetstream.v1.StreamResultsRequest\x1a\x1a.jetstream.v1.WindowResult0\x01\x12U\n\x0cRegisterSite\x12!.jetstream.v1.RegisterSiteRequest\x1a\".jetstream.v1.RegisterSiteResponse\x12L\n\tHeartbeat\x12\x1e.jetstream.v1.HeartbeatRequest\x1a\x1f.jetstream.v1.HeartbeatResponse\x12[\n\x0ePublishResults\x12#.jetstream.v1.PublishResultsRequest\x1a$.jetstream.v1.PublishResultsResponse\x12I\n\x08SetLevel\x12\x1d.jetstream.v1.SetLevelRequest\x1a\x1e.jetstream.v1.SetLevelResponse2\x8f\x02\n\x0eSiteController\x12[\n\x0e\x44\x65ployFragment\x12#.jetstream.v1.DeployFragmentRequest\x1a$.jetstream.v1.DeployFragmentResponse\x12U\n\x0cStopFragment\x12!.jetstream.v1.StopFragmentRequest\x1a\".jetstream.v1.StopFragmentResponse\x12I\n\x08SetLevel\x12\x1d.jetstream.v1.SetLevelRequest\x1a\x1e.jetstream.v1.SetLevelResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,6 +34,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_QUERYSTATUS_PARENTSENTRY']._loaded_options = None
   _globals['_QUERYSTATUS_PARENTSENTRY']._serialized_options = b'8\001'
+  _globals['_REGISTERSITERESPONSE_SPARKCONFENTRY']._loaded_options = None
+  _globals['_REGISTERSITERESPONSE_SPARKCONFENTRY']._serialized_options = b'8\001'
   _globals['_SUBMITQUERYREQUEST']._serialized_start=70
   _globals['_SUBMITQUERYREQUEST']._serialized_end=130
   _globals['_SUBMITQUERYRESPONSE']._serialized_start=132
@@ -67,35 +69,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SERVER']._serialized_start=1140
   _globals['_SERVER']._serialized_end=1196
   _globals['_REGISTERSITERESPONSE']._serialized_start=1199
-  _globals['_REGISTERSITERESPONSE']._serialized_end=1344
-  _globals['_PUBLISHRESULTSREQUEST']._serialized_start=1346
-  _globals['_PUBLISHRESULTSREQUEST']._serialized_end=1447
-  _globals['_PUBLISHRESULTSRESPONSE']._serialized_start=1449
-  _globals['_PUBLISHRESULTSRESPONSE']._serialized_end=1473
-  _globals['_LINKMEASUREMENT']._serialized_start=1475
-  _globals['_LINKMEASUREMENT']._serialized_end=1529
-  _globals['_LINKREPORT']._serialized_start=1531
-  _globals['_LINKREPORT']._serialized_end=1630
-  _globals['_HEARTBEATREQUEST']._serialized_start=1633
-  _globals['_HEARTBEATREQUEST']._serialized_end=1796
-  _globals['_HEARTBEATRESPONSE']._serialized_start=1798
-  _globals['_HEARTBEATRESPONSE']._serialized_end=1834
-  _globals['_FRAGMENT']._serialized_start=1837
-  _globals['_FRAGMENT']._serialized_end=2062
-  _globals['_DEPLOYFRAGMENTREQUEST']._serialized_start=2064
-  _globals['_DEPLOYFRAGMENTREQUEST']._serialized_end=2129
-  _globals['_DEPLOYFRAGMENTRESPONSE']._serialized_start=2131
-  _globals['_DEPLOYFRAGMENTRESPONSE']._serialized_end=2200
-  _globals['_STOPFRAGMENTREQUEST']._serialized_start=2202
-  _globals['_STOPFRAGMENTREQUEST']._serialized_end=2238
-  _globals['_STOPFRAGMENTRESPONSE']._serialized_start=2240
-  _globals['_STOPFRAGMENTRESPONSE']._serialized_end=2262
-  _globals['_SETLEVELREQUEST']._serialized_start=2264
-  _globals['_SETLEVELREQUEST']._serialized_end=2325
-  _globals['_SETLEVELRESPONSE']._serialized_start=2327
-  _globals['_SETLEVELRESPONSE']._serialized_end=2406
-  _globals['_GLOBALCONTROLLER']._serialized_start=2409
-  _globals['_GLOBALCONTROLLER']._serialized_end=3152
-  _globals['_SITECONTROLLER']._serialized_start=3155
-  _globals['_SITECONTROLLER']._serialized_end=3426
+  _globals['_REGISTERSITERESPONSE']._serialized_end=1465
+  _globals['_REGISTERSITERESPONSE_SPARKCONFENTRY']._serialized_start=1417
+  _globals['_REGISTERSITERESPONSE_SPARKCONFENTRY']._serialized_end=1465
+  _globals['_PUBLISHRESULTSREQUEST']._serialized_start=1467
+  _globals['_PUBLISHRESULTSREQUEST']._serialized_end=1568
+  _globals['_PUBLISHRESULTSRESPONSE']._serialized_start=1570
+  _globals['_PUBLISHRESULTSRESPONSE']._serialized_end=1594
+  _globals['_LINKMEASUREMENT']._serialized_start=1596
+  _globals['_LINKMEASUREMENT']._serialized_end=1650
+  _globals['_LINKREPORT']._serialized_start=1652
+  _globals['_LINKREPORT']._serialized_end=1751
+  _globals['_HEARTBEATREQUEST']._serialized_start=1754
+  _globals['_HEARTBEATREQUEST']._serialized_end=1917
+  _globals['_HEARTBEATRESPONSE']._serialized_start=1919
+  _globals['_HEARTBEATRESPONSE']._serialized_end=1955
+  _globals['_FRAGMENT']._serialized_start=1958
+  _globals['_FRAGMENT']._serialized_end=2183
+  _globals['_DEPLOYFRAGMENTREQUEST']._serialized_start=2185
+  _globals['_DEPLOYFRAGMENTREQUEST']._serialized_end=2250
+  _globals['_DEPLOYFRAGMENTRESPONSE']._serialized_start=2252
+  _globals['_DEPLOYFRAGMENTRESPONSE']._serialized_end=2321
+  _globals['_STOPFRAGMENTREQUEST']._serialized_start=2323
+  _globals['_STOPFRAGMENTREQUEST']._serialized_end=2359
+  _globals['_STOPFRAGMENTRESPONSE']._serialized_start=2361
+  _globals['_STOPFRAGMENTRESPONSE']._serialized_end=2383
+  _globals['_SETLEVELREQUEST']._serialized_start=2385
+  _globals['_SETLEVELREQUEST']._serialized_end=2446
+  _globals['_SETLEVELRESPONSE']._serialized_start=2448
+  _globals['_SETLEVELRESPONSE']._serialized_end=2527
+  _globals['_GLOBALCONTROLLER']._serialized_start=2530
+  _globals['_GLOBALCONTROLLER']._serialized_end=3273
+  _globals['_SITECONTROLLER']._serialized_start=3276
+  _globals['_SITECONTROLLER']._serialized_end=3547
 # @@protoc_insertion_point(module_scope)

@@ -149,18 +149,27 @@ class Server(_message.Message):
     def __init__(self, name: _Optional[str] = ..., cores: _Optional[int] = ..., memory_gb: _Optional[float] = ...) -> None: ...
 
 class RegisterSiteResponse(_message.Message):
-    __slots__ = ("topology", "heartbeat_interval_s", "servers", "kind", "spark_master")
+    __slots__ = ("topology", "heartbeat_interval_s", "servers", "kind", "spark_master", "spark_conf")
+    class SparkConfEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     TOPOLOGY_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     SERVERS_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     SPARK_MASTER_FIELD_NUMBER: _ClassVar[int]
+    SPARK_CONF_FIELD_NUMBER: _ClassVar[int]
     topology: str
     heartbeat_interval_s: float
     servers: _containers.RepeatedCompositeFieldContainer[Server]
     kind: str
     spark_master: str
-    def __init__(self, topology: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., servers: _Optional[_Iterable[_Union[Server, _Mapping]]] = ..., kind: _Optional[str] = ..., spark_master: _Optional[str] = ...) -> None: ...
+    spark_conf: _containers.ScalarMap[str, str]
+    def __init__(self, topology: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., servers: _Optional[_Iterable[_Union[Server, _Mapping]]] = ..., kind: _Optional[str] = ..., spark_master: _Optional[str] = ..., spark_conf: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class PublishResultsRequest(_message.Message):
     __slots__ = ("query", "results", "finished")
