@@ -19,12 +19,15 @@ link's delay grows with the bytes and shows.
 Where it can still be fooled: work the receiver does per batch that a progress report does not
 pay (decoding, the inbox write and its fsync, the merge) counts as the link's, and so does
 decoding that scales with bytes -- a receiver that slow looks like a link that slow, though it
-must take most of the budget to move the level (a receiver reporting how long it held a batch
-would remove it; the Ack carries no such field). Delays that vary from message to message by
-more than ``down_fraction`` of the budget, twice running, are taken for the link's. Queueing
-behind other traffic on the link delays near-empty messages too and half of it goes into the
-baseline: right as far as a coarser level cannot cut it, but two queries thinning one link can
-partly hide it from each other (the median, not the maximum, keeps most of it out). With no
+must take most of the budget to move the level; once it has, the same cost over a coarser
+level's fewer bytes looks like a thinner link still, so the probe back up waits for it to pass
+(a receiver reporting how long it held a batch would remove it; the Ack carries no such field).
+Delays that vary from message to message by more than ``down_fraction`` of the budget, twice
+running, are taken for the link's. Queueing behind other traffic on the link delays near-empty
+messages too and half of it goes into the baseline: right as far as a coarser level cannot cut
+it, but two queries thinning one link can partly hide it from each other (the median, not the
+maximum, keeps most of it out). A window sent behind others is timed from the previous ack, so
+it pays no round trip, and subtracting one makes the link look a round trip faster. With no
 near-empty message timed yet (each is sent right behind a batch), the whole delay is the
 link's, as if the baseline were 0.
 
