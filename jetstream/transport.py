@@ -79,9 +79,9 @@ class PartialSender:
         Those seconds run from when gRPC took the message, or the previous ack if that
         came later, to its ack: a wait in this sender's queue (behind a burst of windows,
         or a reconnection's backoff) and this sender's handling of earlier acks are left
-        out. ``on_round_trip(seconds)`` hears the same of each progress report that found
-        nothing of this sender in flight: what a near-empty message costs, the part of
-        every ack's delay that does not depend on its bytes.
+        out. ``on_round_trip(seconds)`` hears the same of each acknowledged progress report:
+        what a near-empty message costs, the part of every ack's delay that does not depend
+        on its bytes (behind a batch, the receiver's time on it alone).
         ``store``: keep batches there until acked, for ``destination`` (a name that outlives
         this sender), and send first what it holds unacked for it. ``link`` names the link
         in the metrics (``"child->parent"``; default: the address)."""
@@ -91,10 +91,9 @@ class PartialSender:
         self.address, self._connect = address, connect or grpc.insecure_channel
         self._store, self._destination = store, destination
         self._on_ack, self._on_round_trip = on_ack, on_round_trip
-        # Per message on the current stream: when gRPC took it, and whether nothing of ours
-        # was in flight then. Only the ack-reading thread reads _free_at: when it was last
-        # ready for the next ack.
-        self._handed: dict[AckKey, tuple[float, bool]] = {}
+        # When gRPC took each message of the current stream. Only the ack-reading thread
+        # reads _free_at: when it was last ready for the next ack.
+        self._handed: dict[AckKey, float] = {}
         self._free_at: float | None = None
         self.bytes_sent = 0
         self.batches_sent = 0
@@ -196,7 +195,7 @@ class PartialSender:
         self.batches_sent += message.HasField("batch")
         self._bytes_metric.inc(size)
         with self._lock:
-            self._handed[_key(message)] = (time.monotonic(), not self._handed)
+            self._handed[_key(message)] = time.monotonic()
         return message
 
     def _acked(self, ack: pb.Ack, arrived: float) -> None:
@@ -218,12 +217,11 @@ class PartialSender:
             self._lock.notify_all()
         if message is None or handed is None:
             return
-        handed_at, idle = handed
         # Until the previous ack came, the connection was busy with earlier messages.
-        started = handed_at if self._free_at is None else max(handed_at, self._free_at)
+        started = handed if self._free_at is None else max(handed, self._free_at)
         seconds = max(arrived - started, 0.0)
         if ack.progress:
-            if idle and self._on_round_trip:
+            if self._on_round_trip:
                 self._on_round_trip(seconds)
         elif self._on_ack:
             self._on_ack(message.batch, seconds, backlog)

@@ -8,13 +8,14 @@ What it measures. A level changes only how many bytes a window weighs, so only t
 window's delay that grows with its bytes is the link's, and only that part a coarser level can
 cut. The sender reports, for each message, the time the connection spent on it alone (from when
 it was handed to gRPC, or the previous ack if that came later, to its ack), and the same for
-near-empty messages (progress reports) sent on an idle connection: those pay what any message
-pays whatever its size -- the round trip, both processes' scheduling on a loaded machine, a
-receiver slow to get to its stream. The *link time* of a window is its time minus the median
-of the last ``ROUND_TRIPS`` near-empty ones; the throughput is bytes over link time.
-A busy sender, a CPU-starved receiver or a burst of windows from a slow stage delays acks by
-about the same whatever the bytes, so it leaves the link time, and the level, alone; a thin
-link's delay grows with the bytes and shows.
+near-empty messages (progress reports): those pay what any message pays whatever its size --
+the round trip, both processes' scheduling on a loaded machine, a receiver slow to get to each
+message (behind a batch, a report is timed from the batch's ack: the receiver's delay alone).
+The *link time* of a window is its time minus the median of the last ``ROUND_TRIPS``
+near-empty ones; the throughput is bytes over link time. A busy sender, a CPU-starved receiver
+or a burst of windows from a slow stage delays acks by about the same whatever the bytes, so
+it leaves the link time, and the level, alone; a thin link's delay grows with the bytes and
+shows.
 
 Where it can still be fooled: work the receiver does per batch that a progress report does not
 pay (decoding, the inbox write and its fsync, the merge) counts as the link's, and so does
@@ -28,8 +29,7 @@ messages too and half of it goes into the baseline: right as far as a coarser le
 it, but two queries thinning one link can partly hide it from each other (the median, not the
 maximum, keeps most of it out). A window sent behind others is timed from the previous ack, so
 it pays no round trip, and subtracting one makes the link look a round trip faster. With no
-near-empty message timed yet (each is sent right behind a batch), the whole delay is the
-link's, as if the baseline were 0.
+near-empty message timed yet, the whole delay is the link's, as if the baseline were 0.
 
 The policy, in brief. It keeps a smoothed estimate of the link's throughput in bytes/s that
 one outlying window does not move. It steps *down* (coarser) when a window at the current level
@@ -343,8 +343,9 @@ class LinkPolicy:
     # --- the feedback loop -------------------------------------------------------------------
 
     def observe_round_trip(self, send_s: float) -> None:
-        """Account for a near-empty message sent on an idle connection and acknowledged
-        ``send_s`` seconds later: what every window pays besides its bytes' time on the link.
+        """Account for a near-empty message acknowledged ``send_s`` seconds after it was sent
+        (or after the previous ack): what every window pays besides its bytes' time on the
+        link.
 
         Raises
         ------
