@@ -249,9 +249,9 @@ def test_a_draining_backlog_is_left_to_drain() -> None:
 
 def delayed(policy: LinkPolicy, clock: FakeClock, delay_s: float, bps: float, windows: int,
             backlogs: Sequence[int] = (0,)) -> None:
-    """Each window, a near-empty message takes ``delay_s`` to be acked,
-    and the window at the policy's level ``delay_s`` plus its bytes at ``bps`` bytes/s; the
-    backlog behind the windows cycles through ``backlogs``."""
+    """Each window, a near-empty message takes ``delay_s`` to be acked, and the window at the
+    policy's level ``delay_s`` plus its bytes at ``bps`` bytes/s; the backlog behind the
+    windows cycles through ``backlogs``."""
     for _, backlog in zip(range(windows), itertools.cycle(backlogs), strict=False):
         clock.now += WINDOW_S
         policy.observe_round_trip(delay_s)
