@@ -218,6 +218,7 @@ class QueryRun:
         if self.store is not None:
             self._check_held(self.store)
         self.sender = PartialSender(assignment.parent_address, on_ack=self._acked,
+                                    on_round_trip=self._round_trip,
                                     store=self.store, destination=assignment.fragment.query,
                                     connect=self.options.connect, link=self.metrics.link)
         self._link_metrics()
@@ -476,6 +477,10 @@ class QueryRun:
             log.info("%s at %s: link to %s now at level %r (%s)", self.name, self.site,
                      self.assignment.fragment.parent, after.name,
                      self.policy.history[-1].reason if self.policy.history else "")
+
+    def _round_trip(self, seconds: float) -> None:
+        if self.policy is not None:
+            self.policy.observe_round_trip(seconds)
 
     def _finish(self, merged: MergedWindow) -> list[WindowResult]:
         now_ms = time.time_ns() // 1_000_000

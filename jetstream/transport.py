@@ -4,7 +4,8 @@
 backup): it holds one streaming ``Push`` call to its parent, and when that breaks it
 reconnects with exponential backoff and sends again whatever is not acknowledged, in the
 order it was first sent. Every byte it sends is counted. Besides partial batches it carries
-each origin's progress (its watermark), of which only the newest matters. Given a
+each origin's progress (its watermark), of which only the newest matters. It times each
+message by what the connection spent on it alone, for the link's degradation policy. Given a
 :class:`~jetstream.cubes.CubeStore`, it keeps each batch there before sending it and marks it
 when acked, so that a sender started on the same store after a restart sends first what the
 last one never got acked.
@@ -68,12 +69,19 @@ class PartialSender:
 
     def __init__(self, address: str, *, max_backoff_s: float = 5.0,
                  on_ack: Callable[[pb.PartialBatch, float, int], None] | None = None,
+                 on_round_trip: Callable[[float], None] | None = None,
                  store: CubeStore | None = None, destination: str = "",
                  connect: Connect | None = None, link: str = "") -> None:
         """``connect`` opens the channel to the parent: the site process passes its
         ``Security.channel``; None, plaintext, is for senders within one test process.
-        ``on_ack(batch, seconds, backlog)`` hears of each acknowledged batch: how long it
-        took from ``send`` to its ack, and how many batches are still unacknowledged.
+        ``on_ack(batch, seconds, backlog)`` hears of each acknowledged batch: the seconds
+        the connection spent on it alone, and how many batches are still unacknowledged.
+        Those seconds run from when gRPC took the message, or the previous ack if that
+        came later, to its ack: a wait in this sender's queue (behind a burst of windows,
+        or a reconnection's backoff) and this sender's handling of earlier acks are left
+        out. ``on_round_trip(seconds)`` hears the same of each acknowledged progress report:
+        what a near-empty message costs, the part of every ack's delay that does not depend
+        on its bytes (behind a batch, the receiver's time on it alone).
         ``store``: keep batches there until acked, for ``destination`` (a name that outlives
         this sender), and send first what it holds unacked for it. ``link`` names the link
         in the metrics (``"child->parent"``; default: the address)."""
@@ -82,8 +90,11 @@ class PartialSender:
             raise DataError(msg)
         self.address, self._connect = address, connect or grpc.insecure_channel
         self._store, self._destination = store, destination
-        self._on_ack = on_ack
-        self._sent_at: dict[AckKey, float] = {}
+        self._on_ack, self._on_round_trip = on_ack, on_round_trip
+        # When gRPC took each message of the current stream. Only the ack-reading thread
+        # reads _free_at: when it was last ready for the next ack.
+        self._handed: dict[AckKey, float] = {}
+        self._free_at: float | None = None
         self.bytes_sent = 0
         self.batches_sent = 0
         self._labels = (link or address, destination)
@@ -122,7 +133,6 @@ class PartialSender:
         with self._lock:
             self._unacked.pop(key, None)  # a newer progress report goes after the batches
             self._unacked[key] = message
-            self._sent_at.setdefault(key, time.monotonic())
             self._unacked_metric.set(len(self._unacked))
 
     @property
@@ -147,9 +157,13 @@ class PartialSender:
             stub = rpc.DataPlaneStub(channel)
             while not self._stop.is_set():
                 done = threading.Event()
+                with self._lock:  # a new stream: nothing of ours is in flight on it
+                    self._handed.clear()
+                    self._free_at = None
                 try:
                     for ack in stub.Push(self._requests(done), timeout=STREAM_DEADLINE_S):
-                        self._acked(ack)
+                        self._acked(ack, time.monotonic())
+                        self._free_at = time.monotonic()  # our bookkeeping is not the link's
                         backoff = 0.1
                 except grpc.RpcError as e:
                     if not self._stop.is_set() and e.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
@@ -166,22 +180,25 @@ class PartialSender:
         while not self._queue.empty():  # those are in ``pending`` already
             self._queue.get_nowait()
         for message in pending:
-            yield self._counted(message)
+            yield self._handed_over(message)
         while not (self._stop.is_set() or done.is_set()):
             try:
                 message = self._queue.get(timeout=0.2)
             except queue.Empty:
                 continue
-            yield self._counted(message)
+            yield self._handed_over(message)
 
-    def _counted(self, message: pb.PushMessage) -> pb.PushMessage:
+    def _handed_over(self, message: pb.PushMessage) -> pb.PushMessage:
+        """Count the message, and note that gRPC takes it now."""
         size = message.ByteSize()
         self.bytes_sent += size
         self.batches_sent += message.HasField("batch")
         self._bytes_metric.inc(size)
+        with self._lock:
+            self._handed[_key(message)] = time.monotonic()
         return message
 
-    def _acked(self, ack: pb.Ack) -> None:
+    def _acked(self, ack: pb.Ack, arrived: float) -> None:
         if ack.progress:
             key = _progress_key(ack.query, ack.origin)
         else:
@@ -194,12 +211,20 @@ class PartialSender:
                 if held is None or held.progress.sequence > ack.sequence:
                     return  # a newer report is still on its way
             message = self._unacked.pop(key, None)
-            sent_at = self._sent_at.pop(key, None)
+            handed = self._handed.pop(key, None)
             backlog = sum(m.HasField("batch") for m in self._unacked.values())
             self._unacked_metric.set(len(self._unacked))
             self._lock.notify_all()
-        if self._on_ack and message is not None and sent_at is not None and not ack.progress:
-            self._on_ack(message.batch, time.monotonic() - sent_at, backlog)
+        if message is None or handed is None:
+            return
+        # Until the previous ack came, the connection was busy with earlier messages.
+        started = handed if self._free_at is None else max(handed, self._free_at)
+        seconds = max(arrived - started, 0.0)
+        if ack.progress:
+            if self._on_round_trip:
+                self._on_round_trip(seconds)
+        elif self._on_ack:
+            self._on_ack(message.batch, seconds, backlog)
 
     def _mark_acked(self, key: AckKey, ack: pb.Ack) -> None:
         """Mark an acked batch in the store, before ``flush`` can see it acked."""

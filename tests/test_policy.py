@@ -218,14 +218,26 @@ def test_two_slow_windows_are_a_shift_not_an_outlier() -> None:
     assert policy.history[0].reason.startswith("too slow")
 
 
-def test_a_backlog_that_does_not_drain_for_an_interval_steps_down_one_level() -> None:
+def test_a_backlog_that_does_not_drain_while_the_link_is_slow_steps_down_one_level() -> None:
     policy, clock = make_policy()
     feed(policy, clock, 1e6, 0.25, backlog=3, times=5)
     assert policy.history == [], "stuck for 4 s only"
-    feed(policy, clock, 1e6, 0.25, backlog=3)
+    # One slow window: the smoothed estimate ignores it, but it says the link is too slow for
+    # the level now, so the backlog is the link's.
+    feed(policy, clock, 1e6, 0.9, backlog=3)
     (change,) = policy.history
     assert change.reason == "backlog stuck at 3 windows for 5s"
     assert (change.from_level.index, change.to_level.index) == (0, 1)
+
+
+def test_a_backlog_the_link_does_not_explain_moves_nothing() -> None:
+    # Each window takes the link a quarter of a window, so it would drain any backlog: one
+    # that stays or grows waits on something else (a slow receiver, a burst from the stage),
+    # and fewer bytes would not shorten it. (The policy stepped down here before.)
+    policy, clock = make_policy()
+    for backlog in (3, 3, 3, 3, 3, 3, 3, 4, 5, 6, 0, 5, 4, 3, 2, 1, 0):
+        feed(policy, clock, 1e6, 0.25, backlog=backlog)
+    assert policy.history == [] and policy.level.index == 0
 
 
 def test_a_draining_backlog_is_left_to_drain() -> None:
@@ -233,6 +245,55 @@ def test_a_draining_backlog_is_left_to_drain() -> None:
     for backlog in (4, 4, 3, 3, 3, 2, 2, 2, 1, 0):
         feed(policy, clock, 1e6, 0.25, backlog=backlog)
     assert policy.history == []
+
+
+def delayed(policy: LinkPolicy, clock: FakeClock, delay_s: float, bps: float, windows: int,
+            backlogs: Sequence[int] = (0,)) -> None:
+    """Each window, a near-empty message takes ``delay_s`` to be acked, and the window at the
+    policy's level ``delay_s`` plus its bytes at ``bps`` bytes/s; the backlog behind the
+    windows cycles through ``backlogs``."""
+    for _, backlog in zip(range(windows), itertools.cycle(backlogs), strict=False):
+        clock.now += WINDOW_S
+        policy.observe_round_trip(delay_s)
+        size = policy.level.bytes_per_window
+        policy.observe(size, delay_s + size / bps, backlog)
+
+
+@pytest.mark.parametrize("delay_s", [0.5, 2.0, 7.0])
+def test_acks_late_by_the_same_delay_whatever_their_size_leave_a_fast_link_exact(
+        delay_s: float) -> None:
+    # A loaded machine: the receiver (or the sender) gets to every message delay_s late, and
+    # the stage makes windows in bursts. The link carries an exact window in 25 ms.
+    policy, clock = make_policy()
+    delayed(policy, clock, delay_s, 4e7, 40, backlogs=(0, 3, 2, 1))
+    assert policy.history == [] and policy.level.index == 0
+    assert policy.violation is None
+    assert policy.base_s == pytest.approx(delay_s)
+    assert policy.send_time_s(0) == pytest.approx(0.025, rel=0.01)
+
+
+@pytest.mark.parametrize("delay_s", [0.0, 0.5, 2.0])
+def test_acks_late_by_a_delay_that_grows_with_bytes_step_down_to_what_fits(
+        delay_s: float) -> None:
+    # The same delays and bursts on a thin link: an exact window takes the link 2.5 s.
+    policy, clock = make_policy()
+    delayed(policy, clock, delay_s, 4e5, 40, backlogs=(0, 3, 2, 1))
+    assert [c.to_level.index for c in policy.history] == [2]
+    assert fits(LADDER[2], 4e5) and not fits(LADDER[1], 4e5)
+    assert policy.throughput == pytest.approx(4e5, rel=0.01)  # the link's, not the delay's
+
+
+def test_the_baseline_is_the_median_of_recent_round_trips() -> None:
+    policy, _ = make_policy()
+    assert policy.base_s == 0.0
+    for seconds in (0.1, 5.0, 0.2, 0.3):  # one stall does not move it far
+        policy.observe_round_trip(seconds)
+    assert policy.base_s == pytest.approx(0.25)
+    for _ in range(8):
+        policy.observe_round_trip(1.0)
+    assert policy.base_s == 1.0, "only the recent ones count"
+    with pytest.raises(js.DataError, match="round trip"):
+        policy.observe_round_trip(-0.1)
 
 
 def test_send_time_scales_relative_levels_by_the_bytes_seen() -> None:

@@ -12,6 +12,7 @@ import grpc
 import pytest
 
 import jetstream as js
+from jetstream.approx.policy import LinkPolicy, degradation_ladder
 from jetstream.control.server import start_server
 from jetstream.cubes import CubeStore
 from jetstream.operators import Phase, WindowAggregate
@@ -26,7 +27,11 @@ AGGREGATE = WindowAggregate(
 
 
 class Receiver:
-    def __init__(self, port: int = 0) -> None:
+    """A DataPlane server; ``delay_s``: it takes that long over each message before acking
+    (a busy or CPU-starved receiver)."""
+
+    def __init__(self, port: int = 0, delay_s: float = 0.0) -> None:
+        self.delay_s = delay_s
         self.delivered: list[PartialBatch] = []
         self.arrived = threading.Condition()
         self.progress: list[tuple[str, int, bool]] = []
@@ -37,11 +42,13 @@ class Receiver:
             port)
 
     def _deliver(self, batch: PartialBatch) -> None:
+        time.sleep(self.delay_s)
         with self.arrived:
             self.delivered.append(batch)
             self.arrived.notify_all()
 
     def _progress(self, report: pb.Progress) -> None:
+        time.sleep(self.delay_s)
         with self.arrived:
             self.progress.append((report.origin, report.watermark_ms, report.ended))
             self.arrived.notify_all()
@@ -191,6 +198,72 @@ def test_each_acknowledged_batch_is_timed(receiver: Receiver) -> None:
         assert all(0 <= s < 10 and 0 <= backlog <= 2 for _, s, backlog in timed)
     finally:
         sender.close()
+
+
+def test_a_burst_is_timed_message_by_message_not_from_when_it_was_queued() -> None:
+    receiver = Receiver(delay_s=0.3)
+    timed: list[tuple[float, int]] = []
+    sender = PartialSender(f"127.0.0.1:{receiver.port}",
+                           on_ack=lambda b, s, backlog: timed.append((s, backlog)))
+    try:
+        for w in range(0, 60, 10):  # six windows at once, as a slow stage makes them
+            sender.send(message(w, sequence=w))
+        assert sender.flush(20)
+        # The last waited about 1.8 s from send to ack, but the connection spent 0.3 s on
+        # it: timed from send, the burst looked like a link six times thinner than it is.
+        assert [backlog for _, backlog in timed] == [5, 4, 3, 2, 1, 0]
+        assert all(0.25 <= s < 1.0 for s, _ in timed), timed
+    finally:
+        sender.close()
+        receiver.stop()
+
+
+def test_a_progress_report_is_a_round_trip_timed_from_the_ack_before_it() -> None:
+    receiver = Receiver(delay_s=0.3)
+    trips: list[float] = []
+    sender = PartialSender(f"127.0.0.1:{receiver.port}", on_round_trip=trips.append)
+    try:
+        sender.send_progress(pb.Progress(query="q", origin="sfo", watermark_ms=0, sequence=1))
+        assert sender.flush(10)
+        sender.send(message(0))
+        sender.send_progress(pb.Progress(query="q", origin="sfo", watermark_ms=10, sequence=2))
+        assert sender.flush(10)
+        # Alone, and behind the batch: each took the receiver 0.3 s, not the 0.6 s from
+        # send to ack that the second waited.
+        assert len(trips) == 2 and all(0.25 <= t < 0.55 for t in trips), trips
+    finally:
+        sender.close()
+        receiver.stop()
+
+
+def test_a_receiver_slow_to_ack_leaves_a_fast_link_exact() -> None:
+    # Every message waits 0.5 s at the receiver, a whole window, before its ack: the link
+    # (loopback) is not what is slow, and fewer bytes would not make the acks come sooner.
+    receiver = Receiver(delay_s=0.5)
+    policy = LinkPolicy(degradation_ladder([("exact", 1.0, 0.0), ("top", 0.1, 0.1)]),
+                        window_s=0.5, min_interval_s=0.0)
+
+    def acked(batch: pb.PartialBatch, seconds: float, backlog: int) -> None:
+        policy.observe(batch.ByteSize(), max(seconds, 1e-6), backlog, level=batch.level)
+
+    sender = PartialSender(f"127.0.0.1:{receiver.port}", on_ack=acked,
+                           on_round_trip=policy.observe_round_trip)
+    counts = {f"d{i}.example.com": i for i in range(300)}
+    try:
+        for w in range(0, 50, 10):  # a live stream: progress between windows, then a window
+            sender.send_progress(pb.Progress(query="q", origin="sfo", watermark_ms=w,
+                                             sequence=w))
+            assert sender.flush(10)
+            sender.send(message(w, counts=counts, sequence=w + 1))
+            assert sender.flush(10)
+        for w in range(50, 80, 10):  # and a burst
+            sender.send(message(w, counts=counts, sequence=w + 1))
+        assert sender.flush(10)
+        assert policy.base_s >= 0.5
+        assert policy.history == [] and policy.level.index == 0, policy.history
+    finally:
+        sender.close()
+        receiver.stop()
 
 
 def test_a_sender_whose_store_fails_still_sends(receiver: Receiver, tmp_path: Path,

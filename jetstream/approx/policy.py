@@ -4,11 +4,40 @@
 (SIGCOMM'18) as pure, clock-injected Python: the sender reports each acknowledged window, the
 policy answers with the level to encode the next windows at.
 
+What it measures. A level changes only how many bytes a window weighs, so only the part of a
+window's delay that grows with its bytes is the link's, and only that part a coarser level can
+cut. The sender reports, for each message, the time the connection spent on it alone (from when
+it was handed to gRPC, or the previous ack if that came later, to its ack), and the same for
+near-empty messages (progress reports): those pay what any message pays whatever its size --
+the round trip, both processes' scheduling on a loaded machine, a receiver slow to get to each
+message (behind a batch, a report is timed from the batch's ack: the receiver's delay alone).
+The *link time* of a window is its time minus the median of the last ``ROUND_TRIPS``
+near-empty ones; the throughput is bytes over link time. A busy sender, a CPU-starved receiver
+or a burst of windows from a slow stage delays acks by about the same whatever the bytes, so
+it leaves the link time, and the level, alone; a thin link's delay grows with the bytes and
+shows.
+
+Where it can still be fooled: work the receiver does per batch that a progress report does not
+pay (decoding, the inbox write and its fsync, the merge) counts as the link's, and so does
+decoding that scales with bytes -- a receiver that slow looks like a link that slow, though it
+must take most of the budget to move the level; once it has, the same cost over a coarser
+level's fewer bytes looks like a thinner link still, so the probe back up waits for it to pass
+(a receiver reporting how long it held a batch would remove it; the Ack carries no such field).
+Delays that vary from message to message by more than ``down_fraction`` of the budget, twice
+running, are taken for the link's. Queueing behind other traffic on the link delays near-empty
+messages too and half of it goes into the baseline: right as far as a coarser level cannot cut
+it, but two queries thinning one link can partly hide it from each other (the median, not the
+maximum, keeps most of it out). A window sent behind others is timed from the previous ack, so
+it pays no round trip, and subtracting one makes the link look a round trip faster. With no
+near-empty message timed yet, the whole delay is the link's, as if the baseline were 0.
+
 The policy, in brief. It keeps a smoothed estimate of the link's throughput in bytes/s that
 one outlying window does not move. It steps *down* (coarser) when a window at the current level
 would take more than ``down_fraction`` (0.8) of the budget to send -- the budget is the window
 length, or the SLO's ``max_latency`` if smaller -- or when the backlog behind the acknowledged
-window exceeds ``max_backlog_windows`` and grows, or stays put for ``min_interval_s``; it then
+window exceeds ``max_backlog_windows`` and grows, or stays put for ``min_interval_s``, *and*
+the latest window's link time says the link is too slow for the current level (windows pile up
+behind a slow receiver just the same, and a coarser level would not drain them); it then
 jumps straight to the most accurate level that fits. It steps *up* (finer) one level at a time,
 as a probe, only after ``min_interval_s`` at the current level and only when the finer level
 would take less than ``up_fraction`` (0.5) of the budget. It cannot oscillate: no two changes
@@ -23,7 +52,9 @@ from __future__ import annotations
 
 import itertools
 import math
+import statistics
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
@@ -41,6 +72,10 @@ SMOOTHING = 0.3
 OUTLIER_FACTOR = 2.0
 #: A throughput no acknowledged window has confirmed for this many windows is stale.
 STALE_WINDOWS = 3
+#: How many near-empty round trips the baseline is taken from.
+ROUND_TRIPS = 8
+#: A window's link time is at least this: below it, clocks and schedulers decide, not the link.
+MIN_LINK_S = 1e-3
 
 
 @dataclass(frozen=True)
@@ -216,6 +251,7 @@ class LinkPolicy:
         self._throughput = _RobustAverage()
         self._sampled_at: float | None = None  # when the newest throughput sample came
         self._volume = _RobustAverage()  # window bytes per unit of bytes_per_window
+        self._round_trips: deque[float] = deque(maxlen=ROUND_TRIPS)
         self._last_backlog: int | None = None
         self._last_was_evidence = False
         self._backlog_since: tuple[float, int] | None = None  # (time, backlog) it went over
@@ -255,6 +291,12 @@ class LinkPolicy:
         return self._throughput.value
 
     @property
+    def base_s(self) -> float:
+        """What a near-empty message takes on the connection, whatever the link's bandwidth:
+        the median of the last ``ROUND_TRIPS`` round trips, 0.0 before the first."""
+        return statistics.median(self._round_trips) if self._round_trips else 0.0
+
+    @property
     def recent_throughput(self) -> float | None:
         """:attr:`throughput`, or None if no window with bytes in it was acknowledged in the
         last ``STALE_WINDOWS`` windows: a stalled link's last speed is not its speed now."""
@@ -264,8 +306,9 @@ class LinkPolicy:
         return self._throughput.value
 
     def send_time_s(self, level: DegradationLevel | int) -> float | None:
-        """Predicted seconds from starting to send a window at ``level`` to its ack, or None
-        before the first window with bytes in it."""
+        """Predicted link time of a window at ``level``: seconds from starting to send it to
+        its ack beyond what a near-empty message takes (:attr:`base_s`), or None before the
+        first window with bytes in it."""
         return self._send_time(self._index(level), self._rate())
 
     @property
@@ -299,15 +342,33 @@ class LinkPolicy:
 
     # --- the feedback loop -------------------------------------------------------------------
 
+    def observe_round_trip(self, send_s: float) -> None:
+        """Account for a near-empty message acknowledged ``send_s`` seconds after it was sent
+        (or after the previous ack): what every window pays besides its bytes' time on the
+        link.
+
+        Raises
+        ------
+        DataError
+            If ``send_s`` is negative or not finite.
+        """
+        if not (_is_number(send_s) and 0 <= send_s < math.inf):
+            msg = (f"link policy: a round trip must be a finite number of seconds >= 0, "
+                   f"not {send_s!r}")
+            raise DataError(msg)
+        self._round_trips.append(float(send_s))
+
     def observe(self, window_bytes: float, send_s: float, backlog_windows: int, *,
                 level: DegradationLevel | int | None = None) -> DegradationLevel:
         """Account for one acknowledged window and return the level for the next windows.
 
-        ``window_bytes`` were sent in ``send_s`` seconds (from the start of sending to the
-        ack); ``backlog_windows`` wait unacknowledged behind it. ``level`` is the level the
-        window was encoded at (default: the current one); pass it for windows encoded before
-        a change, so that they teach the policy the link's speed but not how much the new
-        level weighs, and a backlog of old, heavier windows is not blamed on the new level.
+        ``window_bytes`` were sent in ``send_s`` seconds (from the start of sending -- once
+        the link was free of earlier messages -- to the ack); the link's share of it is what
+        exceeds :attr:`base_s`. ``backlog_windows`` wait unacknowledged behind it. ``level``
+        is the level the window was encoded at (default: the current one); pass it for
+        windows encoded before a change, so that they teach the policy the link's speed but
+        not how much the new level weighs, and a backlog of old, heavier windows is not
+        blamed on the new level.
 
         Raises
         ------
@@ -327,7 +388,7 @@ class LinkPolicy:
         encoded = self._current if level is None else self._index(level)
         now = self._clock()
         if window_bytes > 0:
-            self._throughput.add(window_bytes / send_s)
+            self._throughput.add(window_bytes / max(send_s - self.base_s, MIN_LINK_S))
             self._sampled_at = now
             self._volume.add(window_bytes / self._levels[encoded].bytes_per_window)
 
@@ -351,25 +412,29 @@ class LinkPolicy:
 
     def _decide(self, now: float, backlog: int, previous: int | None, over: bool, grew: bool,
                 evidence: bool) -> None:
-        if over and grew:  # the one change allowed inside min_interval_s
+        down_at = self.down_fraction * self.budget_s
+        # A backlog is the link's only if the latest window says the link is too slow for this
+        # level: a slow receiver, or a burst of windows from the stage, piles them up as well.
+        latest = self._send_time(self._current, self._cautious_rate())
+        link_backlog = over and latest is not None and latest > down_at
+        if link_backlog and grew:  # the one change allowed inside min_interval_s
             self._step_down(now, f"backlog grew from {previous} to {backlog} windows")
             return
         if self._changed_at is not None and now - self._changed_at < self.min_interval_s:
             return
         current = self._current
         t = self._send_time(current, self._rate())
-        down_at = self.down_fraction * self.budget_s
         if t is not None and t > down_at:
             self._step_down(now, f"too slow: a window at {self.level.name!r} takes about "
                                  f"{t:.3g}s, over {down_at:.3g}s")
             return
         since = self._backlog_since
-        if over and since is not None and now - since[0] >= self.min_interval_s \
+        if link_backlog and since is not None and now - since[0] >= self.min_interval_s \
                 and backlog >= since[1]:
             self._step_down(now, f"backlog stuck at {backlog} windows for "
                                  f"{now - since[0]:.3g}s")
             return
-        if current == 0 or over or not evidence:
+        if current == 0 or link_backlog or not evidence:
             return
         finer = self._send_time(current - 1, self._cautious_rate())
         up_at = self.up_fraction * self.budget_s
@@ -436,8 +501,9 @@ class LinkPolicy:
         return min(value, latest, self._rate_cap)
 
     def _send_time(self, index: int, rate: float | None) -> float | None:
-        # The link's round trip is folded into the throughput: a finer level is predicted a
-        # little slower than it will be, which only makes step ups more careful.
+        # Whatever of the round trip the baseline does not hold is folded into the throughput:
+        # a finer level is predicted a little slower than it will be, which only makes step
+        # ups more careful.
         volume = self._volume.value
         if rate is None or volume is None:
             return None
