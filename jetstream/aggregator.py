@@ -96,6 +96,8 @@ class WindowMerger:
         self._ended: set[str] = set()
         self._forgotten_end: int | None = None  # the latest end of a forgotten window
         self.too_late = 0  # batches refused: their window was forgotten
+        #: Set whenever a batch or a progress report comes in: a window may be ready now.
+        self.changed = threading.Event()
 
     def set_inputs(self, inputs: Iterable[str]) -> None:
         """Merge from ``inputs`` from now on (a re-plan): windows waiting for an input that
@@ -114,6 +116,7 @@ class WindowMerger:
             held = pending.batches.get(batch.origin)
             if held is None or batch.revision > held.revision:
                 pending.batches[batch.origin] = batch
+        self.changed.set()
 
     def progress(self, origin: str, watermark_ms: int, ended: bool = False) -> None:
         """An input has sent every window ending at or before ``watermark_ms``."""
@@ -121,6 +124,7 @@ class WindowMerger:
             self._watermarks[origin] = ENDED if ended else watermark_ms
             if ended:
                 self._ended.add(origin)
+        self.changed.set()
 
     @property
     def watermark(self) -> int | None:
@@ -198,7 +202,7 @@ class WindowMerger:
             error_bound=max((b.error_bound for b in batches), default=0.0),
             covers=frozenset().union(*(b.covers or {b.origin} for b in batches)),
             wan_bytes=sum(b.wan_bytes for b in batches),
-            closed_at_ms=min((b.closed_at_ms for b in batches if b.closed_at_ms), default=0),
+            closed_at_ms=max((b.closed_at_ms for b in batches), default=0),
             revision=pending.revision, inputs_complete=all(b.complete for b in batches),
             slack=slack, omitted=omitted, complete_rows=complete,
             warnings=tuple(sorted({w for b in batches for w in b.warnings})))

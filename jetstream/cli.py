@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
@@ -96,6 +97,7 @@ def _site(args: argparse.Namespace) -> int:
     options = SiteOptions(input_dir=Path(args.input) if args.input else None,
                           replay=args.replay, deadline_s=args.window_deadline,
                           idle_s=args.idle_timeout, spark_master=args.spark_master,
+                          trigger_s=args.trigger,
                           spark_conf=dict(args.spark_conf or ()),
                           cubes=args.cubes, retention=parse_retention(args.retention))
     if args.state_dir:
@@ -464,6 +466,18 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive_seconds(text: str) -> float:
+    """A command-line duration in seconds: a finite number above zero."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (0 < value < math.inf):
+        msg = f"expected a number of seconds above 0, not {text!r}"
+        raise argparse.ArgumentTypeError(msg)
+    return value
+
+
 def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}s"
 
@@ -595,6 +609,9 @@ def _parser() -> argparse.ArgumentParser:
     site.add_argument("--window-deadline", type=float, metavar="S",
                       help="wait this long for a silent child before a window goes out "
                            "incomplete (default: the query's max_latency, else 10s)")
+    site.add_argument("--trigger", type=_positive_seconds, default=SiteOptions.trigger_s,
+                      metavar="S", help="the live local stage reads new files this often "
+                                        f"(default: {SiteOptions.trigger_s:g}s)")
     site.add_argument("--idle-timeout", type=float, default=5.0, metavar="S",
                       help="input without records this long is idle and holds no window "
                            "back (default: 5s)")

@@ -49,7 +49,9 @@ class PartialBatch:
     level: int = 0
     covers: frozenset[str] = frozenset()  # the source sites whose records it summarises
     wan_bytes: int = 0  # wide-area bytes this window cost below its sender
-    closed_at_ms: int = 0  # wall-clock time the first site closed the window
+    #: Wall-clock time the window could close everywhere it covers: when the last of its
+    #: sites received the record that moved its watermark past the window's end.
+    closed_at_ms: int = 0
     revision: int = 0  # a correction of the same window from the same origin counts up
     #: Truncated (degraded) partials: per row, how much of the ranking value may be missing
     #: from it, and a bound on the ranking value of any key left out. None/0: exact.

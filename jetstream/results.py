@@ -18,8 +18,9 @@ class WindowResult:
     the largest relative error any value in ``rows`` can carry (0.0 when exact).
 
     A result of the distributed path also says how complete it is (``sites_reporting`` of
-    ``sites_expected`` source sites), how long after the first site closed the window it was
-    made (``latency_s``), the wide-area bytes the window cost (``wan_bytes``), and its
+    ``sites_expected`` source sites), how long after the window could close it was made
+    (``latency_s``: from when the last of its sites received the record that moved its
+    watermark past the window's end), the wide-area bytes the window cost (``wan_bytes``), and its
     ``revision``: 0, then 1, 2, ... each time a late site's data corrects it, and
     ``warnings``: what a link on the way could not do (meet the SLO's latency without going
     past its ``max_error``, say), and ``missing_sites``: the source sites whose data it does

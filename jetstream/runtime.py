@@ -106,7 +106,7 @@ class SiteOptions:
     replay: bool = False  # process what the input holds now, then end
     deadline_s: float | None = None  # overrides the SLO's max_latency for window deadlines
     idle_s: float = 5.0  # an input without records this long is idle
-    trigger_s: float = 1.0  # micro-batch interval of a live local stage
+    trigger_s: float = 0.25  # micro-batch interval of a live local stage
     level_interval_s: float = 5.0  # a link's degradation level changes at most this often
     #: The local stage's Spark master; None: what the controller says (the topology's).
     #: Given up front, Spark starts before anything else (see ``SiteRuntime.session``).
@@ -290,8 +290,6 @@ class QueryRun:
                 quiet_since = time.monotonic()  # a micro-batch runs: not idle, only slow
             if records != seen:
                 seen, quiet_since, idle = records, time.monotonic(), False
-                if self.stage.watermark is not None:
-                    self.merger.progress(self.site, self.stage.watermark)
             elif not idle and time.monotonic() - quiet_since >= self.options.idle_s:
                 self.stage.flush()  # idle: close what is open, hold no window back
                 self.merger.progress(self.site, ENDED)
@@ -299,7 +297,11 @@ class QueryRun:
         stream.stop()
 
     def _stage_batch(self, stats: StageStats, seconds: float) -> None:
+        """After each micro-batch: its windows are in the merger, so its watermark may go
+        (before them, the merger would take a window for one this site had nothing in)."""
         self.metrics.stage_batch(stats.records_in, stats.late_records, stats.malformed, seconds)
+        if not self.options.replay and self.stage.watermark is not None:
+            self.merger.progress(self.site, self.stage.watermark)
 
     def _local(self, window: tuple[int, int], rows: list[dict[str, Any]], events: int,
                revision: int) -> None:
@@ -308,7 +310,7 @@ class QueryRun:
             return  # a restarted stage hands on again what it had handed on before
         self.receive(PartialBatch(self.name, window, self.site, tuple(rows), events=events,
                                   covers=frozenset({self.site}), revision=revision,
-                                  closed_at_ms=time.time_ns() // 1_000_000))
+                                  closed_at_ms=self.stage.received_ms))
 
     def receive(self, batch: PartialBatch) -> None:
         """Merge a batch: a child's (acked once this returns) or the local stage's. With a
@@ -339,8 +341,14 @@ class QueryRun:
 
     # -- merging and forwarding ---------------------------------------------------------------
     def _pump(self) -> None:
+        """Tick when a batch or a progress report comes in, and at least every TICK_S (a
+        window's deadline, a link's level)."""
         tended = time.monotonic()
-        while not self._stop.wait(TICK_S):
+        while not self._stop.is_set():
+            self.merger.changed.wait(TICK_S)
+            self.merger.changed.clear()
+            if self._stop.is_set():
+                break
             try:
                 self.tick()
             except Exception:  # keep merging what arrives; the next tick tries again
@@ -514,6 +522,7 @@ class QueryRun:
 
     def stop(self) -> None:
         self._stop.set()
+        self.merger.changed.set()
         if self.stage is not None:
             self.stage.stop()
         if self.sender is not None:

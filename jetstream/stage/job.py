@@ -74,6 +74,7 @@ DEFAULT_TRIGGER_S = 0.25
 # (the stats so far, seconds the micro-batch took): after each micro-batch.
 OnBatch = Callable[["StageStats", float], None]
 _CORRUPT = "_jetstream_corrupt"
+_ARRIVED = "_jetstream_arrived"  # epoch ms the record's file landed in the folder
 _REASONS = ("wrong field count", "missing field", "ill-typed field")
 
 
@@ -126,6 +127,12 @@ class LocalStage:
         self.input_dir, self.checkpoint_dir = str(input_dir), str(checkpoint_dir)
         self.quarantine_dir = str(quarantine_dir)
         self.stats = StageStats()
+        #: Wall-clock ms when this input received the records that closed the windows being
+        #: handed on now (read it in ``emit``): the earliest time a file of the micro-batch
+        #: landed — or the stage started, if later — (an upper bound on when the closing
+        #: record landed); for windows closed because the input went idle, that moment.
+        self.received_ms = 0
+        self._started_ms = time.time_ns() // 1_000_000
         self.windows = OpenWindows(query.name, partial, window.watermark_ms, emit)
         self._stream: StreamingQuery | None = None
         self._lock = threading.Lock()  # a live stage's micro-batches against flush()
@@ -142,12 +149,16 @@ class LocalStage:
                           + [StructField(_CORRUPT, StringType())])
 
     def _reader(self) -> DataFrame:
+        # A record's file's modification time is when the site received it (shippers
+        # write elsewhere, then rename into the folder).
         return (self.spark.readStream.schema(self.text_schema).option("header", True)
                 .option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", _CORRUPT)
-                .csv(self.input_dir))
+                .csv(self.input_dir)
+                .withColumn(_ARRIVED, F.unix_millis(F.col("_metadata.file_modification_time"))))
 
     def run_available(self) -> StageStats:
         """Process every file in the folder now, then close every window (finite input)."""
+        self._started_ms = time.time_ns() // 1_000_000
         self._stream = (self._reader().writeStream.foreachBatch(self.process_batch)
                         .option("checkpointLocation", self.checkpoint_dir)
                         .trigger(availableNow=True).start())
@@ -158,6 +169,7 @@ class LocalStage:
 
     def start(self, trigger_s: float = DEFAULT_TRIGGER_S) -> StreamingQuery:
         """Run live: a micro-batch every ``trigger_s`` seconds over the files that arrived."""
+        self._started_ms = time.time_ns() // 1_000_000
         self._stream = (self._reader().writeStream.foreachBatch(self.process_batch)
                         .option("checkpointLocation", self.checkpoint_dir)
                         .trigger(processingTime=f"{int(trigger_s * 1000)} milliseconds")
@@ -184,6 +196,7 @@ class LocalStage:
     def flush(self) -> None:
         """The input has ended (or gone idle): every open window is final."""
         with self._lock:
+            self.received_ms = time.time_ns() // 1_000_000
             self.windows.close(None)
 
     # -- one micro-batch ----------------------------------------------------------------------
@@ -201,10 +214,12 @@ class LocalStage:
     def _process(self, raw: DataFrame, batch_id: int | None = None) -> None:
         c = self._compiled
         self.stats.batches += 1
+        if _ARRIVED not in raw.columns:  # a batch not read from the folder (tests)
+            raw = raw.withColumn(_ARRIVED, F.lit(None).cast("long"))
         checked = raw.select(*c.typed)
         observation = Observation(f"{self.name}/{batch_id}")
         valid = (checked.observe(observation, *c.counters)
-                 .filter(F.col("_reason").isNull()).drop("_reason", _CORRUPT))
+                 .filter(F.col("_reason").isNull()).drop("_reason", _CORRUPT, _ARRIVED))
         windowed = self._windowed(self._steps(valid)).select(*c.keys[:2 + len(self.partial.keys)],
                                                              F.col("_first"), *c.inputs)
         rows = windowed.groupBy(*c.keys).agg(*c.aggregates).collect()
@@ -219,6 +234,8 @@ class LocalStage:
             if isinstance(agg, TopKItems):
                 self._top_items(windowed, i, agg)
         self.windows.advance(counters["latest"])
+        self.received_ms = max(counters["arrived"] or time.time_ns() // 1_000_000,
+                               self._started_ms)
         if self.snapshot is not None and batch_id is not None:
             self.windows.save(self.snapshot, batch_id)  # before handing on: it is kept there
         self.windows.close_passed()
@@ -228,6 +245,7 @@ class LocalStage:
         ok, ts = F.col("_reason").isNull(), F.col(self.event_time)
         counters = [F.count(F.when(ok, True)).alias("records"),
                     F.max(F.when(ok, ts)).alias("latest"),
+                    F.min(F.when(ok, F.col(_ARRIVED))).alias("arrived"),
                     *(F.count(F.when(F.col("_reason").startswith(reason), True)).alias(reason)
                       for reason in _REASONS)]
         schema = (self.steps[-1] if self.steps else self.source).schema
@@ -274,7 +292,7 @@ class LocalStage:
             reason = reason.when(text.isNull(), F.lit(f"missing field: {f.name}"))
             reason = reason.when(value.isNull(), F.lit(f"ill-typed field: {f.name}"))
             typed.append(value.alias(f.name))
-        return [*typed, F.col(_CORRUPT), reason.alias("_reason")]
+        return [*typed, F.col(_CORRUPT), F.col(_ARRIVED), reason.alias("_reason")]
 
     def _quarantine(self, checked: DataFrame) -> None:
         """Set the batch's malformed records aside, each with its reason and file."""
