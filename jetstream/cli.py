@@ -8,6 +8,7 @@ import logging
 import math
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TextIO
@@ -319,6 +320,7 @@ def _live_query(args: argparse.Namespace) -> Path:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    began = time.monotonic()
     say = _progress("demo")
     query_file = _live_query(args)
     if args.replay:
@@ -328,14 +330,21 @@ def _demo(args: argparse.Namespace) -> int:
 
     work = Path(tempfile.mkdtemp(prefix="jetstream-demo-"))
     say(f"the {query_file.stem} query across the sites of {Path(args.topology).stem}, on live "
-        f"generated CDN logs" + (f", for {args.duration:g}s" if args.duration else ""))
+        f"generated CDN logs; it shows complete windows (every site reporting, wholly after "
+        f"the logs began) " + (f"for {args.duration:g}s from the first one" if args.duration
+                               else "until Ctrl-C"))
     dashboard = _dashboard_port(args, "127.0.0.1", say)
     summary = live_demo(Path(args.topology), query_file, work, rate=args.rate,
                         duration_s=args.duration or None, spec=LogSpec(), seed=args.seed,
                         say=say, console=Console(),
                         cluster_options={"dashboard_port": dashboard})
+    if summary.first_complete_s is not None:
+        say(f"the first complete window came {summary.first_complete_s:.0f}s after the query "
+            f"was submitted, {(summary.first_complete_at or began) - began:.0f}s after the demo "
+            "started")
     say(summary.savings())
-    say(f"{len(summary.windows)} windows; logs and state in {work}")
+    say(f"{len(summary.windows)} complete windows shown ({len(summary.not_shown)} partial "
+        f"ones not); logs and state in {work}")
     return 0
 
 
@@ -510,8 +519,8 @@ def _live_options(parser: argparse.ArgumentParser, *, duration_s: float) -> None
     parser.add_argument("--query", metavar="QUERY.py",
                         help="the query (default: examples/cdn_topk.py)")
     parser.add_argument("--duration", type=float, default=duration_s, metavar="S",
-                        help=f"stop after S seconds (default: {duration_s:g}; 0: run until "
-                        "Ctrl-C)")
+                        help=f"stop S seconds after the first complete window (default: "
+                        f"{duration_s:g}; 0: run until Ctrl-C)")
     parser.add_argument("--rate", type=float, default=200.0, metavar="N",
                         help="log records per second at each site (default: 200)")
     parser.add_argument("--seed", type=int, default=0, help="the log generator's seed")

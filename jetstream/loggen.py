@@ -226,13 +226,15 @@ def write_logs(out_dir: Path, sites: Sequence[str], *, start_ms: int, duration_s
 def write_live(out_dir: Path, sites: Sequence[str], *, rate: float, spec: LogSpec = LogSpec(),
                seed: int = 0, chunk_s: float = 1.0, stop: threading.Event,
                clock: Callable[[], float] = time.time,
-               on_chunk: Callable[[int, int], None] | None = None) -> int:
+               on_chunk: Callable[[int, int], None] | None = None,
+               on_file: Callable[[Path, int], None] | None = None) -> int:
     """Write logs as they happen until ``stop`` is set: every ``chunk_s`` seconds of ``clock``,
     each site's records of the chunk just past (event times = now) as a new file
     ``out_dir/<site>/live-<chunk start ms>.csv``, atomically renamed.
 
-    Flash crowds count from the first call of ``clock``. ``on_chunk(chunk_index, records)``
-    is called after each chunk, with the records of every site. A chunk that falls behind the
+    Flash crowds count from the first call of ``clock``. ``on_file(path, records)`` is called
+    after each file, as by :func:`write_logs`; ``on_chunk(chunk_index, records)`` after each
+    chunk, with the records of every site. A chunk that falls behind the
     clock is written at once, so the rate holds on average.
 
     Returns
@@ -260,8 +262,10 @@ def write_live(out_dir: Path, sites: Sequence[str], *, rate: float, spec: LogSpe
         for model in models:
             columns = _records(model, spec, seed, chunk, begin_ms + lo, chunk_ms, count,
                                begin_ms)
-            _write_atomically(Path(out_dir) / model.site / f"live-{begin_ms + lo:013d}.csv",
-                              columns)
+            path = Path(out_dir) / model.site / f"live-{begin_ms + lo:013d}.csv"
+            _write_atomically(path, columns)
+            if on_file is not None:
+                on_file(path, count)
         written += count * len(models)
         if on_chunk is not None:
             on_chunk(chunk, count * len(models))

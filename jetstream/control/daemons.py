@@ -357,4 +357,8 @@ def run_site(name: str, controller_address: str, *, security: Security, port: in
     try:
         _serve_until_stopped(server, stop, exporter)
     finally:
-        runtime.close()
+        local = servicer.controller
+        if local is not None and local.runtime is runtime:
+            local.close()  # waits for a stop under way (e.g. a cancel) before Spark stops
+        else:
+            runtime.close()

@@ -32,6 +32,8 @@ __all__ = ["LocalCluster", "free_port", "replay"]
 
 #: How long the processes of a cluster may take to come up and register.
 STARTUP_TIMEOUT_S = 60.0
+#: How long a process may take to stop after SIGTERM (a site stops its Spark streams and JVM).
+STOP_TIMEOUT_S = 30.0
 
 Say = Callable[[str], None]
 
@@ -140,9 +142,12 @@ class LocalCluster:
         if port := self.metrics_port(name):
             args = (*args, "--metrics-port", str(port))
         with (self.logs / f"{name}.log").open("ab") as out:  # the child keeps its own handle
+            # A session of its own: Ctrl-C in a terminal reaches the process that started
+            # the cluster, which stops it in order (see stop), rather than every process at
+            # once while its streams run.
             self.processes[name] = subprocess.Popen(
                 [*(prefix or []), sys.executable, "-m", "jetstream", *args], stdout=out,
-                stderr=subprocess.STDOUT, env=env)
+                stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
     def _wait_for_sites(self) -> None:
         started = time.monotonic()
@@ -194,15 +199,21 @@ class LocalCluster:
         return "\n".join(out)
 
     def stop(self) -> None:
-        for process in self.processes.values():
-            if process.poll() is None:
-                process.terminate()
-        for process in self.processes.values():
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        """SIGTERM the sites and wait for them, then the controller; kill what is left
+        after ``STOP_TIMEOUT_S``. Sites go first so that each stops its streams while the
+        controller still answers, and none logs a lost controller on the way out."""
+        sites = [p for name, p in self.processes.items() if name != "controller"]
+        controller = [p for name, p in self.processes.items() if name == "controller"]
+        for group in (sites, controller):
+            for process in group:
+                if process.poll() is None:
+                    process.terminate()
+            for process in group:
+                try:
+                    process.wait(timeout=STOP_TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
 
 
 def replay(cluster: LocalCluster, query_file: Path, *, timeout_s: float,

@@ -79,6 +79,16 @@ class SiteController:
                 self.runtime.stop(query)
             return placed
 
+    def close(self) -> None:
+        """Stop every query here and then the site's Spark, after any deploy or stop under
+        way: a stop the controller asked for may still be waiting for Spark to end a stream,
+        and stopping Spark under it fails that stream with a stack trace."""
+        with self._changing:
+            with self._lock:
+                self._deployments.clear()
+            if self.runtime is not None:
+                self.runtime.close()
+
     def set_level(self, query: str, level: str) -> LinkLevel:
         """An operator's hold on this site's link for ``query`` (see ``QueryRun.set_level``)."""
         if self.runtime is None:
