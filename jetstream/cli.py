@@ -10,6 +10,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
 
@@ -338,6 +339,10 @@ def _demo(args: argparse.Namespace) -> int:
                         duration_s=args.duration or None, spec=LogSpec(), seed=args.seed,
                         say=say, console=Console(),
                         cluster_options={"dashboard_port": dashboard})
+    if summary.feed_start_ms:
+        began_utc = datetime.fromtimestamp(summary.feed_start_ms / 1000, UTC)
+        say(f"the log feed began at {began_utc:%H:%M:%S}.{began_utc.microsecond // 1000:03d} "
+            "UTC; windows that open before it are not shown")
     if summary.first_complete_s is not None:
         say(f"the first complete window came {summary.first_complete_s:.0f}s after the query "
             f"was submitted, {(summary.first_complete_at or began) - began:.0f}s after the demo "

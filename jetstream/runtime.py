@@ -65,6 +65,8 @@ log = logging.getLogger(__name__)
 DEFAULT_DEADLINE_S = 10.0
 #: How often a run looks for windows that are ready.
 TICK_S = 0.2
+#: How long stopping a run waits for its local stage's stream to stop.
+STOP_WAIT_S = 60.0
 #: How often a run rolls up and expires what the cube store keeps of it.
 CUBE_INTERVAL_S = 10.0
 
@@ -184,9 +186,11 @@ class QueryRun:
         self.stage: Any = None
         self.failure: str | None = None
         threading.Thread(target=self._pump, name=f"merge-{fragment.query}", daemon=True).start()
+        self._stage_thread: threading.Thread | None = None
         if fragment.sources:
-            threading.Thread(target=self._run_stage, args=(spark,), daemon=True,
-                             name=f"stage-{fragment.query}").start()
+            self._stage_thread = threading.Thread(target=self._run_stage, args=(spark,),
+                                                  daemon=True, name=f"stage-{fragment.query}")
+            self._stage_thread.start()
 
     @property
     def name(self) -> str:
@@ -280,6 +284,8 @@ class QueryRun:
             self.merger.progress(self.site, ENDED, ended=self.options.replay)
 
     def _run_live(self) -> None:
+        if self._stop.is_set():  # stopped while Spark started
+            return
         stream = self.stage.start(self.options.trigger_s)
         seen, quiet_since, idle = -1, time.monotonic(), False
         while not self._stop.wait(TICK_S):
@@ -294,7 +300,7 @@ class QueryRun:
                 self.stage.flush()  # idle: close what is open, hold no window back
                 self.merger.progress(self.site, ENDED)
                 idle = True
-        stream.stop()
+        self.stage.stop()
 
     def _stage_batch(self, stats: StageStats, seconds: float) -> None:
         """After each micro-batch: its windows are in the merger, so its watermark may go
@@ -521,10 +527,14 @@ class QueryRun:
                                    error_bound=max(result.error_bound or 0.0, top.error_bound))
 
     def stop(self) -> None:
+        """Stop the run; its local stage's stream has stopped when this returns (or after
+        STOP_WAIT_S, if Spark is still starting), so Spark may stop after it."""
         self._stop.set()
         self.merger.changed.set()
         if self.stage is not None:
             self.stage.stop()
+        if self._stage_thread is not None and self._stage_thread is not threading.current_thread():
+            self._stage_thread.join(STOP_WAIT_S)
         if self.sender is not None:
             self.sender.close()
         self.metrics.remove()

@@ -117,20 +117,9 @@ def test_console_script_help_and_the_live_demo() -> None:
     traced = {log.name: log.read_text(errors="replace") for log in sorted(logs.glob("*.log"))}
     traced = {name: text for name, text in traced.items()
               if any(t in text for t in ("Traceback", "Exception in thread", "\tat org.apache"))}
-    if traced and all(any(known in text for known in _STAGE_STOP_RACE)
-                      for text in traced.values()):
-        # Known, and outside the demo: stopping a site stops its stream from two threads
-        # (QueryRun.stop and the run's own loop, jetstream/runtime.py), the first stop returns
-        # while the stream still runs, and SiteRuntime.close then stops Spark under it; a stop
-        # during a micro-batch also interrupts its collect() (jetstream/stage/job.py).
-        pytest.xfail(f"the stage's shutdown race left stack traces in {sorted(traced)}")
     assert not traced, "\n".join(f"{name}:\n{text[-4000:]}" for name, text in traced.items())
 
 
-#: What the stage's shutdown race (see the demo's test) leaves in a site's log.
-_STAGE_STOP_RACE = ('"org.apache.spark.SparkContext.dagScheduler()" is null',
-                    "Cannot call methods on a stopped SparkContext",
-                    "RpcEnv already stopped", "java.lang.InterruptedException")
 
 
 def test_results_table_shows_the_newest_windows_and_how_complete_they_are() -> None:

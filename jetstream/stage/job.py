@@ -177,6 +177,10 @@ class LocalStage:
         return self._stream
 
     def stop(self) -> None:
+        """Stop the stream between micro-batches: one under way ends first (stopping the
+        stream interrupts its Spark job, and the batch would run again after a restart)."""
+        with self._lock:
+            pass
         if self._stream is not None and self._stream.isActive:
             self._stream.stop()
 
