@@ -133,32 +133,36 @@ def form_of(agg: Aggregate) -> SparkForm:
     raise PlanError(msg)
 
 
-def float_parts(x: Column) -> tuple[Column, tuple[Column, ...]]:
-    """Columns ``(band, limbs)`` with ``x == sum(limb * 2**(29 * i)) * 2**band`` exactly (the
-    limbs most significant first, signed like ``x``) for a finite double ``x``; a NULL band
-    and limbs for a NULL ``x``, which is how the caller marks the values that are not finite.
+def float_parts(name: str) -> tuple[dict[str, Column], dict[str, Column]]:
+    """Two projections over a double column ``name`` (NULL where not finite): the first adds
+    its band ``{name}_e``, the second its limbs ``{name}_m0, _m1, _m2`` (most significant
+    first, signed like the value), with ``x == sum(limb * 2**(29 * (2 - i))) * 2**band``
+    exactly for a finite ``x``; a NULL band and limbs for a NULL one. (Two projections, each
+    over named columns, keep every expression small: Spark analyses the plan every batch.)
 
     ``floor(log2(|x|))`` is the exponent of ``x``'s top bit or one off (Spark's ``log2`` can
     be, near a power of two), so ``last = that - 53``, and never below -1074 (the subnormals'
     last bit), is at or up to two below the exponent of ``x``'s last bit: ``|x| / 2**last`` is
     an integer below 2**55. The band starts at a multiple of 32 exponents from -1074, at or
-    below ``last``: ``|x| / 2**band`` is an integer below 2**86. Dividing by a power of two
-    (all of -1074 to 971 are doubles) and flooring are exact, so is every limb. Zero has no
-    ``log2`` (NULL), and ``greatest`` skips a NULL: zero gets band -1074 and zero limbs.
+    below ``last``: ``v = |x| / 2**band`` is an integer below 2**86, a double (dividing by a
+    power of two, all of -1074 to 971 being doubles, is exact). ``floor(v / 2**29)`` is exact
+    and a double too (below 2**53, or ``v / 2**29`` was an integer already), so the limbs
+    ``floor(v / 2**58)``, ``floor(v / 2**29) - that * 2**29`` (bigints) and
+    ``v - floor(v / 2**29) * 2**29`` (a double below 2**29) are exact. Zero has no ``log2``
+    (NULL), and ``greatest`` skips a NULL: zero gets band -1074 and zero limbs.
     """
-    two = F.lit(2.0)
-    magnitude = F.abs(x)
-    top = F.floor(F.log2(F.when(x != 0, magnitude)))
+    x = F.col(name)
+    top = F.floor(F.log2(F.when(x != 0, F.abs(x))))
     last = F.greatest(top - F.lit(_MANTISSA_BITS + 1), F.lit(_MIN_EXPONENT))
     band = last - F.pmod(last - F.lit(_MIN_EXPONENT), F.lit(_EXPONENT_BAND))
-    rest = magnitude / F.pow(two, band)
-    limbs = []
-    for i in reversed(range(LIMBS)):
-        scale = F.lit(float(2 ** (_LIMB_BITS * i)))
-        limb = F.floor(rest / scale)
-        rest = rest - limb * scale
-        limbs.append(F.when(x < 0, -limb).otherwise(limb))
-    return F.when(x.isNotNull(), band), tuple(limbs)
+    v = F.abs(x) / F.pow(F.lit(2.0), F.col(f"{name}_e"))
+    scale = float(2**_LIMB_BITS)
+    high, middle = F.floor(v / F.lit(scale * scale)), F.floor(v / F.lit(scale))
+    limbs = (high, middle - high * F.lit(2**_LIMB_BITS),
+             (v - middle.cast("double") * F.lit(scale)).cast("bigint"))
+    return ({f"{name}_e": F.when(x.isNotNull(), band)},
+            {f"{name}_m{i}": F.when(x < 0, -limb).otherwise(limb)
+             for i, limb in enumerate(limbs)})
 
 
 def exact_floats(total: int, e: int) -> list[float]:

@@ -33,6 +33,7 @@ handed on again at the first batch; whoever receives them drops what it already 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import threading
@@ -94,11 +95,16 @@ class _Compiled:
 
     typed: list[Column]  # the text columns parsed, the bad line, and the reason it is bad
     counters: list[Column]  # what ``observe`` collects
+    steps: list[Callable[[DataFrame], DataFrame]]  # the query's record steps
+    windows: Column  # each record's window starts
+    in_window: Column  # whether a start's window holds the record
+    inputs: list[Column]  # window, keys, first window, each aggregate's input
+    parts: list[dict[str, Column]]  # projections adding float sums' bands, then limbs
     keys: list[str]  # the group keys: window, the query's keys, and bands of float sums
-    inputs: list[Column]  # each aggregate's input (and a float sum's band and limbs)
     aggregates: list[Column]  # events, first-window records, each aggregate's Spark form
     slices: list[slice]  # where each aggregate's values sit in a collected row
     bands: list[int | None]  # where each aggregate's band sits in a row (None: it has none)
+    accumulators: list[Callable[[Any, list[Any], int | None], Any]]
 
 
 class LocalStage:
@@ -222,11 +228,13 @@ class LocalStage:
             raw = raw.withColumn(_ARRIVED, F.lit(None).cast("long"))
         checked = raw.select(*c.typed)
         observation = Observation(f"{self.name}/{batch_id}")
-        valid = (checked.observe(observation, *c.counters)
-                 .filter(F.col("_reason").isNull()).drop("_reason", _CORRUPT, _ARRIVED))
-        windowed = self._windowed(self._steps(valid)).select(*c.keys[:2 + len(self.partial.keys)],
-                                                             F.col("_first"), *c.inputs)
-        rows = windowed.groupBy(*c.keys).agg(*c.aggregates).collect()
+        df = checked.observe(observation, *c.counters).filter(F.col("_reason").isNull())
+        for step in c.steps:
+            df = step(df)
+        df = df.select("*", c.windows.alias("_start")).filter(c.in_window).select(*c.inputs)
+        for projection in c.parts:
+            df = df.withColumns(projection)
+        rows = df.groupBy(*c.keys).agg(*c.aggregates).collect()
         counters = observation.get
         self.stats.records_in += int(counters["records"])
         malformed = {reason: int(counters[reason]) for reason in _REASONS if counters[reason]}
@@ -236,7 +244,7 @@ class LocalStage:
         self._merge(rows)
         for i, (_, agg) in enumerate(self.partial.aggregates):
             if isinstance(agg, TopKItems):
-                self._top_items(windowed, i, agg)
+                self._top_items(df, i, agg)
         self.windows.advance(counters["latest"])
         self.received_ms = max(counters["arrived"] or time.time_ns() // 1_000_000,
                                self._started_ms)
@@ -245,45 +253,60 @@ class LocalStage:
         self.windows.close_passed()
 
     def _compile(self) -> _Compiled:
-        typed = self._typed()
         ok, ts = F.col("_reason").isNull(), F.col(self.event_time)
         counters = [F.count(F.when(ok, True)).alias("records"),
                     F.max(F.when(ok, ts)).alias("latest"),
                     F.min(F.when(ok, F.col(_ARRIVED))).alias("arrived"),
                     *(F.count(F.when(F.col("_reason").startswith(reason), True)).alias(reason)
                       for reason in _REASONS)]
+        # Each record once per window it falls in, and whether that is its first window (the
+        # one the watermark closes first): the first start s with s + size > ts.
+        spec, time_column = self.window.spec, F.col(self.window.time_column)
+        size, every = F.lit(spec.size_ms), F.lit(spec.every_ms)
+        last = time_column - F.pmod(time_column, every)
+        first = last - F.lit((math.ceil(spec.size_ms / spec.every_ms) - 1) * spec.every_ms)
+        earliest = time_column - size
+        earliest = earliest - F.pmod(earliest, every) + every
+        start = F.col("_start")
+        inputs: list[Column] = [start, (start + size).alias("_end"),
+                                *(F.col(k) for k in self.partial.keys),
+                                (start == earliest).alias("_first")]
         schema = (self.steps[-1] if self.steps else self.source).schema
-        keys, inputs, given = ["_start", "_end", *self.partial.keys], [], []
-        bands: list[str] = []
+        given, bands, parts = [], [], [{}, {}]  # type: ignore[var-annotated]
         for i, (_, agg) in enumerate(self.partial.aggregates):
             if agg.expr is None:
                 given.append(Input(F.lit(None)))
                 continue
-            name, value = f"_in{i}", to_column(agg.expr)
+            name = f"_in{i}"
+            value = to_column(agg.expr)
             inputs.append(value.alias(name))
             if not (form_of(agg).banded and agg.expr.dtype(schema) is DataType.FLOAT):
                 given.append(Input(F.col(name)))
                 continue
-            band, limbs = float_parts(F.when(_finite(value), value))
-            inputs += [band.alias(f"{name}_e"),
-                       *(limb.alias(f"{name}_m{j}") for j, limb in enumerate(limbs))]
-            bands.append(f"{name}_e")
-            given.append(Input(F.col(name), F.col(f"{name}_e"),
-                               tuple(F.col(f"{name}_m{j}") for j in range(len(limbs)))))
+            inputs.append(F.when(_finite(value), value).alias(f"{name}_x"))
+            band, limbs = float_parts(f"{name}_x")
+            parts[0] |= band
+            parts[1] |= limbs
+            bands.append(f"{name}_x_e")
+            given.append(Input(F.col(name), F.col(f"{name}_x_e"),
+                               tuple(F.col(limb) for limb in limbs)))
+        keys = ["_start", "_end", *self.partial.keys]
         # A result row is read by position (a Row finds a name by a list search): the keys,
         # the bands, the events, the records whose first window this is, each aggregate's.
         aggregates = [F.count(F.lit(1)), F.count(F.when(F.col("_first"), True))]
         slices: list[slice] = []
-        band_at: list[int | None] = []
         for (_, agg), x in zip(self.partial.aggregates, given, strict=True):
-            parts = form_of(agg).columns(agg, x)
-            start = len(keys) + len(bands) + len(aggregates)
-            slices.append(slice(start, start + len(parts)))
-            aggregates += parts
-        for i, x in enumerate(given):
-            band_at.append(None if x.band is None else
-                           len(keys) + bands.index(f"_in{i}_e"))
-        return _Compiled(typed, counters, [*keys, *bands], inputs, aggregates, slices, band_at)
+            columns = form_of(agg).columns(agg, x)
+            at = len(keys) + len(bands) + len(aggregates)
+            slices.append(slice(at, at + len(columns)))
+            aggregates += columns
+        band_at = [None if x.band is None else len(keys) + bands.index(f"_in{i}_x_e")
+                   for i, x in enumerate(given)]
+        return _Compiled(
+            self._typed(), counters, self._compiled_steps(),
+            F.explode(F.sequence(first, last, every)), start + size > time_column, inputs,
+            [p for p in parts if p], [*keys, *bands], aggregates, slices, band_at,
+            [form_of(agg).accumulator for _, agg in self.partial.aggregates])
 
     def _typed(self) -> list[Column]:
         """Typed columns, the bad line, and ``_reason`` saying why a record is malformed
@@ -305,32 +328,23 @@ class LocalStage:
                  F.col(_CORRUPT).alias("line"))
          .write.mode("append").json(self.quarantine_dir))
 
-    def _steps(self, df: DataFrame) -> DataFrame:
+    def _compiled_steps(self) -> list[Callable[[DataFrame], DataFrame]]:
+        """The query's record steps as DataFrame transformations, their columns built once."""
+        steps: list[Callable[[DataFrame], DataFrame]] = []
         for step in self.steps:
             if isinstance(step, Where):
-                df = df.filter(to_column(step.predicate))
+                steps.append(functools.partial(DataFrame.filter,
+                                               condition=to_column(step.predicate)))
             elif isinstance(step, WithColumn):
-                df = df.withColumn(step.name, to_column(step.expr))
+                steps.append(functools.partial(DataFrame.withColumn, colName=step.name,
+                                               col=to_column(step.expr)))
             elif isinstance(step, Select):
-                df = df.select(*(to_column(e).alias(n) for n, e in step.columns))
+                columns = [to_column(e).alias(n) for n, e in step.columns]
+                steps.append(functools.partial(_select, columns=columns))
             elif not isinstance(step, Window):
                 msg = f"{step.kind} does not run in the Spark local stage yet"
                 raise PlanError(msg)
-        return df
-
-    def _windowed(self, df: DataFrame) -> DataFrame:
-        """Each record once per window it falls in (``_start``, ``_end``), and ``_first``:
-        whether that is the record's first window, the one the watermark closes first."""
-        spec, ts = self.window.spec, F.col(self.window.time_column)
-        last = ts - F.pmod(ts, F.lit(spec.every_ms))
-        first = last - F.lit((math.ceil(spec.size_ms / spec.every_ms) - 1) * spec.every_ms)
-        # The first start s with s + size > ts: the next multiple of every above ts - size.
-        earliest = ts - F.lit(spec.size_ms)
-        earliest = earliest - F.pmod(earliest, F.lit(spec.every_ms)) + F.lit(spec.every_ms)
-        return (df.withColumn("_start", F.explode(F.sequence(first, last, F.lit(spec.every_ms))))
-                .filter(F.col("_start") + F.lit(spec.size_ms) > ts)
-                .withColumn("_end", F.col("_start") + F.lit(spec.size_ms))
-                .withColumn("_first", F.col("_start") == earliest))
+        return steps
 
     def _merge(self, rows: list[Any]) -> None:
         """Merge a batch's grouped rows into the open windows; the rows of a window the
@@ -343,10 +357,9 @@ class LocalStage:
             if self.windows.closed(window):
                 self.stats.late_records += int(values[events_at + 1])
                 continue
-            accs = [form_of(agg).accumulator(agg, list(values[part]),
-                                             None if band is None else values[band])
-                    for (_, agg), part, band in
-                    zip(self.partial.aggregates, c.slices, c.bands, strict=True)]
+            accs = [accumulator(agg, list(values[part]), None if band is None else values[band])
+                    for (_, agg), accumulator, part, band in
+                    zip(self.partial.aggregates, c.accumulators, c.slices, c.bands, strict=True)]
             self.windows.add(window, values[2:2 + n], accs, int(values[events_at]))
 
     def _top_items(self, df: DataFrame, i: int, agg: TopKItems) -> None:
@@ -363,6 +376,10 @@ class LocalStage:
             sketch.update(row["_item"], int(row["count"]))
         for (window, key), sketch in sketches.items():
             self.windows.merge_into(window, key, i, sketch)
+
+
+def _select(df: DataFrame, columns: list[Column]) -> DataFrame:
+    return df.select(*columns)
 
 
 @contextlib.contextmanager
