@@ -81,15 +81,14 @@ def _sum_accumulator(agg: Sum, values: list[Any], band: int | None) -> list[Any]
     if len(values) == 3:  # integers: the count, the high and the low halves
         return [int(values[0]), (int(values[1]) << 32) + int(values[2]), []]
     count, limbs, non_finite = values[0], values[1:1 + LIMBS], values[1 + LIMBS:]
-    acc = [int(count), 0, []]
-    for value, times in zip(_NON_FINITE, non_finite, strict=True):
-        acc = agg.merge(acc, [0, 0, [value] * times])
+    floats = [value for value, times in zip(_NON_FINITE, non_finite, strict=True) if times
+              for _ in range(times)]
     if band is not None:  # a NULL band: this row's values are not finite
         total = 0
         for limb in limbs:
             total = (total << _LIMB_BITS) + int(limb)
-        acc = agg.merge(acc, [0, 0, exact_floats(total, int(band))])
-    return acc
+        floats += exact_floats(total, int(band))
+    return agg.merge([int(count), 0, []], [0, 0, floats])
 
 
 def _first(agg: Aggregate, values: list[Any], band: int | None) -> Any:

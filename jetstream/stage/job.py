@@ -18,9 +18,10 @@ column as text, and runs each micro-batch (``foreachBatch``, on the driver) as o
 The counters the batch needs besides its partials (records read, malformed ones by reason, the
 largest event time) ride on the same job (``DataFrame.observe``), and lateness is decided in
 Python from the collected rows, so nothing that changes from batch to batch enters the plan:
-Spark compiles the same code every batch and finds it in its cache. The plan's columns are
-built once. (``top_k(col, k)``, the frequent-items sketch, adds a second job of per-item
-counts.)
+Spark compiles the same code every batch and finds it in its cache. Steps 1-3 are built once,
+on the stream (a ``where`` clears a record's ``_keep`` rather than dropping it, so that it
+still counts as read); a batch adds the ``observe`` and the aggregation, two calls into Spark.
+(``top_k(col, k)``, the frequent-items sketch, adds a second job of per-item counts.)
 
 With a ``snapshot`` file, a live stage survives the death of its process: after each
 micro-batch, before Spark commits it, the windows still open (and those about to be handed
@@ -77,6 +78,9 @@ OnBatch = Callable[["StageStats", float], None]
 _CORRUPT = "_jetstream_corrupt"
 _ARRIVED = "_jetstream_arrived"  # epoch ms the record's file landed in the folder
 _REASONS = ("wrong field count", "missing field", "ill-typed field")
+# What the stage carries past the query's own steps: whether the record is kept (valid and
+# through every ``where``), why it is malformed, its line, file time and event time.
+_INTERNAL = ("_keep", "_reason", _CORRUPT, _ARRIVED, "_event")
 
 
 @dataclass
@@ -165,7 +169,7 @@ class LocalStage:
     def run_available(self) -> StageStats:
         """Process every file in the folder now, then close every window (finite input)."""
         self._started_ms = time.time_ns() // 1_000_000
-        self._stream = (self._reader().writeStream.foreachBatch(self.process_batch)
+        self._stream = (self._prepare(self._reader()).writeStream.foreachBatch(self._batch)
                         .option("checkpointLocation", self.checkpoint_dir)
                         .trigger(availableNow=True).start())
         self._stream.awaitTermination()
@@ -176,7 +180,7 @@ class LocalStage:
     def start(self, trigger_s: float = DEFAULT_TRIGGER_S) -> StreamingQuery:
         """Run live: a micro-batch every ``trigger_s`` seconds over the files that arrived."""
         self._started_ms = time.time_ns() // 1_000_000
-        self._stream = (self._reader().writeStream.foreachBatch(self.process_batch)
+        self._stream = (self._prepare(self._reader()).writeStream.foreachBatch(self._batch)
                         .option("checkpointLocation", self.checkpoint_dir)
                         .trigger(processingTime=f"{int(trigger_s * 1000)} milliseconds")
                         .start())
@@ -211,40 +215,51 @@ class LocalStage:
 
     # -- one micro-batch ----------------------------------------------------------------------
     def process_batch(self, raw: DataFrame, batch_id: int) -> None:
+        """Run one micro-batch of raw records (every column as text, see ``text_schema``)."""
+        self._batch(self._prepare(raw), batch_id)
+
+    def _batch(self, prepared: DataFrame, batch_id: int) -> None:
         with self._lock:
             if batch_id <= self.windows.done:  # re-run after a restart: the snapshot has it
                 log.info("%s: micro-batch %d is in the snapshot already", self.name, batch_id)
                 return
             started = time.monotonic()
-            with _not_adaptive(raw.sparkSession):
-                self._process(raw, batch_id)
+            with _not_adaptive(prepared.sparkSession):
+                self._process(prepared, batch_id)
             if self.on_batch is not None:
                 self.on_batch(self.stats, time.monotonic() - started)
 
-    def _process(self, raw: DataFrame, batch_id: int | None = None) -> None:
+    def _prepare(self, raw: DataFrame) -> DataFrame:
+        """Raw records as the aggregation takes them, a row per kept record and window it
+        falls in, and a row (with no window) per record that is malformed or that a ``where``
+        drops, for the counters. Built once on the stream, so a batch adds two steps."""
         c = self._compiled
-        self.stats.batches += 1
         if _ARRIVED not in raw.columns:  # a batch not read from the folder (tests)
             raw = raw.withColumn(_ARRIVED, F.lit(None).cast("long"))
-        checked = raw.select(*c.typed)
-        observation = Observation(f"{self.name}/{batch_id}")
-        df = checked.observe(observation, *c.counters).filter(F.col("_reason").isNull())
+        df = raw.select(*c.typed)
         for step in c.steps:
             df = step(df)
         df = df.select("*", c.windows.alias("_start")).filter(c.in_window).select(*c.inputs)
         for projection in c.parts:
             df = df.withColumns(projection)
+        return df
+
+    def _process(self, prepared: DataFrame, batch_id: int | None = None) -> None:
+        c = self._compiled
+        self.stats.batches += 1
+        observation = Observation(f"{self.name}/{batch_id}")
+        df = prepared.observe(observation, *c.counters)
         rows = df.groupBy(*c.keys).agg(*c.aggregates).collect()
         counters = observation.get
         self.stats.records_in += int(counters["records"])
         malformed = {reason: int(counters[reason]) for reason in _REASONS if counters[reason]}
         if malformed:
             self.stats.malformed.update(malformed)
-            self._quarantine(checked)
+            self._quarantine(prepared)
         self._merge(rows)
         for i, (_, agg) in enumerate(self.partial.aggregates):
             if isinstance(agg, TopKItems):
-                self._top_items(df, i, agg)
+                self._top_items(prepared, i, agg)
         self.windows.advance(counters["latest"])
         self.received_ms = max(counters["arrived"] or time.time_ns() // 1_000_000,
                                self._started_ms)
@@ -253,14 +268,15 @@ class LocalStage:
         self.windows.close_passed()
 
     def _compile(self) -> _Compiled:
-        ok, ts = F.col("_reason").isNull(), F.col(self.event_time)
-        counters = [F.count(F.when(ok, True)).alias("records"),
-                    F.max(F.when(ok, ts)).alias("latest"),
-                    F.min(F.when(ok, F.col(_ARRIVED))).alias("arrived"),
+        valid, keep = F.col("_reason").isNull(), F.col("_keep")
+        once = F.coalesce(F.col("_first"), F.lit(True))  # a record's one row
+        counters = [F.count(F.when(valid & once, True)).alias("records"),
+                    F.max(F.when(valid, F.col("_event"))).alias("latest"),
+                    F.min(F.when(valid, F.col(_ARRIVED))).alias("arrived"),
                     *(F.count(F.when(F.col("_reason").startswith(reason), True)).alias(reason)
                       for reason in _REASONS)]
-        # Each record once per window it falls in, and whether that is its first window (the
-        # one the watermark closes first): the first start s with s + size > ts.
+        # Each kept record once per window it falls in, and whether that is its first window
+        # (the one the watermark closes first): the first start s with s + size > ts.
         spec, time_column = self.window.spec, F.col(self.window.time_column)
         size, every = F.lit(spec.size_ms), F.lit(spec.every_ms)
         last = time_column - F.pmod(time_column, every)
@@ -268,9 +284,11 @@ class LocalStage:
         earliest = time_column - size
         earliest = earliest - F.pmod(earliest, every) + every
         start = F.col("_start")
+        # A record not kept has no window and no keys or inputs: one row, in no group.
         inputs: list[Column] = [start, (start + size).alias("_end"),
-                                *(F.col(k) for k in self.partial.keys),
-                                (start == earliest).alias("_first")]
+                                *(F.when(keep, F.col(k)).alias(k) for k in self.partial.keys),
+                                (start == earliest).alias("_first"),
+                                *(F.col(c) for c in _INTERNAL)]
         schema = (self.steps[-1] if self.steps else self.source).schema
         given, bands, parts = [], [], [{}, {}]  # type: ignore[var-annotated]
         for i, (_, agg) in enumerate(self.partial.aggregates):
@@ -278,7 +296,7 @@ class LocalStage:
                 given.append(Input(F.lit(None)))
                 continue
             name = f"_in{i}"
-            value = to_column(agg.expr)
+            value = F.when(keep, to_column(agg.expr))
             inputs.append(value.alias(name))
             if not (form_of(agg).banded and agg.expr.dtype(schema) is DataType.FLOAT):
                 given.append(Input(F.col(name)))
@@ -304,7 +322,8 @@ class LocalStage:
                    for i, x in enumerate(given)]
         return _Compiled(
             self._typed(), counters, self._compiled_steps(),
-            F.explode(F.sequence(first, last, every)), start + size > time_column, inputs,
+            F.explode_outer(F.when(keep, F.sequence(first, last, every))),
+            start.isNull() | (start + size > time_column), inputs,
             [p for p in parts if p], [*keys, *bands], aggregates, slices, band_at,
             [form_of(agg).accumulator for _, agg in self.partial.aggregates])
 
@@ -319,27 +338,32 @@ class LocalStage:
             reason = reason.when(text.isNull(), F.lit(f"missing field: {f.name}"))
             reason = reason.when(value.isNull(), F.lit(f"ill-typed field: {f.name}"))
             typed.append(value.alias(f.name))
-        return [*typed, F.col(_CORRUPT), F.col(_ARRIVED), reason.alias("_reason")]
+        event = _parse(self.event_time, self.source.schema.dtype(self.event_time))
+        return [*typed, F.col(_CORRUPT), F.col(_ARRIVED), reason.alias("_reason"),
+                reason.isNull().alias("_keep"), event.alias("_event")]
 
-    def _quarantine(self, checked: DataFrame) -> None:
+    def _quarantine(self, prepared: DataFrame) -> None:
         """Set the batch's malformed records aside, each with its reason and file."""
-        (checked.filter(F.col("_reason").isNotNull())
+        (prepared.filter(F.col("_reason").isNotNull())
          .select(F.col("_reason").alias("reason"), F.input_file_name().alias("file"),
                  F.col(_CORRUPT).alias("line"))
          .write.mode("append").json(self.quarantine_dir))
 
     def _compiled_steps(self) -> list[Callable[[DataFrame], DataFrame]]:
-        """The query's record steps as DataFrame transformations, their columns built once."""
+        """The query's record steps as DataFrame transformations, their columns built once.
+        A ``where`` does not drop a record but clears its ``_keep`` (it still counts as read);
+        a ``select`` keeps the stage's own columns."""
         steps: list[Callable[[DataFrame], DataFrame]] = []
         for step in self.steps:
             if isinstance(step, Where):
-                steps.append(functools.partial(DataFrame.filter,
-                                               condition=to_column(step.predicate)))
+                kept = F.col("_keep") & F.coalesce(to_column(step.predicate), F.lit(False))
+                steps.append(functools.partial(DataFrame.withColumn, colName="_keep", col=kept))
             elif isinstance(step, WithColumn):
                 steps.append(functools.partial(DataFrame.withColumn, colName=step.name,
                                                col=to_column(step.expr)))
             elif isinstance(step, Select):
                 columns = [to_column(e).alias(n) for n, e in step.columns]
+                columns += [F.col(c) for c in _INTERNAL]
                 steps.append(functools.partial(_select, columns=columns))
             elif not isinstance(step, Window):
                 msg = f"{step.kind} does not run in the Spark local stage yet"
@@ -351,8 +375,9 @@ class LocalStage:
         watermark has closed are dropped, their records counted late."""
         c, n = self._compiled, len(self.partial.keys)
         events_at = len(c.keys)
-        for row in rows:
-            values = tuple(row)
+        for values in rows:  # a Row is a tuple
+            if values[0] is None:  # the records not kept: they count, in no window
+                continue
             window = (int(values[0]), int(values[1]))
             if self.windows.closed(window):
                 self.stats.late_records += int(values[events_at + 1])
@@ -364,7 +389,7 @@ class LocalStage:
 
     def _top_items(self, df: DataFrame, i: int, agg: TopKItems) -> None:
         keys = ["_start", "_end", *self.partial.keys]
-        counts = (df.filter(F.col(f"_in{i}").isNotNull())
+        counts = (df.filter(F.col("_start").isNotNull() & F.col(f"_in{i}").isNotNull())
                   .groupBy(*keys, F.col(f"_in{i}").cast("string").alias("_item")).count())
         sketches: dict[tuple[tuple[int, int], tuple[Any, ...]], Any] = {}
         for row in counts.collect():
