@@ -155,7 +155,7 @@ class WindowLatency:
         return self.end_s if self.close_s is None else self.close_s
 
 
-def percentile(values: Iterable[float], q: float) -> float | None:
+def _percentile(values: Iterable[float], q: float) -> float | None:
     """The nearest-rank ``q``-th percentile of ``values``; None when there are none."""
     ordered = sorted(values)
     if not ordered:
@@ -189,7 +189,7 @@ class LatencyPhase:
             for part, windows in self.parts().items():
                 values = [v for w in windows if (v := getattr(w, attribute)) is not None]
                 figures[measure][part] = {"windows": len(values), **{
-                    f"p{q}_s": percentile(values, q) for q in PERCENTILES}}
+                    f"p{q}_s": _percentile(values, q) for q in PERCENTILES}}
         recalls = [w.recall for w in self.windows if w.recall is not None]
         return {
             **figures,
@@ -272,7 +272,7 @@ def run_latency(topology: Path, query_file: Path, work: Path, *, phase_s: float,
                f"late records; query {query.name} must have the same watermark "
                "(the bench runs examples/cdn_topk.py)")
         raise PlanError(msg)
-    master, spark_conf = backhaul_spark(layout)
+    master, spark_conf = _backhaul_spark(layout)
     phases = []
     say(f"latency: namespaces per site, edge links at {shaped} for {phase_s:g}s, then "
         f"{dropped} for {phase_s:g}s, per system")
@@ -309,7 +309,7 @@ def run_latency(topology: Path, query_file: Path, work: Path, *, phase_s: float,
                for p in phases}}
 
 
-def backhaul_spark(layout: Topology) -> tuple[str, dict[str, str]]:
+def _backhaul_spark(layout: Topology) -> tuple[str, dict[str, str]]:
     """The Spark master and settings of the backhaul's job: those the root site's local stage
     runs with (it runs in the root's datacenter), so that neither side is tuned apart."""
     root = layout.site(layout.root)
