@@ -486,9 +486,10 @@ def _bench(args: argparse.Namespace) -> int:
                     + f" ({figures[measure][part]['windows']})"
                     for part in ("before_drop", "after_drop"))
                 say(f"{system} {what}: {parts}")
+            inexact = ("" if figures["windows_inexact"] is None
+                       else f", {figures['windows_inexact']} marked inexact")
             say(f"{system}: {figures['windows_not_given']} windows not given before the run "
-                f"ended, {figures['windows_inexact']} inexact, top-10 recall at worst "
-                f"{figures['min_recall']}")
+                f"ended{inexact}, top-10 recall at worst {figures['min_recall']}")
         plots += ", latency.png"
     say(f"report: {work / 'bench.json'}, plots: {plots} in {work}")
     return 0

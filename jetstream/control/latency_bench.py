@@ -196,7 +196,9 @@ class LatencyPhase:
             **{f"windows_{part}": len(windows) for part, windows in self.parts().items()},
             "windows_not_given": sum(not w.given for w in self.windows),
             "windows_not_closed": sum(w.close_s is None for w in self.windows),
-            "windows_inexact": sum(w.exact is False for w in self.windows),
+            # None where the system's results do not say (the backhaul's).
+            "windows_inexact": (sum(w.exact is False for w in self.windows)
+                                if any(w.exact is not None for w in self.windows) else None),
             "min_recall": min(recalls, default=None), "wan_bytes": self.wan_bytes,
         }
 
@@ -295,8 +297,9 @@ def run_latency(topology: Path, query_file: Path, work: Path, *, phase_s: float,
             phase.windows = _latencies(arrivals, truth, closes, started, duration_s)
             phases.append(phase)
             after_close = phase.summary()["after_close"]["all"]
-            say(f"latency after close, {system}: p50 {after_close['p50_s']}s, p95 "
-                f"{after_close['p95_s']}s over {after_close['windows']} windows")
+            say(f"latency after close, {system}: p50 {after_close['p50_s'] or math.nan:.2f}s, "
+                f"p95 {after_close['p95_s'] or math.nan:.2f}s over {after_close['windows']} "
+                "windows")
     finally:
         area.down()
     _plot(phases, shaped, dropped, work / "latency.png")
@@ -459,11 +462,11 @@ def _plot(phases: list[LatencyPhase], shaped: str, dropped: str, path: Path) -> 
     fig, ax = plt.subplots(figsize=(9, 4.5))
     for phase, label in zip(phases, ("JetStream-py", "backhaul (gzip) + Spark job"),
                             strict=True):
-        given = [(w.end_s, v, w.recall) for w in phase.windows
+        given = [(w.moment_s, v, w.recall) for w in phase.windows
                  if w.given and (v := w.after_close_s) is not None]
         line = ax.plot([x for x, _, _ in given], [y for _, y, _ in given], marker="o",
                        markersize=3, label=f"{label}: after close")[0]
-        reported = [(w.end_s, v) for w in phase.windows if (v := w.reported_s) is not None]
+        reported = [(w.moment_s, v) for w in phase.windows if (v := w.reported_s) is not None]
         if reported:
             ax.plot(*zip(*reported, strict=True), marker="x", markersize=3, linestyle="none",
                     color=line.get_color(), alpha=0.5,
@@ -472,7 +475,7 @@ def _plot(phases: list[LatencyPhase], shaped: str, dropped: str, path: Path) -> 
             if recall is not None and recall < 1:
                 ax.annotate(f"recall {recall:.1f}", (x, y), textcoords="offset points",
                             xytext=(0, 8), ha="center", fontsize="x-small", color="red")
-        missing = [(w.end_s, v) for w in phase.windows
+        missing = [(w.moment_s, v) for w in phase.windows
                    if not w.given and (v := w.after_close_s) is not None]
         if missing:
             ax.plot(*zip(*missing, strict=True), marker="^", linestyle="none",
@@ -481,7 +484,7 @@ def _plot(phases: list[LatencyPhase], shaped: str, dropped: str, path: Path) -> 
     drop = phases[0].drop_at_s
     ax.axvline(drop, color="red", linestyle="--", label=f"links drop {shaped} -> {dropped}")
     ax.set_ylim(bottom=0)
-    ax.set_xlabel("window end (s since the logs started)")
+    ax.set_xlabel("when the window could close (s since the logs started)")
     ax.set_ylabel("result latency after the window could close (s)")
     ax.legend(fontsize="small")
     ax.grid(True, alpha=0.3)
