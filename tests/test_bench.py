@@ -10,7 +10,7 @@ import threading
 import time
 from pathlib import Path
 
-from jetstream.control.latency_bench import LatencyPhase, WindowLatency
+from jetstream.control.latency_bench import Landing, LatencyPhase, WindowLatency, window_closes
 from jetstream.stage.baseline import Receiver, ship
 
 
@@ -68,12 +68,51 @@ def test_the_backhaul_ships_whole_gzipped_files_over_tcp(tmp_path: Path) -> None
     assert receiver.received == {"sfo": sum(p.stat().st_size for p in inbox.glob("*.gz"))}
 
 
+def window(end_s: float, after_close_s: float, *, given: bool = True,
+           recall: float | None = 1.0, reported_s: float | None = None) -> WindowLatency:
+    """A window that closed 6 s after its end, as the CDN query's do (5 s watermark)."""
+    return WindowLatency(end_s, end_s + 6, after_close_s + 6, after_close_s, given,
+                         recall if given else None, reported_s)
+
+
 def test_latency_percentiles_split_at_the_drop_and_count_missing_windows() -> None:
     phase = LatencyPhase("backhaul", drop_at_s=30, windows=[
-        WindowLatency(10, 6.0, True, 1.0), WindowLatency(20, 7.0, True, 1.0),
-        WindowLatency(30, 9.0, True, 0.8), WindowLatency(40, 25.0, False, None)])
+        window(10, 0.5), window(20, 0.7), window(30, 0.9, recall=0.8),
+        window(40, 25.0, given=False)])
     summary = phase.summary()
-    assert (summary["p50_before_drop_s"], summary["p95_before_drop_s"]) == (6.0, 7.0)
-    assert summary["p95_after_drop_s"] == 25.0  # a missing window counts as its wait so far
-    assert summary["p50_s"] == 7.0 and summary["p95_s"] == 25.0
+    close = summary["after_close"]
+    # Split where the window closed: the one ending at 20 s closed at 26 s, before the drop.
+    assert close["before_drop"] == {"windows": 2, "p50_s": 0.5, "p95_s": 0.7, "p99_s": 0.7}
+    assert close["after_drop"]["p95_s"] == 25.0  # a missing window counts as its wait so far
+    assert (close["all"]["p50_s"], close["all"]["p99_s"]) == (0.7, 25.0)
+    assert summary["after_end"]["all"]["p50_s"] == 6.7
+    assert "reported" not in summary  # the backhaul's results carry no latency of their own
+    assert (summary["windows_before_drop"], summary["windows_after_drop"]) == (2, 2)
     assert summary["windows_not_given"] == 1 and summary["min_recall"] == 0.8
+
+
+def test_the_results_own_latency_is_summarised_beside_the_measured_one() -> None:
+    phase = LatencyPhase("jetstream", drop_at_s=100, windows=[
+        window(10, 0.6, reported_s=0.5), window(20, 0.8, reported_s=0.7),
+        window(30, 9.0, given=False)])
+    reported = phase.summary()["reported"]["all"]
+    assert reported == {"windows": 2, "p50_s": 0.5, "p95_s": 0.7, "p99_s": 0.7}
+
+
+def test_a_window_closes_when_the_last_site_receives_the_record_past_its_end() -> None:
+    end = 1_767_225_610_000  # a window [..., end) of a query that waits 5 s for late records
+    landings = [
+        # ams: the file landing at 104.0 holds a record at end + 5 s (the mark): it closes.
+        Landing("ams", 102.0, end + 3_000), Landing("ams", 104.0, end + 5_000),
+        Landing("ams", 105.0, end + 6_000),
+        # sfo (listed out of order): the file at 103.5 reaches end + 4.9 s only; 106.2 passes.
+        Landing("sfo", 106.2, end + 6_400), Landing("sfo", 103.5, end + 4_900),
+        Landing("sfo", 107.0, end + 4_000),  # behind what sfo has read: moves nothing
+        Landing("lhr", 101.0, end + 9_000),  # not a site of the query
+    ]
+    closes = window_closes(landings, ["ams", "sfo"], [end, end + 1_000, end + 10_000], 5_000)
+    # The later site decides; the window ending 1 s later waits for ams's file at 105.0 and
+    # sfo's at 106.2; none has closed the window after it at either site.
+    assert closes == {end: 106.2, end + 1_000: 106.2}
+    assert window_closes(landings, ["ams"], [end + 1_000], 5_000) == {end + 1_000: 105.0}
+    assert window_closes(landings, ["ams", "sin"], [end], 5_000) == {}  # sin never closed it
