@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """The local stage's throughput against a plain Spark job, and partial bytes against raw bytes.
 
-Usage: python scripts/bench_stage.py [--events 400000] [--domains 2000]
+Usage: python scripts/bench_stage.py [--events 200000] [--domains 2000] [--runs 3]
 
 Writes synthetic CDN logs (Zipf-like domains) to a temporary folder, then, in one run and one
-SparkSession (local[2]): (a) the JetStream local stage computes the CDN top-k query's partials;
-(b) a plain Spark Structured Streaming job computes the same per-window, per-domain count and
-sum over the same files (what a user would run at one site). Prints events/s for both, and the
+SparkSession (local[2], a site's default Spark settings): (a) the JetStream local stage computes
+the CDN top-k query's partials; (b) a plain Spark Structured Streaming job computes the same
+per-window, per-domain count and sum over the same files (what a user would run at one site).
+One warm-up run of each, then ``--runs`` runs of each, alternating which goes first. Prints
+events/s for both, their ratio (min/median/max), the Spark jobs per micro-batch of ours, and the
 wide-area bytes of the exact partials per window against the raw CSV bytes they replace.
 """
 
@@ -14,9 +16,11 @@ from __future__ import annotations
 
 import argparse
 import random
+import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -24,6 +28,7 @@ from pyspark.sql import functions as F
 import jetstream as js
 from jetstream.partials import PartialBatch, encode_batch
 from jetstream.queryfile import load_query
+from jetstream.runtime import DEFAULT_SPARK_CONF
 from jetstream.stage.compile import spark_schema
 from jetstream.stage.job import LocalStage
 
@@ -52,48 +57,78 @@ def write_logs(folder: Path, events: int, domains: int, seed: int = 7) -> int:
     return size
 
 
+def run_ours(spark: SparkSession, query: js.Query, logs: Path, work: Path) -> tuple[float, Any]:
+    """Seconds our local stage takes over ``logs``, and what it handed on."""
+    windows: dict[tuple[int, int], list[Any]] = {}
+    stage = LocalStage(spark, query, logs, checkpoint_dir=work / "checkpoint",
+                       quarantine_dir=work / "quarantine",
+                       emit=lambda w, rows, n, rev: windows.__setitem__(w, rows))
+    start = time.perf_counter()
+    stats = stage.run_available()
+    return time.perf_counter() - start, (windows, stats)
+
+
+def run_plain(spark: SparkSession, logs: Path, work: Path, name: str) -> float:
+    """Seconds a plain Structured Streaming job takes for the same windowed count and sum."""
+    plain = (spark.readStream.schema(spark_schema(js.CDN_LOG_SCHEMA)).option("header", True)
+             .csv(str(logs))
+             .where(F.col("status") < 500)
+             .withColumn("t", F.timestamp_millis("ts")).withWatermark("t", "5 seconds")
+             .groupBy(F.window("t", "10 seconds"), "domain")
+             .agg(F.count(F.lit(1)).alias("requests"), F.sum(F.col("bytes") / 1024)))
+    start = time.perf_counter()
+    (plain.writeStream.format("memory").queryName(name).outputMode("append")
+     .option("checkpointLocation", str(work / "checkpoint")).trigger(availableNow=True)
+     .start().awaitTermination())
+    return time.perf_counter() - start
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=400_000)
+    parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--domains", type=int, default=2000)
+    parser.add_argument("--runs", type=int, default=3,
+                        help="measured runs of each job, after one warm-up run of each")
     args = parser.parse_args()
-    spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-             .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+    builder = SparkSession.builder.master("local[2]")
+    for key, value in DEFAULT_SPARK_CONF.items():  # what a site runs with
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     query = js.optimize(load_query(ROOT / "examples" / "cdn_topk.py"))
     plan = query.plan()
     partial = plan.op(plan.partial_aggregates()[0])
+    ratios, rows = [], []
     with tempfile.TemporaryDirectory() as tmp:
         logs = Path(tmp) / "logs"
         raw_bytes = write_logs(logs, args.events, args.domains)
-        windows: dict[tuple[int, int], list] = {}
-        stage = LocalStage(spark, query, logs, checkpoint_dir=Path(tmp) / "ck1",
-                           quarantine_dir=Path(tmp) / "q",
-                           emit=lambda w, rows, n, rev: windows.setdefault(w, []).extend(rows))
-        start = time.perf_counter()
-        stage.run_available()
-        ours = time.perf_counter() - start
-
-        schema = spark_schema(js.CDN_LOG_SCHEMA)
-        plain = (spark.readStream.schema(schema).option("header", True).csv(str(logs))
-                 .where(F.col("status") < 500)
-                 .withColumn("t", F.timestamp_millis("ts")).withWatermark("t", "5 seconds")
-                 .groupBy(F.window("t", "10 seconds"), "domain")
-                 .agg(F.count(F.lit(1)).alias("requests"), F.sum(F.col("bytes") / 1024)))
-        start = time.perf_counter()
-        (plain.writeStream.format("memory").queryName("plain").outputMode("append")
-         .option("checkpointLocation", str(Path(tmp) / "ck2")).trigger(availableNow=True)
-         .start().awaitTermination())
-        baseline = time.perf_counter() - start
-        partial_bytes = sum(encode_batch(PartialBatch("q", w, "fra", tuple(rows)), partial)
-                            .ByteSize() for w, rows in windows.items())
+        for run in range(args.runs + 1):  # run 0 warms both up and is not counted
+            # Alternate which job goes first, so neither always pays for the other's garbage.
+            order = ("ours", "plain") if run % 2 else ("plain", "ours")
+            seconds = {}
+            for job in order:
+                work = Path(tmp) / f"{job}-{run}"
+                if job == "ours":
+                    seconds[job], (windows, stats) = run_ours(spark, query, logs, work)
+                else:
+                    seconds[job] = run_plain(spark, logs, work, f"plain{run}")
+            if run == 0:
+                continue
+            ratio = seconds["plain"] / seconds["ours"]
+            ratios.append(ratio)
+            rows.append((run, seconds["ours"], seconds["plain"], ratio, stats.jobs,
+                         stats.batches))
+        partial_bytes = sum(encode_batch(PartialBatch("q", w, "fra", tuple(r)), partial)
+                            .ByteSize() for w, r in windows.items())
     print(f"events: {args.events}, domains: {args.domains}, windows: {len(windows)}")
-    print("| job | seconds | events/s | events/s per core |")
-    print("|---|---:|---:|---:|")
-    for name, seconds in (("JetStream local stage", ours), ("plain Spark job", baseline)):
-        rate = args.events / seconds
-        print(f"| {name} | {seconds:.1f} | {rate:,.0f} | {rate / 2:,.0f} |")
-    print(f"ratio (ours / plain): {baseline / ours:.2f} of the plain job's throughput")
+    print("| run | JetStream local stage (s) | plain Spark job (s) | ours, events/s | "
+          "plain, events/s | ours / plain | Spark jobs / micro-batch (ours) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for run, ours, plain, ratio, jobs, batches in rows:
+        print(f"| {run} | {ours:.2f} | {plain:.2f} | {args.events / ours:,.0f} | "
+              f"{args.events / plain:,.0f} | {ratio:.2f} | {jobs / max(batches, 1):g} |")
+    print(f"throughput ratio (ours / plain) over {len(ratios)} runs: min {min(ratios):.2f}, "
+          f"median {statistics.median(ratios):.2f}, max {max(ratios):.2f}")
     print(f"raw CSV bytes: {raw_bytes:,}; exact partials on the wire: {partial_bytes:,} "
           f"({raw_bytes / max(partial_bytes, 1):.1f}x less); per window: "
           f"{partial_bytes / max(len(windows), 1):,.0f} bytes vs "

@@ -123,7 +123,9 @@ def run_controller(topology: Topology, port: int, *, security: Security,
                                   dispatch=calls)
     clients.addresses = lambda site: controller.sites[site].address or ""
     servicer = GlobalControllerServicer(controller, heartbeat_interval_s,
-                                        set_level=clients.set_level)
+                                        set_level=lambda site, address, request: calls.wait(
+                                            site, lambda: clients.set_level(address, request),
+                                            2 * CALL_TIMEOUT_S))
     server, bound = start_server([(rpc.add_GlobalControllerServicer_to_server, servicer,
                                    "jetstream.v1.GlobalController")], port, host,
                                  security=security)

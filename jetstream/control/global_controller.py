@@ -11,6 +11,7 @@ planning are :mod:`jetstream.rewrite` and :mod:`jetstream.aggtree`.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import copy
 import dataclasses
@@ -25,6 +26,7 @@ import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import networkx as nx
 
@@ -62,6 +64,9 @@ def call_now(site: str, call: Callable[[], None]) -> None:
     call()
 
 
+T = TypeVar("T")
+
+
 class SiteCalls:
     """Makes the global controller's calls to each site controller on a thread of that
     site's, in the order they were asked for, so that no call holds the controller's lock:
@@ -80,6 +85,33 @@ class SiteCalls:
                 threading.Thread(target=self._run, args=(site, calls), daemon=True,
                                  name=f"calls-to-{site}").start()
         calls.put(call)
+
+    def wait(self, site: str, call: Callable[[], T], timeout_s: float) -> T:
+        """Make ``call`` on the site's thread, after the calls already asked for (a deploy
+        under way lands first), and return what it returns or raise what it raises.
+
+        Raises
+        ------
+        ControlPlaneError
+            If it has not been made within ``timeout_s``.
+        """
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def run() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(call())
+            except BaseException as e:
+                future.set_exception(e)
+
+        self(site, run)
+        try:
+            return future.result(timeout_s)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            msg = f"site {site}: the calls before this one took over {timeout_s:g}s"
+            raise ControlPlaneError(msg) from None
 
     def close(self) -> None:
         """Let each site's thread end once the calls already asked for are made."""

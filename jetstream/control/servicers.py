@@ -30,8 +30,9 @@ def _abort(context: grpc.ServicerContext, error: JetstreamError) -> NoReturn:
     raise AssertionError("abort returns only by raising")
 
 
-#: Relays a SetLevel request to the site controller at an address.
-LevelRelay = Callable[[str, pb.SetLevelRequest], pb.SetLevelResponse]
+#: Relays a SetLevel request to a site's controller, at its address (after the calls to
+#: the site already under way, such as the deploy of the query).
+LevelRelay = Callable[[str, str, pb.SetLevelRequest], pb.SetLevelResponse]
 
 
 class GlobalControllerServicer(rpc.GlobalControllerServicer):
@@ -110,7 +111,8 @@ class GlobalControllerServicer(rpc.GlobalControllerServicer):
             context.abort(grpc.StatusCode.UNIMPLEMENTED, "this controller relays no levels")
         assert self._set_level is not None
         try:
-            return self._set_level(self.controller.link_owner(request.query, request.site),
+            return self._set_level(request.site,
+                                   self.controller.link_owner(request.query, request.site),
                                    request)
         except JetstreamError as e:
             _abort(context, e)
