@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import os
 import tempfile
 import threading
 import time
@@ -79,7 +80,15 @@ DEFAULT_SPARK_CONF: Mapping[str, str] = MappingProxyType({
     "spark.sql.ui.retainedExecutions": "20",  # likewise for SQL executions
     "spark.sql.streaming.numRecentProgressUpdates": "20",  # likewise for batch progress
     "spark.sql.shuffle.partitions": "2",  # about the cores of a small site (not yet measured)
-    "spark.driver.memory": "1g",  # the whole local stage lives in the driver's JVM
+    # The whole local stage lives in the driver's JVM; 512m is the least Spark starts with.
+    "spark.driver.memory": "512m",
+    # A heap that starts small (the JVM's default start is 1/64 of the machine's memory) and
+    # gives back what it frees (the serial collector), smaller stacks and code cache: the
+    # demo's three JVMs peaked at 3.0 GB with Spark's defaults, 1.9 GB with these
+    # (scripts/demo_memory.py, docs/benchmarks.md).
+    "spark.driver.extraJavaOptions": "-Xms32m -XX:+UseSerialGC -XX:MinHeapFreeRatio=10 "
+                                     "-XX:MaxHeapFreeRatio=30 -XX:ReservedCodeCacheSize=48m "
+                                     "-Xss512k",
     "spark.sql.adaptive.enabled": "false",  # micro-batches are tiny; AQE re-plans each one
 })
 
@@ -657,6 +666,9 @@ class SiteRuntime:
                 master = self.options.spark_master or "local[1]"
                 conf = {**DEFAULT_SPARK_CONF, **self.options.spark_conf}
                 log.info("site %s: starting Spark (%s)", self.site, master)
+                # The JVM inherits this: glibc's default of an arena per thread makes a JVM
+                # of a hundred threads hold hundreds of MB it does not use.
+                os.environ.setdefault("MALLOC_ARENA_MAX", "2")
                 builder = SparkSession.builder.master(master).appName(f"jetstream-{self.site}")
                 for key, value in conf.items():
                     builder = builder.config(key, value)

@@ -5,15 +5,19 @@ Usage: python scripts/demo_memory.py [--duration 60] [-- more jetstream demo opt
 
 Runs ``jetstream demo --no-dashboard --duration D`` and, while it runs, sums the resident set
 (VmRSS in /proc) of the demo and every process under it (the controller, the sites, their
-Spark JVMs); prints the peak of that sum, the peak per kind of process, and when it was reached.
-Shared pages count once per process, so the sum is an upper bound of what the machine used.
+Spark JVMs); prints the peak of that sum, the peak per kind of process, and when it was reached,
+and the latency after close (``latency_s``) of each complete window the demo showed. Shared
+pages count once per process, so the sum is an upper bound of what the machine used.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -73,8 +77,9 @@ def main() -> None:
     command = [sys.executable, "-m", "jetstream", "demo", "--no-dashboard",
                "--duration", str(args.duration), *rest]
     started = time.monotonic()
-    demo = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
+    view = tempfile.TemporaryFile("w+")  # noqa: SIM115 (read back after the demo ends)
+    demo = subprocess.Popen(command, stdout=view, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "COLUMNS": "160"})
     peak, peak_at, peak_kinds = 0.0, 0.0, Counter[str]()
     while demo.poll() is None:
         kinds = sample(demo.pid)
@@ -86,6 +91,13 @@ def main() -> None:
           f"({peak / 1024:.2f} GiB), {peak_at:.0f} s in")
     for kind, mb in sorted(peak_kinds.items()):
         print(f"  {kind}: {mb:,.0f} MB")
+    view.seek(0)
+    latencies: dict[str, float] = {}
+    for window, seconds in re.findall(r"cdn-topk \[(\d\d:\d\d:\d\d), [^)]*\) UTC — \d/\d "
+                                      r"sites, ([\d.]+)s after close", view.read()):
+        latencies.setdefault(window, float(seconds))
+    print("latency after close of each complete window shown: "
+          + ", ".join(f"{w} {s:.1f}s" for w, s in sorted(latencies.items())))
     sys.exit(demo.returncode)
 
 
