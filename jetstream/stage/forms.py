@@ -88,6 +88,8 @@ def _sum_accumulator(agg: Sum, values: list[Any], band: int | None) -> list[Any]
         for limb in limbs:
             total = (total << _LIMB_BITS) + int(limb)
         floats += exact_floats(total, int(band))
+    if len(floats) == 1:  # the usual row: one float is already exact partials
+        return [int(count), 0, floats]
     return agg.merge([int(count), 0, []], [0, 0, floats])
 
 

@@ -375,11 +375,14 @@ class LocalStage:
         watermark has closed are dropped, their records counted late."""
         c, n = self._compiled, len(self.partial.keys)
         events_at = len(c.keys)
+        closed: dict[tuple[int, int], bool] = {}
         for values in rows:  # a Row is a tuple
             if values[0] is None:  # the records not kept: they count, in no window
                 continue
             window = (int(values[0]), int(values[1]))
-            if self.windows.closed(window):
+            if window not in closed:
+                closed[window] = self.windows.closed(window)
+            if closed[window]:
                 self.stats.late_records += int(values[events_at + 1])
                 continue
             accs = [accumulator(agg, list(values[part]), None if band is None else values[band])
