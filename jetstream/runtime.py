@@ -315,8 +315,9 @@ class QueryRun:
         """After each micro-batch: its windows are in the merger, so its watermark may go
         (before them, the merger would take a window for one this site had nothing in)."""
         self.metrics.stage_batch(stats.records_in, stats.late_records, stats.malformed, seconds)
-        if not self.options.replay and self.stage.watermark is not None:
-            self.merger.progress(self.site, self.stage.watermark)
+        watermark = None if self.stage is None else self.stage.watermark
+        if not self.options.replay and watermark is not None:
+            self.merger.progress(self.site, watermark)
 
     def _local(self, window: tuple[int, int], rows: list[dict[str, Any]], events: int,
                revision: int) -> None:

@@ -71,6 +71,23 @@ class BusyReceiver(rpc.DataPlaneServicer):
         yield from self.inner.Push(late(), context)
 
 
+
+def _root(source: str) -> tuple[SiteRuntime, list[WindowResult], threading.Event]:
+    """The root "dc" of query ``thin`` with one child, "edge": its runtime, the results it
+    publishes, and an event set once they are final."""
+    results: list[WindowResult] = []
+    done = threading.Event()
+
+    def publish(name: str, out: list[WindowResult], finished: bool) -> None:
+        results.extend(out)
+        if finished:
+            done.set()
+
+    root = SiteRuntime("dc", SiteOptions(deadline_s=30), publish)
+    root.deploy(Assignment(Fragment("thin", "dc", children=("edge",), final=True), source,
+                           covers=("pop",)))
+    return root, results, done
+
 def window_events(w: int, rnd: random.Random) -> list[dict[str, Any]]:
     """One second of Zipf-distributed requests over 600 domains."""
     weights = [1 / (i + 1) ** 1.2 for i in range(600)]
@@ -89,17 +106,7 @@ def through_thin_link(source: str, events: list[list[dict[str, Any]]], thin: ran
     query = query_from_source(source, "<test>")
     _, site_query, partial = split(query)
     batches = [site_batches(site_query, partial, "pop", e)[0] for e in events]
-    results: list[WindowResult] = []
-    done = threading.Event()
-
-    def publish(name: str, out: list[WindowResult], finished: bool) -> None:
-        results.extend(out)
-        if finished:
-            done.set()
-
-    root = SiteRuntime("dc", SiteOptions(deadline_s=30), publish)
-    root.deploy(Assignment(Fragment("thin", "dc", children=("edge",), final=True), source,
-                           covers=("pop",)))
+    root, results, done = _root(source)
     exact_bytes = max(encode_batch(b, partial).ByteSize() for b in batches)
     link = ThrottledLink(root.servicer, rate=exact_bytes / 0.1)
     server, port = start_server([(rpc.add_DataPlaneServicer_to_server, link,
@@ -191,17 +198,7 @@ def test_a_busy_receiver_and_bursts_of_windows_leave_a_fast_link_exact() -> None
     rnd = random.Random(8)
     events = [window_events(w, rnd) for w in range(12)]
     batches = [site_batches(site_query, partial, "pop", e)[0] for e in events]
-    results: list[WindowResult] = []
-    done = threading.Event()
-
-    def publish(name: str, out: list[WindowResult], finished: bool) -> None:
-        results.extend(out)
-        if finished:
-            done.set()
-
-    root = SiteRuntime("dc", SiteOptions(deadline_s=30), publish)
-    root.deploy(Assignment(Fragment("thin", "dc", children=("edge",), final=True), SOURCE,
-                           covers=("pop",)))
+    root, results, done = _root(SOURCE)
     server, port = start_server([(rpc.add_DataPlaneServicer_to_server,
                                   BusyReceiver(root.servicer, 0.25), "jetstream.v1.DataPlane")],
                                 0)
