@@ -79,7 +79,9 @@ DEFAULT_SPARK_CONF: Mapping[str, str] = MappingProxyType({
     "spark.ui.retainedStages": "50",  # likewise for stages
     "spark.sql.ui.retainedExecutions": "20",  # likewise for SQL executions
     "spark.sql.streaming.numRecentProgressUpdates": "20",  # likewise for batch progress
-    "spark.sql.shuffle.partitions": "2",  # about the cores of a small site (not yet measured)
+    # About the cores of a small site: 1 or 2, under local[1] or local[2], measured within
+    # noise of each other on 3,000-record micro-batches (docs/benchmarks.md).
+    "spark.sql.shuffle.partitions": "2",
     # The whole local stage lives in the driver's JVM; 512m is the least Spark starts with.
     "spark.driver.memory": "512m",
     # A heap that starts small (the JVM's default start is 1/64 of the machine's memory) and
