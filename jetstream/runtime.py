@@ -85,12 +85,12 @@ DEFAULT_SPARK_CONF: Mapping[str, str] = MappingProxyType({
     # The whole local stage lives in the driver's JVM; 512m is the least Spark starts with.
     "spark.driver.memory": "512m",
     # A heap that starts small (the JVM's default start is 1/64 of the machine's memory) and
-    # gives back what it frees (the serial collector), smaller stacks and code cache: the
+    # gives back what it frees (the serial collector), a smaller code cache: the
     # demo's three JVMs peaked at 3.0 GB with Spark's defaults, 1.9 GB with these
     # (scripts/demo_memory.py, docs/benchmarks.md).
+    # (Not smaller thread stacks: -Xss512k overflowed in java.util.regex on URLs.)
     "spark.driver.extraJavaOptions": "-Xms32m -XX:+UseSerialGC -XX:MinHeapFreeRatio=10 "
-                                     "-XX:MaxHeapFreeRatio=30 -XX:ReservedCodeCacheSize=48m "
-                                     "-Xss512k",
+                                     "-XX:MaxHeapFreeRatio=30 -XX:ReservedCodeCacheSize=48m",
     "spark.sql.adaptive.enabled": "false",  # micro-batches are tiny; AQE re-plans each one
 })
 
