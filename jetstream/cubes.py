@@ -117,11 +117,12 @@ class CubeStore:
                            f"jetstream reads {_SCHEMA_VERSION}; move the file away")
                     raise DataError(msg)
             # WAL: a commit is one append, a reader never blocks the writer, and a process
-            # killed mid-write leaves the last commit intact. FULL: fsync at every commit,
-            # so a machine that loses power loses nothing committed either.
+            # killed at any point leaves every commit intact. NORMAL: a commit is not
+            # fsynced, except a durable one (see _transaction), which also makes every commit
+            # before it survive a machine that loses power.
             with self._lock:
                 self._db.execute("PRAGMA journal_mode=WAL")
-                self._db.execute("PRAGMA synchronous=FULL")
+                self._db.execute("PRAGMA synchronous=NORMAL")
                 self._db.executescript(_SCHEMA)
                 self._db.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")
         except DataError:
@@ -140,12 +141,14 @@ class CubeStore:
         if not destination or destination == INBOX:
             msg = f"cube store: batch of {batch.query or '?'} kept for no destination"
             raise DataError(msg)
-        self._put(batch, destination, held=True)
+        self._put(batch, destination, held=True, durable=True)
 
-    def receive(self, batch: pb.PartialBatch) -> None:
+    def receive(self, batch: pb.PartialBatch, *, durable: bool = True) -> None:
         """Keep a batch the site is about to merge, in its inbox, before it is acked; it
-        expires like the rest (see :data:`INBOX`)."""
-        self._put(batch, INBOX, held=False)
+        expires like the rest (see :data:`INBOX`). ``durable=False`` for a batch whose
+        sender needs no ack (the site's own stage): then it survives the process's death
+        but not, until the next durable commit, the machine's."""
+        self._put(batch, INBOX, held=False, durable=durable)
 
     def received(self, query: str, span_ms: int) -> list[pb.PartialBatch]:
         """What the inbox holds of ``query`` for windows ending less than ``span_ms`` before
@@ -157,12 +160,13 @@ class CubeStore:
                 "AND query = ?2) - ?3 ORDER BY id", (INBOX, query, span_ms))
             return [self._message(raw) for raw, in rows.fetchall()]
 
-    def _put(self, batch: pb.PartialBatch, destination: str, held: bool) -> None:
+    def _put(self, batch: pb.PartialBatch, destination: str, held: bool,
+             durable: bool) -> None:
         if not batch.query or not batch.origin or batch.window_end_ms <= batch.window_start_ms:
             msg = (f"cube store: batch from {batch.origin or '?'} for {batch.query or '?'} "
                    f"has no query, origin or window")
             raise DataError(msg)
-        with self._transaction() as db:
+        with self._transaction(durable=durable) as db:
             db.execute(
                 "INSERT OR REPLACE INTO partials (query, origin, partition, window_start, "
                 "window_end, resolution, revision, sequence, destination, held, message) "
@@ -384,10 +388,17 @@ class CubeStore:
         self.close()
 
     @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        """One transaction, under the lock; SQLite's errors come out as DataError."""
+    def _transaction(self, *, durable: bool = False) -> Iterator[sqlite3.Connection]:
+        """One transaction, under the lock; SQLite's errors come out as DataError.
+
+        Every commit survives the process's death. A ``durable`` one is fsynced, and with
+        it every commit before it: what a peer relies on (a batch kept until its ack, a
+        batch acked) pays that, so a window pays at most one fsync in each process on its
+        way up; the rest (acks received, rollups, expiry) do not wait for the disk."""
         with self._lock:
             try:
+                # (SQLite takes the level only outside a transaction.)
+                self._db.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
                 self._db.execute("BEGIN IMMEDIATE")
                 try:
                     yield self._db

@@ -24,11 +24,12 @@ still counts as read); a batch adds the ``observe`` and the aggregation, two cal
 (``top_k(col, k)``, the frequent-items sketch, adds a second job of per-item counts.)
 
 With a ``snapshot`` file, a live stage survives the death of its process: after each
-micro-batch, before Spark commits it, the windows still open (and those about to be handed
-on), the watermark and the batch's id go to the file, atomically. A restarted stage loads
-them; Spark re-runs the batches it had not committed, and the batches the snapshot already
-holds are skipped, so every record counts once. Windows the snapshot holds as closed are
-handed on again at the first batch; whoever receives them drops what it already has.
+micro-batch, once its closed windows are handed on and before Spark commits it, the windows
+still open (and those handed on before the watermark closed them), the watermark and the
+batch's id go to the file, atomically. A restarted stage loads them; Spark re-runs the
+batches it had not committed, and the batches the snapshot already holds are skipped, so
+every record counts once. A window handed on again (its batch re-run) is dropped by whoever
+has it already; one the snapshot no longer holds is in the site's inbox (``runtime``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import contextlib
 import functools
 import logging
 import math
+import os
 import threading
 import time
 from collections import Counter
@@ -44,6 +46,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
@@ -73,6 +76,8 @@ log = logging.getLogger(__name__)
 
 #: Micro-batch interval of a live stage: how long a new file can wait before it is read.
 DEFAULT_TRIGGER_S = 0.25
+#: A micro-batch reading at most this much runs as one task (a live batch, typically).
+SMALL_BATCH_BYTES = 4 << 20
 # (the stats so far, seconds the micro-batch took): after each micro-batch.
 OnBatch = Callable[["StageStats", float], None]
 _CORRUPT = "_jetstream_corrupt"
@@ -248,6 +253,8 @@ class LocalStage:
         c = self._compiled
         self.stats.batches += 1
         observation = Observation(f"{self.name}/{batch_id}")
+        if _small(prepared):  # one task, no shuffle: most of a small batch's time is overhead
+            prepared = prepared.coalesce(1)
         df = prepared.observe(observation, *c.counters)
         rows = df.groupBy(*c.keys).agg(*c.aggregates).collect()
         counters = observation.get
@@ -263,9 +270,12 @@ class LocalStage:
         self.windows.advance(counters["latest"])
         self.received_ms = max(counters["arrived"] or time.time_ns() // 1_000_000,
                                self._started_ms)
-        if self.snapshot is not None and batch_id is not None:
-            self.windows.save(self.snapshot, batch_id)  # before handing on: it is kept there
+        # Handed on before the snapshot is written: the snapshot (and its fsync) is not on a
+        # window's way. Spark commits the batch only after the snapshot; a process that dies
+        # before that runs the batch again, and what is handed on again is dropped downstream.
         self.windows.close_passed()
+        if self.snapshot is not None and batch_id is not None:
+            self.windows.save(self.snapshot, batch_id)
 
     def _compile(self) -> _Compiled:
         valid, keep = F.col("_reason").isNull(), F.col("_keep")
@@ -404,6 +414,20 @@ class LocalStage:
             sketch.update(row["_item"], int(row["count"]))
         for (window, key), sketch in sketches.items():
             self.windows.merge_into(window, key, i, sketch)
+
+
+def _small(df: DataFrame) -> bool:
+    """Whether ``df`` reads local files of at most ``SMALL_BATCH_BYTES`` together."""
+    total = 0
+    for uri in df.inputFiles():
+        parsed = urlparse(uri)
+        if parsed.scheme not in ("", "file"):
+            return False
+        try:
+            total += os.path.getsize(unquote(parsed.path))
+        except OSError:
+            return False
+    return total <= SMALL_BATCH_BYTES
 
 
 def _select(df: DataFrame, columns: list[Column]) -> DataFrame:
