@@ -81,16 +81,16 @@ def _sum_accumulator(agg: Sum, values: list[Any], band: int | None) -> list[Any]
     if len(values) == 3:  # integers: the count, the high and the low halves
         return [int(values[0]), (int(values[1]) << 32) + int(values[2]), []]
     count, limbs, non_finite = values[0], values[1:1 + LIMBS], values[1 + LIMBS:]
-    floats = [value for value, times in zip(_NON_FINITE, non_finite, strict=True) if times
-              for _ in range(times)]
+    chunks = []
     if band is not None:  # a NULL band: this row's values are not finite
-        total = 0
-        for limb in limbs:
-            total = (total << _LIMB_BITS) + int(limb)
-        floats += exact_floats(total, int(band))
-    if len(floats) == 1:  # the usual row: one float is already exact partials
-        return [int(count), 0, floats]
-    return agg.merge([int(count), 0, []], [0, 0, floats])
+        high, middle, low = limbs
+        chunks = exact_floats((((int(high) << _LIMB_BITS) + int(middle)) << _LIMB_BITS)
+                              + int(low), int(band))
+    if not any(non_finite):  # the usual row: the chunks are already exact partials
+        return [int(count), 0, chunks]
+    floats = [value for value, times in zip(_NON_FINITE, non_finite, strict=True)
+              for _ in range(times)]
+    return agg.merge([int(count), 0, []], [0, 0, [*floats, *chunks]])
 
 
 def _first(agg: Aggregate, values: list[Any], band: int | None) -> Any:
@@ -167,7 +167,8 @@ def float_parts(name: str) -> tuple[dict[str, Column], dict[str, Column]]:
 
 
 def exact_floats(total: int, e: int) -> list[float]:
-    """Floats whose exact sum is ``total * 2**e``: [0.0] for zero.
+    """Floats whose exact sum is ``total * 2**e``: [0.0] for zero. They do not overlap and
+    come in increasing magnitude, so they are already the exact partials of a ``Sum``.
 
     Cut into 52-bit chunks, each chunk times its power of two is a double, exactly. A total of
     2**1024 or more has no such chunks: it becomes ±inf, what a float addition overflows to.

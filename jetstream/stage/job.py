@@ -386,7 +386,8 @@ class LocalStage:
         c, n = self._compiled, len(self.partial.keys)
         events_at = len(c.keys)
         closed: dict[tuple[int, int], bool] = {}
-        for values in rows:  # a Row is a tuple
+        for row in rows:
+            values = tuple(row)  # a Row's own indexing is slow; a plain tuple's is not
             if values[0] is None:  # the records not kept: they count, in no window
                 continue
             window = (int(values[0]), int(values[1]))
