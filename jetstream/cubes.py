@@ -141,14 +141,13 @@ class CubeStore:
         if not destination or destination == INBOX:
             msg = f"cube store: batch of {batch.query or '?'} kept for no destination"
             raise DataError(msg)
-        self._put(batch, destination, held=True, durable=True)
+        self._put(batch, destination, held=True, durable=False)
 
-    def receive(self, batch: pb.PartialBatch, *, durable: bool = True) -> None:
+    def receive(self, batch: pb.PartialBatch) -> None:
         """Keep a batch the site is about to merge, in its inbox, before it is acked; it
-        expires like the rest (see :data:`INBOX`). ``durable=False`` for a batch whose
-        sender needs no ack (the site's own stage): then it survives the process's death
-        but not, until the next durable commit, the machine's."""
-        self._put(batch, INBOX, held=False, durable=durable)
+        expires like the rest (see :data:`INBOX`). This is the one commit on a window's way
+        through a site that waits for the disk (see :meth:`_transaction`)."""
+        self._put(batch, INBOX, held=False, durable=True)
 
     def received(self, query: str, span_ms: int) -> list[pb.PartialBatch]:
         """What the inbox holds of ``query`` for windows ending less than ``span_ms`` before
@@ -392,9 +391,13 @@ class CubeStore:
         """One transaction, under the lock; SQLite's errors come out as DataError.
 
         Every commit survives the process's death. A ``durable`` one is fsynced, and with
-        it every commit before it: what a peer relies on (a batch kept until its ack, a
-        batch acked) pays that, so a window pays at most one fsync in each process on its
-        way up; the rest (acks received, rollups, expiry) do not wait for the disk."""
+        it every commit before it: a batch in the inbox, which holds every window a site
+        merges (a child's, before its ack; its own stage's, before the stage's snapshot
+        forgets it). The rest — a batch kept for the parent, an ack, rollups, expiry — does
+        not wait for the disk: after a power loss the inbox still has what a lost keep held,
+        and a restarted run sends on again what it has not sent (``runtime``); a lost ack
+        means a batch sent again, which the receiver drops. So a window pays one fsync in
+        each site on its way up."""
         with self._lock:
             try:
                 # (SQLite takes the level only outside a transaction.)

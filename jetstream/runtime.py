@@ -352,15 +352,14 @@ class QueryRun:
             return  # a restarted stage hands on again what it had handed on before
         self.receive(PartialBatch(self.name, window, self.site, tuple(rows), events=events,
                                   covers=frozenset({self.site}), revision=revision,
-                                  closed_at_ms=self.stage.received_ms), durable=False)
+                                  closed_at_ms=self.stage.received_ms))
 
-    def receive(self, batch: PartialBatch, *, durable: bool = True) -> None:
+    def receive(self, batch: PartialBatch) -> None:
         """Merge a batch: a child's (acked once this returns) or the local stage's. With a
-        cube store it goes to the inbox first, so that a restart merges it again: durably
-        for a child's, which forgets it once acked; the stage's own survives this process's
-        death without an fsync (the stage's snapshot, written after, no longer holds it)."""
+        cube store it goes to the inbox first, durably, so that a restart merges it again
+        (the child forgets it once acked; the stage's snapshot, once handed on)."""
         if self._inbox is not None:
-            self._inbox.receive(encode_batch(batch, self.partial), durable=durable)
+            self._inbox.receive(encode_batch(batch, self.partial))
         self.merger.add(batch)
 
     def _merge_inbox(self, store: CubeStore) -> None:

@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""What a live micro-batch of the local stage costs: Spark's phases and the JVM's CPU.
+
+Usage: python scripts/bench_live_batch.py [--files 80] [--skip 20] [--lines 500]
+       [--every 0.5] [--conf KEY=VALUE ...]
+
+Starts one site's local stage for the CDN top-k query (a site's default Spark settings,
+``DEFAULT_SPARK_CONF``, under ``--conf``) live on an empty folder, then renames a file of
+``--lines`` log lines into it every ``--every`` seconds, ``--files`` times. Prints the medians of
+Spark's phases over the last 15 batches that read records (``recentProgress``), the median
+time of our ``foreachBatch``, and the CPU the JVM and this process spent per file after the
+first ``--skip`` files, the JVM's split by thread (read from ``/proc``: Linux only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+from bench_stage import write_logs
+from pyspark.sql import SparkSession
+
+import jetstream as js
+from jetstream.queryfile import load_query
+from jetstream.runtime import DEFAULT_SPARK_CONF
+from jetstream.stage.job import LocalStage
+
+ROOT = Path(__file__).resolve().parent.parent
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def thread_ticks(pid: int) -> Counter[str]:
+    """CPU ticks of each thread of ``pid`` so far, by name with digits folded."""
+    ticks: Counter[str] = Counter()
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            stat = Path(f"/proc/{pid}/task/{task}/stat").read_text()
+        except OSError:  # the thread ended
+            continue
+        name = re.sub(r"[0-9]+", "N", stat[stat.index("(") + 1:stat.rindex(")")])
+        fields = stat.rsplit(")", 1)[1].split()
+        ticks[name] += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--files", type=int, default=80)
+    parser.add_argument("--skip", type=int, default=20,
+                        help="files before CPU is counted (the JVM's warm-up)")
+    parser.add_argument("--lines", type=int, default=500)
+    parser.add_argument("--every", type=float, default=0.5, help="seconds between files")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args()
+    if not 0 <= args.skip < args.files:
+        parser.error("--skip must be at least 0 and below --files")
+    conf = dict(DEFAULT_SPARK_CONF) | dict(kv.split("=", 1) for kv in args.conf)
+    builder = SparkSession.builder.master("local[2]")
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    jvm = int(subprocess.check_output(["pgrep", "-P", str(os.getpid()), "java"]).split()[0])
+    query = js.optimize(load_query(ROOT / "examples" / "cdn_topk.py"))
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        write_logs(work / "logs", args.files * args.lines, 2000)
+        lines = [line for part in sorted((work / "logs").iterdir())
+                 for line in part.read_text().splitlines(keepends=True)[1:]]
+        header = (work / "logs" / "part-0000.csv").read_text().split("\n", 1)[0] + "\n"
+        folder = work / "in"
+        folder.mkdir()
+        seconds: list[float] = []
+        stage = LocalStage(spark, query, folder, checkpoint_dir=work / "checkpoint",
+                           quarantine_dir=work / "quarantine", emit=lambda *_: None,
+                           snapshot=work / "stage.json",
+                           on_batch=lambda _, s: seconds.append(s))
+        stream = stage.start()
+        jvm_before, ours_before = Counter[str](), 0.0
+        for i in range(args.files):
+            if i == args.skip:
+                jvm_before, ours_before = thread_ticks(jvm), sum(os.times()[:2])
+            staged = work / f"f{i}.csv"
+            staged.write_text(header + "".join(lines[i * args.lines:(i + 1) * args.lines]))
+            staged.rename(folder / staged.name)
+            time.sleep(args.every)
+        jvm_after, ours_after = thread_ticks(jvm), sum(os.times()[:2])
+        counted = args.files - args.skip
+        progress = [json.loads(p.json) if hasattr(p, "json") else p
+                    for p in stream.recentProgress]
+        progress = [p for p in progress if p["numInputRows"] > 0][-15:]
+        stage.stop()
+    phases = sorted({k for p in progress for k in p["durationMs"]})
+    print("Spark's phases, median ms:",
+          {k: round(statistics.median(p["durationMs"].get(k, 0) for p in progress))
+           for k in phases})
+    print(f"foreachBatch (ours), median: {statistics.median(seconds[-15:]) * 1000:.0f} ms")
+    per_file = {name: (ticks - jvm_before[name]) * 1000 / TICKS / counted
+                for name, ticks in jvm_after.items()}
+    print(f"CPU per file after the first {args.skip}: JVM {sum(per_file.values()):.0f} ms, "
+          f"this process {(ours_after - ours_before) * 1000 / counted:.0f} ms")
+    print("JVM threads, ms per file:", {name: round(ms) for name, ms in
+                                        sorted(per_file.items(), key=lambda kv: -kv[1])[:8]})
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
