@@ -74,6 +74,7 @@ STOP_WAIT_S = 60.0
 #: How often a run rolls up and expires what the cube store keeps of it.
 CUBE_INTERVAL_S = 10.0
 
+
 def _checkpoint_file_manager() -> dict[str, str]:
     """Spark's checkpoint file manager on Hadoop's FileSystem API, under the name the
     installed pyspark has it (its package moved in Spark 4.1); none if it has neither."""

@@ -29,7 +29,8 @@ still open (and those handed on before the watermark closed them), the watermark
 batch's id go to the file, atomically. A restarted stage loads them; Spark re-runs the
 batches it had not committed, and the batches the snapshot already holds are skipped, so
 every record counts once. A window handed on again (its batch re-run) is dropped by whoever
-has it already; one the snapshot no longer holds is in the site's inbox (``runtime``).
+has it already; one the snapshot no longer holds is in the site's inbox (``runtime``,
+with the cube store, as sites run by default).
 """
 
 from __future__ import annotations
