@@ -724,8 +724,10 @@ class SiteRuntime:
 
     def _deliver(self, batch: PartialBatch) -> None:
         run = self.run(batch.query)
-        if run is not None:
-            run.receive(batch)
+        if run is None:  # stopped, or being replaced, since the servicer looked it up
+            msg = f"no query named {batch.query!r} runs here"
+            raise LookupError(msg)
+        run.receive(batch)
 
     def _progress(self, report: pb.Progress) -> None:
         run = self.run(report.query)

@@ -244,7 +244,9 @@ SEEN_MAX = 100_000
 
 
 class DataPlaneServicer(rpc.DataPlaneServicer):
-    """Receives partial batches and progress; ``deliver`` gets each new batch exactly once."""
+    """Receives partial batches and progress; ``deliver`` gets each new batch exactly once.
+    A ``deliver`` that raises ``LookupError`` (no query of that name runs here any more) ends
+    the stream with NOT_FOUND and the batch unacked: the sender sends it again later."""
 
     def __init__(self, aggregate_of: Callable[[str], WindowAggregate | None],
                  deliver: Callable[[PartialBatch], None],
@@ -285,7 +287,12 @@ class DataPlaneServicer(rpc.DataPlaneServicer):
                     del self._seen[next(iter(self._seen))]
                 self.duplicates += not new
             if new:
-                self._deliver(batch)
+                try:
+                    self._deliver(batch)
+                except LookupError as e:  # the query stopped (or is being replaced) meanwhile
+                    with self._lock:
+                        self._seen.pop(batch.identity, None)
+                    context.abort(grpc.StatusCode.NOT_FOUND, str(e))
             b = message.batch
             yield pb.Ack(query=b.query, window_start_ms=b.window_start_ms, origin=b.origin,
                          partition=b.partition, sequence=b.sequence, revision=b.revision)

@@ -167,6 +167,31 @@ def test_batches_for_an_unknown_query_are_refused(receiver: Receiver) -> None:
     channel.close()
 
 
+def test_a_batch_for_a_query_stopped_meanwhile_stays_unacked_and_comes_again(
+        receiver: Receiver) -> None:
+    # The query is known when the batch is read, gone when it is handed on (a run being
+    # replaced): the batch must not be acked and lost, but refused and sent again.
+    gone = threading.Event()
+    gone.set()
+    deliver = receiver._deliver
+
+    def replaced_once(batch: PartialBatch) -> None:
+        if gone.is_set():
+            gone.clear()
+            raise LookupError("no query named 'q' runs here")
+        deliver(batch)
+
+    receiver.servicer._deliver = replaced_once
+    sender = sender_to(receiver.port)
+    try:
+        sender.send(message(0, sequence=1))
+        assert sender.flush(10)
+        assert [b.window for b in receiver.wait_for(1)] == [(0, 10)]
+        assert receiver.servicer.duplicates == 0
+    finally:
+        sender.close()
+
+
 def test_progress_follows_the_batches_it_covers(receiver: Receiver) -> None:
     sender = sender_to(receiver.port)
     try:
