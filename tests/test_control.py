@@ -702,6 +702,36 @@ def test_running_answers_while_a_deploy_or_a_stop_waits_for_the_runtime() -> Non
         changing.join(5)
 
 
+def test_a_fragment_that_fails_to_start_is_not_listed_as_running() -> None:
+    class FailingRuntime:  # the runtime refuses the new version; the old one ran before
+        def __init__(self) -> None:
+            self.runs: set[str] = set()
+            self.fail = False
+
+        def deploy(self, assignment: Assignment) -> None:
+            if self.fail:
+                raise ControlPlaneError("the local stage cannot start")
+            self.runs.add(assignment.fragment.query)
+
+        def run(self, query: str) -> object | None:
+            return query if query in self.runs else None
+
+    runtime = FailingRuntime()
+    site = SiteController("lhr", SERVERS, runtime)  # type: ignore[arg-type]
+    a, b = Fragment("a", "lhr", sources=("cdn_logs",)), Fragment("b", "lhr", sources=("x",))
+    site.deploy(a, 1, Assignment(a, ""))
+    runtime.fail = True
+    with pytest.raises(ControlPlaneError, match="cannot start"):
+        site.deploy(b, 1, Assignment(b, ""))
+    with pytest.raises(ControlPlaneError, match="cannot start"):
+        site.deploy(a, 2, Assignment(a, ""))  # the old version still runs: still listed
+    assert site.running() == ["a"]
+    runtime.runs.clear()  # the old version is gone too
+    with pytest.raises(ControlPlaneError, match="cannot start"):
+        site.deploy(a, 3, Assignment(a, ""))
+    assert site.running() == []
+
+
 def test_the_site_controller_refuses_what_is_not_its_own() -> None:
     with pytest.raises(ControlPlaneError, match="site lhr has no servers"):
         SiteController("lhr", [])

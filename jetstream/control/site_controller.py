@@ -65,9 +65,20 @@ class SiteController:
                            f"{fragment.query}; refusing the older version {version}")
                     raise ControlPlaneError(msg)
                 pieces = self._place(fragment)
+                # Listed while the runtime starts it, so that heartbeats do not ask again.
                 self._deployments[fragment.query] = _Deployment(fragment, version, pieces)
             if self.runtime is not None and assignment is not None:
-                self.runtime.deploy(assignment)
+                try:
+                    self.runtime.deploy(assignment)
+                except BaseException:
+                    # What failed to start is not listed: the controller deploys it again.
+                    # (The old version, if it still runs, is.)
+                    with self._lock:
+                        if current is not None and self.runtime.run(fragment.query):
+                            self._deployments[fragment.query] = current
+                        else:
+                            self._deployments.pop(fragment.query, None)
+                    raise
             return pieces
 
     def stop(self, query: str) -> bool:
