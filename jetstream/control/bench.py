@@ -32,7 +32,7 @@ from jetstream.operators import WindowAggregate
 from jetstream.partials import PartialBatch, decode_batch, encode_batch, summarised
 from jetstream.queryfile import load_query
 from jetstream.results import WindowResult
-from jetstream.runtime import distributed, site_part
+from jetstream.runtime import DEFAULT_SPARK_CONF, distributed, site_part
 
 __all__ = ["WindowFigures", "run_bench", "through_levels", "top_k_accuracy"]
 
@@ -84,9 +84,13 @@ def run_bench(topology: Path, query_file: Path, work: Path, *, duration_s: float
 
     say("baseline: gzip the edge sites' logs window by window, one Spark job at the root")
     raw, shipped = _ship_by_window(files, edges, work / "inbox")
-    spark = (SparkSession.builder.master("local[2]").appName("jetstream-bench")
-             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
-             .getOrCreate())
+    # The root site's Spark master and settings (DEFAULT_SPARK_CONF under its spark_conf),
+    # for the backhaul's job and the timed local stage alike: neither is tuned apart.
+    root = layout.site(layout.root)
+    builder = SparkSession.builder.master(root.master).appName("jetstream-bench")
+    for key, value in {**DEFAULT_SPARK_CONF, **dict(root.spark_conf)}.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     try:
         backhaul = top_domains(spark, work / "inbox", work / "backhaul-checkpoint", k=K)

@@ -384,8 +384,8 @@ def _backhaul(area: WideArea, topology: Path, query_file: Path, folder: Path,
     master, conf = spark
     builder = SparkSession.builder.master(master).appName("jetstream-bench-backhaul")
     for key, value in conf.items():
-        # spark.driver.memory only counts when this starts the JVM: not after `bench` ran
-        # its own Spark (it then keeps the JVM's default, which is the same 1g today).
+        # spark.driver.memory only counts when this starts the JVM; after `bench` ran its
+        # own Spark, the JVM has the heap of the root's settings already.
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
