@@ -52,7 +52,7 @@ from jetstream.operators import WindowAggregate
 from jetstream.partials import PartialBatch, decode_batch, encode_batch, summarised
 from jetstream.queryfile import query_from_source
 from jetstream.results import WindowResult
-from jetstream.rewrite import optimize
+from jetstream.rewrite import distributed
 from jetstream.transport import Connect, DataPlaneServicer, PartialSender
 from jetstream.v1 import dataplane_pb2 as pb
 
@@ -733,11 +733,6 @@ class SiteRuntime:
         run = self.run(report.query)
         if run is not None:
             run.merger.progress(report.origin, report.watermark_ms, report.ended)
-
-
-def distributed(query: Query) -> Query:
-    """The query as the sites run it: optimized, every aggregate split into partials."""
-    return optimize(query, split_holistic=True)
 
 
 def partial_aggregate(query: Query) -> WindowAggregate:

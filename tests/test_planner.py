@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import jetstream as js
 from jetstream import col
-from jetstream.aggtree.cost import Load
+from jetstream.aggtree.cost import KEY_BYTES, VALUE_BYTES, Load
 from jetstream.aggtree.generate import generate_topology
 from jetstream.aggtree.loader import load_topology, parse_topology
 from jetstream.aggtree.planner import plan_query
@@ -56,12 +56,34 @@ def test_local_topology_sends_both_sites_to_the_root() -> None:
     assert plan.depth() == 1
 
 
-def test_raw_records_do_not_fit_where_partials_do() -> None:
-    # An exact distinct count cannot be split: every record would go to the root.
+def test_a_holistic_aggregate_is_planned_split_as_the_sites_run_it() -> None:
+    # The sites split an exact distinct count too (its partials carry the values): the
+    # planner prices those values with every record, not the raw records nor a fixed row.
     query = js.Query("users", LOGS.window(js.tumbling("10s")).group_by("domain")
                      .agg(users=js.count_distinct("client_ip")))
-    with pytest.raises(js.PlacementError, match=r"link DC\d-DC3 is over capacity"):
-        plan_query(query, topology("cdn-3dc"))
+    cdn = topology("cdn-3dc")
+    plan = plan_query(query, cdn)
+    assert plan.split
+    assert plan.fragments["PoP1"].parent is not None
+    pop1 = cdn.site("PoP1").sources[0]
+    edge = plan.tree.edges["PoP1", plan.fragments["PoP1"].parent]
+    values = pop1.events_per_s * VALUE_BYTES
+    rows = pop1.distinct_keys * KEY_BYTES / 10
+    assert edge["bytes_per_s"] == pytest.approx(values + rows)
+    assert plan.wan_bytes_per_s < plan.raw_bytes_per_s  # values, not whole records
+    thin = parse_topology("""
+name: thin
+root: dc
+sites:
+  - {name: pop, kind: pop, servers: [{name: p, cores: 2, memory_gb: 4}],
+     sources: [{name: cdn_logs, events_per_s: 5000, distinct_keys: 50}]}
+  - {name: dc, kind: datacenter, servers: [{name: d, cores: 8, memory_gb: 16}]}
+links:
+  - {between: [pop, dc], bandwidth: 500kbit, latency: 10ms}
+""")
+    plan_query(TOPK, thin)  # 50 domains' counts fit
+    with pytest.raises(js.PlacementError, match="link pop-dc is over capacity"):
+        plan_query(query, thin)  # 5,000 client addresses a second do not
 
 
 def test_a_thin_link_is_named() -> None:

@@ -16,10 +16,12 @@ from jetstream.aggregates import Aggregate, AggregateKind, Avg, Count, Max, Min,
 from jetstream.aggtree.topology import SourceLoad
 from jetstream.approx.sketches import ApproxCountDistinct, ApproxQuantile, TopKItems
 
-__all__ = ["KEY_BYTES", "NEW_KEY_SHARE", "Load", "accumulator_bytes"]
+__all__ = ["KEY_BYTES", "NEW_KEY_SHARE", "VALUE_BYTES", "Load", "accumulator_bytes"]
 
 #: Bytes a group key column takes in a partial row.
 KEY_BYTES = 32
+#: One value in a holistic aggregate's partial (an exact distinct count's or quantile's).
+VALUE_BYTES = 16
 #: Of the keys a second child brings to a merge, the share the first child did not have.
 NEW_KEY_SHARE = 0.5
 
@@ -55,13 +57,16 @@ class Load:
         return self.keys * row_bytes / every_s + self.raw_bytes_per_s
 
     @staticmethod
-    def of_source(source: SourceLoad, window_s: float, split: bool, grouped: bool = True
-                  ) -> Load:
-        """A source's load: raw records if not ``split``, one row a window if not ``grouped``."""
+    def of_source(source: SourceLoad, window_s: float, split: bool, grouped: bool = True,
+                  values: int = 0) -> Load:
+        """A source's load: raw records if not ``split``, one row a window if not ``grouped``;
+        ``values``: how many holistic aggregates carry a value of each record in their
+        partials (``VALUE_BYTES`` each)."""
         if not split:
             return Load(raw_bytes_per_s=source.events_per_s * source.bytes_per_event)
         keys = float(source.distinct_keys) if grouped else 1.0
-        return Load(keys=min(keys, source.events_per_s * window_s))
+        return Load(keys=min(keys, source.events_per_s * window_s),
+                    raw_bytes_per_s=source.events_per_s * VALUE_BYTES * values)
 
     @staticmethod
     def merged(loads: Iterable[Load]) -> Load:

@@ -25,12 +25,13 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 
+from jetstream.aggregates import AggregateKind
 from jetstream.aggtree.cost import KEY_BYTES, Load, accumulator_bytes
 from jetstream.aggtree.topology import Site, Topology
 from jetstream.dsl import Query
 from jetstream.errors import PlacementError
 from jetstream.operators import Phase, Source, TopK, WindowAggregate
-from jetstream.rewrite import optimize
+from jetstream.rewrite import distributed
 
 __all__ = ["MERGE_ROWS_PER_CORE", "Fragment", "PhysicalPlan", "plan_query"]
 
@@ -145,7 +146,7 @@ def plan_query(query: Query, topology: Topology, *, max_fan_in: int = 32) -> Phy
         exceed ``max_fan_in``, or a link or a site would be over capacity; the message names
         the link or site.
     """
-    plan = optimize(query).plan()
+    plan = distributed(query).plan()  # split as the sites will run it
     ops = [plan.op(n) for n in plan.topological()]
     sources = sorted({op.name for op in ops if isinstance(op, Source)})
     aggregate = next(op for op in ops if isinstance(op, WindowAggregate))
@@ -154,8 +155,12 @@ def plan_query(query: Query, topology: Topology, *, max_fan_in: int = 32) -> Phy
                                  if isinstance(plan.op(n), WindowAggregate)))
     assert window is not None, "the DSL windows every aggregate"
     window_s, every_s = window.spec.size_ms / 1000, window.spec.every_ms / 1000
+    # A holistic aggregate's partial carries its values (every one, or every distinct one):
+    # bytes with each record, not with each row.
+    holistic = sum(agg.kind is AggregateKind.HOLISTIC for _, agg in aggregate.aggregates)
     row_bytes = KEY_BYTES * len(aggregate.keys) + sum(
-        accumulator_bytes(agg) for _, agg in aggregate.aggregates) if split else 0
+        accumulator_bytes(agg) for _, agg in aggregate.aggregates
+        if agg.kind is not AggregateKind.HOLISTIC) if split else 0
 
     missing = [name for name in sources if not topology.sites_with(name)]
     if missing:  # even one: its records would be silently left out of every window
@@ -163,7 +168,8 @@ def plan_query(query: Query, topology: Topology, *, max_fan_in: int = 32) -> Phy
                f"{', '.join(missing)}; list it under a site's sources")
         raise PlacementError(msg)
     leaves = {site.name: site for name in sources for site in topology.sites_with(name)}
-    own = {name: Load.merged(Load.of_source(load, window_s, split, bool(aggregate.keys))
+    own = {name: Load.merged(Load.of_source(load, window_s, split, bool(aggregate.keys),
+                                            values=holistic)
                              for load in site.sources if load.name in sources)
            for name, site in leaves.items()}
     raw = sum(load.events_per_s * load.bytes_per_event

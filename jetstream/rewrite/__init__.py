@@ -20,7 +20,7 @@ from jetstream.rewrite.push_filters import push_filters
 from jetstream.rewrite.push_top_k import push_top_k
 from jetstream.rewrite.split_aggregates import split_aggregates
 
-__all__ = ["RULES", "Note", "RewriteContext", "explain", "optimize", "rewrite"]
+__all__ = ["RULES", "Note", "RewriteContext", "distributed", "explain", "optimize", "rewrite"]
 
 Rule = Callable[[LogicalPlan, RewriteContext], LogicalPlan]
 
@@ -43,6 +43,13 @@ def optimize(query: Query, *, partitions: int = 1, bounds: tuple[Any, ...] | Non
     distinct counts and quantiles into partials too (see :mod:`.split_aggregates`).
     """
     return _optimized(query, RewriteContext(partitions, bounds, split_holistic=split_holistic))
+
+
+def distributed(query: Query) -> Query:
+    """The query as it runs across sites: optimized, every aggregate split into partials,
+    holistic ones too (their partials carry the values). The planner and the sites both take
+    their split from here."""
+    return optimize(query, split_holistic=True)
 
 
 def _optimized(query: Query, context: RewriteContext) -> Query:
