@@ -6,13 +6,14 @@ For every fragment a site runs, :class:`SiteRuntime` keeps one :class:`QueryRun`
   site holds the query's source, reading the site's input folder;
 - a **merger** (:class:`~jetstream.aggregator.WindowMerger`) whose inputs are the site's
   children in the aggregation tree and its own local stage;
-- and then either a **sender** to the parent (:class:`~jetstream.transport.PartialSender`),
+- and then either an **uplink** to the parent (:class:`~jetstream.uplink.Uplink`: the sender,
   which with ``SiteOptions.cubes`` keeps what it sends in the site's cube store
-  (:mod:`jetstream.cubes`) until acked, across restarts, and rolls it up; or, at the root,
-  the **final step** (the reference executor's own operators, from the merged partials)
-  whose results are published to the global controller. With the cube store, what the
-  merger takes in is kept in the store's inbox first (a child's batch before it is acked),
-  and merged again by the run that follows a crash.
+  (:mod:`jetstream.cubes`) until acked, across restarts, and the link's degradation levels);
+  or, at the root, the **results** (:class:`~jetstream.finish.RootResults`: the final step,
+  the reference executor's own operators over the merged partials) published to the global
+  controller. The run rolls up what the store keeps. With the cube store, what the merger
+  takes in is kept in the store's inbox first (a child's batch before it is acked), and
+  merged again by the run that follows a crash.
 
 Progress flows with the data: an input that has closed every window up to its watermark says
 so, an idle input (no records for ``idle_s``) closes its open windows and stops holding the
@@ -23,7 +24,6 @@ window is final.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import importlib.util
 import itertools
 import logging
@@ -39,21 +39,21 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from jetstream import metrics
-from jetstream.aggregator import ENDED, MergedWindow, WindowMerger
+from jetstream.aggregator import ENDED, WindowMerger
 from jetstream.aggtree.planner import Fragment
-from jetstream.approx.levels import degrade, levels_for, ranking
+from jetstream.approx.levels import ranking
 from jetstream.approx.policy import LinkPolicy
-from jetstream.approx.truncate import top_k_bounds
 from jetstream.cubes import DEFAULT_RETENTION, INBOX, CubeStore
 from jetstream.dsl import Query, Stream
 from jetstream.errors import ControlPlaneError, DataError, PlanError
-from jetstream.local import finish_from_partials
+from jetstream.finish import Publish, RootResults
 from jetstream.operators import WindowAggregate
-from jetstream.partials import PartialBatch, decode_batch, encode_batch, summarised
+from jetstream.partials import PartialBatch, decode_batch, encode_batch
 from jetstream.queryfile import query_from_source
 from jetstream.results import WindowResult
 from jetstream.rewrite import distributed
 from jetstream.transport import Connect, DataPlaneServicer, PartialSender
+from jetstream.uplink import LinkLevel, Uplink
 from jetstream.v1 import dataplane_pb2 as pb
 
 if TYPE_CHECKING:
@@ -119,8 +119,6 @@ DEFAULT_SPARK_CONF: Mapping[str, str] = MappingProxyType({
     **_checkpoint_file_manager(),
 })
 
-#: Publishes a query's final results; ``finished``: there will be no more.
-Publish = Callable[[str, list[WindowResult], bool], None]
 
 
 @dataclass(frozen=True)
@@ -164,16 +162,6 @@ class SiteOptions:
 
 
 @dataclass(frozen=True)
-class LinkLevel:
-    """The degradation level of a site's link to its parent, for one query."""
-
-    link: str  # "site -> parent"
-    level: str
-    pinned: bool  # held by an operator rather than chosen by the policy
-    levels: tuple[str, ...]  # every level of the link, exact first
-
-
-@dataclass(frozen=True)
 class LinkState:
     """What a query's sender knows of the site's link to its parent (see
     :meth:`SiteRuntime.links`)."""
@@ -202,7 +190,6 @@ class QueryRun:
         self.site, self.assignment, self.options = site, assignment, options
         self.query = distributed(query_from_source(assignment.source, fragment.query))
         self.partial = partial_aggregate(self.query)
-        self._publish = publish
         slo_deadline = (self.query.slo.max_latency_ms / 1000
                         if self.query.slo and self.query.slo.max_latency_ms else None)
         self.merger = WindowMerger(self.partial, self._inputs(fragment),
@@ -213,11 +200,13 @@ class QueryRun:
         # A replay starts over from its input after a crash: it keeps no inbox.
         self._inbox = None if options.replay else store
         self.metrics = metrics.RunMetrics(site, fragment.query)
+        self._sequence = itertools.count(1)  # the batches and reports this run sends
+        self.results = RootResults(self.query, self.partial, self.ranking, self.metrics,
+                                   publish)
+        self.uplink: Uplink | None = None
         self._link(assignment)
         if self._inbox is not None:
             self._merge_inbox(self._inbox)
-        self._sequence = itertools.count(1)
-        self._published_finish = False
         self._stop = threading.Event()
         self.stage: Any = None
         self.failure: str | None = None
@@ -236,36 +225,26 @@ class QueryRun:
         return set(fragment.children) | ({self.site} if fragment.sources else set())
 
     def _link(self, assignment: Assignment) -> None:
-        """The sender to the assignment's parent, with its degradation policy (none at the
-        root)."""
-        self.policy: LinkPolicy | None = None
-        self.sender: PartialSender | None = None
+        """The uplink to the assignment's parent (none at the root)."""
         parent = assignment.fragment.parent
-        self.metrics.link = metrics.link_name(self.site, parent) if parent else ""
-        self.store = self._store if assignment.parent_address else None
-        self._reported: tuple[int | None, bool] = (None, False)
-        if not assignment.parent_address:
-            return
-        if not self.options.replay:
-            # Replay compresses time, so its backlog says nothing about the link: it stays exact.
-            plan = self.query.plan()
-            window = plan.window_of(plan.partial_aggregates()[0])
-            assert window is not None, "the DSL windows every aggregate"
-            self.policy = LinkPolicy(levels_for(self.ranking), slo=self.query.slo,
-                                     window_s=window.spec.every_ms / 1000,
-                                     min_interval_s=self.options.level_interval_s)
-        # Held by query, not by parent: a re-planned parent gets what the last one lacks.
-        if self.store is not None:
-            self._check_held(self.store)
-        self.sender = PartialSender(assignment.parent_address, on_ack=self._acked,
-                                    on_round_trip=self._round_trip,
-                                    store=self.store, destination=assignment.fragment.query,
-                                    connect=self.options.connect, link=self.metrics.link)
-        self._link_metrics()
+        self.metrics.link = ""
+        self.uplink = None if not (parent and assignment.parent_address) else Uplink(
+            self.site, parent, assignment.parent_address, query=self.query,
+            partial=self.partial, ranking=self.ranking, options=self.options,
+            store=self._store, run_metrics=self.metrics, sequence=self._sequence)
 
-    def _link_metrics(self) -> None:
-        if self.policy is not None:
-            self.metrics.link_state(self.policy.level.index, self.policy.throughput)
+    @property
+    def sender(self) -> PartialSender | None:
+        return self.uplink.sender if self.uplink is not None else None
+
+    @property
+    def policy(self) -> LinkPolicy | None:
+        return self.uplink.policy if self.uplink is not None else None
+
+    @property
+    def store(self) -> CubeStore | None:
+        """The cube store that keeps what this run sends (none at the root)."""
+        return self.uplink.store if self.uplink is not None else None
 
     def retarget(self, assignment: Assignment) -> bool:
         """Take a new version of this run's assignment (a re-plan) in place: new inputs, a new
@@ -278,8 +257,8 @@ class QueryRun:
         self.assignment = assignment
         self.merger.set_inputs(self._inputs(assignment.fragment))
         if assignment.parent_address != before.parent_address:
-            if self.sender is not None:
-                self.sender.close()  # what it holds unacked, the store gives the next one
+            if self.uplink is not None:
+                self.uplink.close()  # what it holds unacked, the store gives the next one
             self.metrics.remove_link()  # the old link's
             self._link(assignment)
         log.info("%s at %s: now version %d (inputs %s, parent %s)", self.name, self.site,
@@ -404,27 +383,6 @@ class QueryRun:
                 except DataError:  # history suffers, the data flows on
                     log.exception("%s at %s: rolling up the cubes failed", self.name, self.site)
 
-    def _check_held(self, store: CubeStore) -> None:
-        """Release what the store holds unacked for this query if nobody will take it: a
-        replay starts over from scratch, and the parent would refuse forever partials of an
-        earlier query of this name that this one cannot read."""
-        held = store.unacked(self.name)
-        if not held:
-            return
-        if self.options.replay:
-            store.release(self.name)
-            return
-        try:
-            for batch in held:
-                decode_batch(batch, self.partial)
-        except DataError as e:
-            log.warning("%s at %s: not sending again what an earlier query left: %s",
-                        self.name, self.site, e)
-            store.release(self.name)
-            return
-        log.info("%s at %s: sending %d unacknowledged partials again", self.name, self.site,
-                 len(held))
-
     def tend_cubes(self, now_ms: int) -> None:
         """Roll up the finished windows kept of this query, and apply retention."""
         if self.store is None:
@@ -442,38 +400,13 @@ class QueryRun:
         if not self._stop.is_set():  # a stopped run's gauges are gone
             watermark = self.merger.watermark
             self.metrics.watermark(watermark, ended=watermark == ENDED)
-        if self.sender is None:
-            results = [r for m in merged for r in self._finish(m)]
-            if results:
-                self.metrics.handed_on(sum(len(r.rows) for r in results))
-            if results or (finished and not self._published_finish):
-                self._publish(self.name, results, finished)
-                self._published_finish = finished
+        if self.uplink is None:
+            expected = self.assignment.expected or self.assignment.covers
+            self.results.publish(merged, finished, expected)
             return
         for m in merged:
-            batch = self._degraded(PartialBatch(
-                self.name, m.window, self.site, m.rows, sequence=next(self._sequence),
-                events=m.events, error_bound=m.error_bound, complete=m.complete,
-                covers=m.covers, wan_bytes=m.wan_bytes, closed_at_ms=m.closed_at_ms,
-                revision=m.revision, slack=m.slack, omitted=m.omitted,
-                complete_rows=m.complete_rows, warnings=self._warnings(m)), m)
-            self.sender.send(encode_batch(batch, self.partial))
-            self.metrics.handed_on(len(batch.rows))
-        report = (self.merger.watermark, finished)
-        if report != self._reported and report[0] is not None:
-            self.sender.send_progress(pb.Progress(
-                query=self.name, origin=self.site, watermark_ms=report[0], ended=finished,
-                sequence=next(self._sequence)))
-            self._reported = report
-
-    def _degraded(self, batch: PartialBatch, merged: MergedWindow) -> PartialBatch:
-        """The batch at the link's current level: truncated to its top keys, or a sketch of
-        them, with bounds."""
-        if self.policy is None or self.ranking is None:
-            return batch
-        level = self.policy.level
-        return summarised(batch, degrade(merged.bounded, self.partial, self.ranking, level),
-                          level.index)
+            self.metrics.handed_on(self.uplink.send(m))
+        self.uplink.report(self.merger.watermark, finished)
 
     def set_level(self, level: str) -> LinkLevel:
         """Hold the link to the parent at ``level`` (a name or an index), hand it back to the
@@ -485,84 +418,10 @@ class QueryRun:
             If this site sends nowhere (the root), the run replays (its links stay exact), or
             there is no such level or the SLO's ``max_error`` does not allow it.
         """
-        link = f"{self.site} -> {self.assignment.fragment.parent or '(none)'}"
-        if self.policy is None:
-            why = "it is the root" if self.sender is None else "a replay keeps every link exact"
-            msg = f"{self.name} at {self.site} has no degradable link: {why}"
+        if self.uplink is None:
+            msg = f"{self.name} at {self.site} has no degradable link: it is the root"
             raise ControlPlaneError(msg)
-        if level:
-            names = [lv.name for lv in self.policy.levels]
-            chosen: int | None = None
-            if level != "auto":
-                chosen = int(level) if level.isdigit() else (
-                    names.index(level) if level in names else None)
-                if chosen is None or chosen >= len(names):
-                    msg = (f"{self.name}: link {link} has no level {level!r}; its levels are "
-                           f"{', '.join(f'{i} {n!r}' for i, n in enumerate(names))}, or 'auto'")
-                    raise ControlPlaneError(msg)
-            try:
-                self.policy.pin(chosen)
-            except DataError as e:
-                raise ControlPlaneError(f"{self.name}: {e}") from None
-            log.info("%s: link %s %s", self.name, link,
-                     "back to the policy" if chosen is None else f"pinned at {level!r}")
-            self._link_metrics()
-        return LinkLevel(link, self.policy.level.name, self.policy.pinned,
-                         tuple(lv.name for lv in self.policy.levels))
-
-    def _warnings(self, merged: MergedWindow) -> tuple[str, ...]:
-        """The inputs' warnings, and this link's if it cannot keep the SLO."""
-        violation = self.policy.violation if self.policy is not None else None
-        if violation is None:
-            return merged.warnings
-        link = f"link {self.site} -> {self.assignment.fragment.parent}: {violation}"
-        return tuple(sorted({*merged.warnings, link}))
-
-    def _acked(self, batch: pb.PartialBatch, seconds: float, backlog: int) -> None:
-        if self.policy is None:
-            return
-        before = self.policy.level
-        after = self.policy.observe(batch.ByteSize(), max(seconds, 1e-6), backlog,
-                                    level=batch.level)
-        self._link_metrics()
-        if after != before:
-            log.info("%s at %s: link to %s now at level %r (%s)", self.name, self.site,
-                     self.assignment.fragment.parent, after.name,
-                     self.policy.history[-1].reason if self.policy.history else "")
-
-    def _round_trip(self, seconds: float) -> None:
-        if self.policy is not None:
-            self.policy.observe_round_trip(seconds)
-
-    def _finish(self, merged: MergedWindow) -> list[WindowResult]:
-        now_ms = time.time_ns() // 1_000_000
-        results = finish_from_partials(self.query, {merged.window: list(merged.rows)})
-        if merged.slack is not None and self.ranking is not None:
-            results = [self._with_bounds(r, merged) for r in results]
-        expected = set(self.assignment.expected or self.assignment.covers)
-        latency_s = (now_ms - merged.closed_at_ms) / 1000 if merged.closed_at_ms else 0.0
-        if merged.closed_at_ms:
-            self.metrics.result(latency_s)
-        return [dataclasses.replace(
-            r, sites_reporting=len(merged.covers & expected), sites_expected=len(expected),
-            missing_sites=sorted(expected - merged.covers), latency_s=latency_s,
-            wan_bytes=merged.wan_bytes, revision=merged.revision,
-            warnings=list(merged.warnings)) for r in results]
-
-    def _with_bounds(self, result: WindowResult, merged: MergedWindow) -> WindowResult:
-        """Each top-k row with its ranking value's ``lb``/``ub`` and whether it is certain."""
-        assert self.ranking is not None
-        top = top_k_bounds(merged.bounded, self.partial, self.ranking.by, self.ranking.k)
-        keys = self.partial.keys
-        known = {tuple(row[k] for k in keys): (lb, ub, sure, whole) for row, lb, ub, sure, whole
-                 in zip(top.rows, top.lb, top.ub, top.guaranteed, top.complete, strict=True)}
-        rows = []
-        for row in result.rows:
-            lb, ub, sure, whole = known.get(tuple(row.get(k) for k in keys),
-                                            (None, None, False, False))
-            rows.append({**row, "lb": lb, "ub": ub, "guaranteed": sure, "complete": whole})
-        return dataclasses.replace(result, rows=rows, exact=False,
-                                   error_bound=max(result.error_bound or 0.0, top.error_bound))
+        return self.uplink.set_level(level)
 
     def stop(self) -> None:
         """Stop the run; its local stage's stream has stopped when this returns (or after
@@ -573,8 +432,8 @@ class QueryRun:
             self.stage.stop()
         if self._stage_thread is not None and self._stage_thread is not threading.current_thread():
             self._stage_thread.join(STOP_WAIT_S)
-        if self.sender is not None:
-            self.sender.close()
+        if self.uplink is not None:
+            self.uplink.close()
         self.metrics.remove()
 
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from jetstream.aggtree.planner import Fragment
 from jetstream.aggtree.topology import Server
 from jetstream.errors import ControlPlaneError
-from jetstream.runtime import Assignment, LinkLevel, SiteRuntime
+from jetstream.runtime import Assignment, SiteRuntime
+from jetstream.uplink import LinkLevel
 
 __all__ = ["Piece", "SiteController"]
 

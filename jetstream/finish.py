@@ -1,0 +1,77 @@
+"""The root's end of a run: each merged window finished into the query's results.
+
+:class:`RootResults` runs the query's steps after the merge (the reference executor's own
+operators, over the merged partials), adds what a reader needs to judge a result (the sites
+it covers and misses, its latency after close, bounds on a degraded top-k) and publishes the
+results to the global controller.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Collection
+
+from jetstream import metrics
+from jetstream.aggregator import MergedWindow
+from jetstream.approx.levels import Ranking
+from jetstream.approx.truncate import top_k_bounds
+from jetstream.dsl import Query
+from jetstream.local import finish_from_partials
+from jetstream.operators import WindowAggregate
+from jetstream.results import WindowResult
+
+__all__ = ["Publish", "RootResults"]
+
+#: Publishes a query's final results; ``finished``: there will be no more.
+Publish = Callable[[str, list[WindowResult], bool], None]
+
+
+class RootResults:
+    """Finishes and publishes the windows a root's merger hands on, for one query."""
+
+    def __init__(self, query: Query, partial: WindowAggregate, ranking: Ranking | None,
+                 run_metrics: metrics.RunMetrics, publish: Publish) -> None:
+        self.query, self.partial, self.ranking = query, partial, ranking
+        self.metrics, self._publish = run_metrics, publish
+        self._published_finish = False
+
+    def publish(self, merged: list[MergedWindow], finished: bool,
+                expected: Collection[str]) -> None:
+        """Publish the results of ``merged`` (``expected``: the sites they should cover), and
+        once that the query has ``finished``."""
+        results = [r for m in merged for r in self._finish(m, set(expected))]
+        if results:
+            self.metrics.handed_on(sum(len(r.rows) for r in results))
+        if results or (finished and not self._published_finish):
+            self._publish(self.query.name, results, finished)
+            self._published_finish = finished
+
+    def _finish(self, merged: MergedWindow, expected: set[str]) -> list[WindowResult]:
+        now_ms = time.time_ns() // 1_000_000
+        results = finish_from_partials(self.query, {merged.window: list(merged.rows)})
+        if merged.slack is not None and self.ranking is not None:
+            results = [self._with_bounds(r, merged) for r in results]
+        latency_s = (now_ms - merged.closed_at_ms) / 1000 if merged.closed_at_ms else 0.0
+        if merged.closed_at_ms:
+            self.metrics.result(latency_s)
+        return [dataclasses.replace(
+            r, sites_reporting=len(merged.covers & expected), sites_expected=len(expected),
+            missing_sites=sorted(expected - merged.covers), latency_s=latency_s,
+            wan_bytes=merged.wan_bytes, revision=merged.revision,
+            warnings=list(merged.warnings)) for r in results]
+
+    def _with_bounds(self, result: WindowResult, merged: MergedWindow) -> WindowResult:
+        """Each top-k row with its ranking value's ``lb``/``ub`` and whether it is certain."""
+        assert self.ranking is not None
+        top = top_k_bounds(merged.bounded, self.partial, self.ranking.by, self.ranking.k)
+        keys = self.partial.keys
+        known = {tuple(row[k] for k in keys): (lb, ub, sure, whole) for row, lb, ub, sure, whole
+                 in zip(top.rows, top.lb, top.ub, top.guaranteed, top.complete, strict=True)}
+        rows = []
+        for row in result.rows:
+            lb, ub, sure, whole = known.get(tuple(row.get(k) for k in keys),
+                                            (None, None, False, False))
+            rows.append({**row, "lb": lb, "ub": ub, "guaranteed": sure, "complete": whole})
+        return dataclasses.replace(result, rows=rows, exact=False,
+                                   error_bound=max(result.error_bound or 0.0, top.error_bound))
