@@ -9,14 +9,15 @@ see mostly the same domains). A stream that cannot be split ships its raw record
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from jetstream.aggregates import Aggregate, AggregateKind, Avg, Count, Max, Min, Sum
 from jetstream.aggtree.topology import SourceLoad
 from jetstream.approx.sketches import ApproxCountDistinct, ApproxQuantile, TopKItems
 
-__all__ = ["KEY_BYTES", "NEW_KEY_SHARE", "VALUE_BYTES", "Load", "accumulator_bytes"]
+__all__ = ["KEY_BYTES", "NEW_KEY_SHARE", "VALUE_BYTES", "WIRE_BYTES", "Load", "accumulator_bytes"]
 
 #: Bytes a group key column takes in a partial row.
 KEY_BYTES = 32
@@ -26,20 +27,26 @@ VALUE_BYTES = 16
 NEW_KEY_SHARE = 0.5
 
 
+#: Aggregate type -> the size of its compacted accumulator on the wire, roughly (a holistic
+#: aggregate's partial carries its values: see ``VALUE_BYTES``).
+WIRE_BYTES: dict[type[Aggregate], Callable[[Any], int]] = {
+    Count: lambda agg: 8,
+    Min: lambda agg: 8,
+    Max: lambda agg: 8,
+    Sum: lambda agg: 16,
+    Avg: lambda agg: 24,
+    ApproxCountDistinct: lambda agg: 2 ** (agg.lg_k - 1) + 40,  # HLL_4: half a byte a bucket
+    ApproxQuantile: lambda agg: 8 * 3 * agg.k,  # KLL keeps about 3k items past its first level
+    TopKItems: lambda agg: 3 * 2 ** agg.lg_max_k * 16,  # items and counts, 3/4 full
+}
+
+
 def accumulator_bytes(aggregate: Aggregate) -> int:
-    """The size of one aggregate's compacted accumulator on the wire, roughly."""
-    if isinstance(aggregate, Count | Min | Max):
-        return 8
-    if isinstance(aggregate, Avg):
-        return 24
-    if isinstance(aggregate, Sum):
-        return 16
-    if isinstance(aggregate, ApproxCountDistinct):
-        return 2 ** (aggregate.lg_k - 1) + 40  # HLL_4: half a byte a bucket
-    if isinstance(aggregate, ApproxQuantile):
-        return 8 * 3 * aggregate.k  # KLL keeps about 3k items once past its first level
-    if isinstance(aggregate, TopKItems):
-        return 3 * 2 ** aggregate.lg_max_k * 16  # items and counts, 3/4 of 2**lg_max_k full
+    """The size of one aggregate's compacted accumulator on the wire, roughly: its type's row
+    of ``WIRE_BYTES``, or its nearest base class's; 16 for one that has none."""
+    for kind in type(aggregate).__mro__:
+        if kind in WIRE_BYTES:
+            return WIRE_BYTES[kind](aggregate)
     if aggregate.kind is AggregateKind.HOLISTIC:
         msg = f"{aggregate} is holistic: its partial has no fixed size"
         raise ValueError(msg)
