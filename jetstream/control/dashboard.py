@@ -70,20 +70,19 @@ class DashboardState:
 
     def sample(self) -> Sample:
         """Take one sample of the controller's state (the sampler thread does, every second)."""
-        controller = self.controller
-        with controller.lock:
-            root = controller.topology.root
-            raw = sum(s.input_bytes for s in controller.sites.values() if s.name != root)
-            levels: dict[str, int] = {}
-            sent: dict[tuple[str, str], tuple[str, int]] = {}
-            for site in controller.sites.values():
-                for query, report in site.links.items():
-                    parent = _parent(controller, query, site.name)
-                    if parent is None:
-                        continue
-                    link = link_name(site.name, parent)
-                    levels[link] = max(levels.get(link, 0), report.level_index)
-                    sent[(site.name, query)] = (link, report.sent_bytes)
+        view = self.controller.view()
+        root = view.topology.root
+        raw = sum(s.input_bytes for s in view.sites if s.name != root)
+        levels: dict[str, int] = {}
+        sent: dict[tuple[str, str], tuple[str, int]] = {}
+        for site in view.sites:
+            for query, report in site.links.items():
+                parent = view.parent(query, site.name)
+                if parent is None:
+                    continue
+                link = link_name(site.name, parent)
+                levels[link] = max(levels.get(link, 0), report.level_index)
+                sent[(site.name, query)] = (link, report.sent_bytes)
         with self._lock:
             for key, (link, count) in sent.items():
                 last = self._sent.get(key, 0)
@@ -102,46 +101,39 @@ class DashboardState:
         with self._lock:
             samples = list(self.samples)
         rates = _rates(samples)
-        with controller.lock:
-            now = controller.clock()
-            sites = [{
-                "name": s.name, "kind": controller.topology.site(s.name).kind.value,
-                "registered": s.address is not None, "alive": s.alive,
-                "seconds_since_heartbeat": None if s.last_seen is None else now - s.last_seen,
-                "input_bytes": s.input_bytes, **self._layout.get(s.name, {"x": 0.5, "y": 0.5}),
-            } for s in controller.sites.values()]
-            reports = {(site.name, query): report for site in controller.sites.values()
-                       for query, report in site.links.items()}
-            load = {link.ends: bytes_per_s for link, bytes_per_s in controller.link_load()}
-            links = []
-            for link in controller.topology.links:  # a link that is down too, drawn so
-                child, parent = self._direction(link.a, link.b)
-                name, planned = link_name(child, parent), load.get(link.ends, 0.0)
-                measured = rates.get(name)
-                # Utilisation is of what the link carries now: its measured bandwidth while
-                # it is saturated (see daemons.link_measurements), else its configured one.
-                said = controller.measured.get(link.ends)
-                bandwidth = said.bandwidth_bps if said else None
-                capacity = bandwidth or link.bandwidth_bps
-                links.append({
-                    "name": name, "child": child, "parent": parent, "up": link.ends in load,
-                    "bandwidth_bps": link.bandwidth_bps, "latency_ms": link.latency_ms,
-                    "measured_bandwidth_bps": bandwidth,
-                    "planned_bytes_per_s": planned,
-                    "planned_utilisation": planned * 8 / capacity,
-                    "measured_bytes_per_s": measured,
-                    "measured_utilisation": None if measured is None
-                    else measured * 8 / capacity,
-                    "levels": {query: {"level": r.level, "index": r.level_index,
-                                       "pinned": r.pinned}
-                               for (site, query), r in sorted(reports.items())
-                               if site == child and _parent(controller, query, site) == parent},
-                })
-            queries = [{
-                "name": q.name, "state": q.state, "detail": q.detail, "replans": q.replans,
-                "parents": {f.site: f.parent for f in q.plan.fragments.values() if f.parent}
-                if q.plan else {},
-            } for q in controller.queries.values()]
+        view = controller.view()
+        sites = [{
+            "name": s.name, "kind": s.kind, "registered": s.address is not None,
+            "alive": s.alive, "seconds_since_heartbeat": s.seconds_since_heartbeat,
+            "input_bytes": s.input_bytes, **self._layout.get(s.name, {"x": 0.5, "y": 0.5}),
+        } for s in view.sites]
+        reports = {(site.name, query): report for site in view.sites
+                   for query, report in site.links.items()}
+        load = {link.ends: bytes_per_s for link, bytes_per_s in view.link_load}
+        links = []
+        for link in view.topology.links:  # a link that is down too, drawn so
+            child, parent = self._direction(link.a, link.b)
+            name, planned = link_name(child, parent), load.get(link.ends, 0.0)
+            measured = rates.get(name)
+            # Utilisation is of what the link carries now: its measured bandwidth while it
+            # is saturated (see daemons.link_measurements), else its configured one.
+            bandwidth = view.measured_bps.get(link.ends)
+            capacity = bandwidth or link.bandwidth_bps
+            links.append({
+                "name": name, "child": child, "parent": parent, "up": link.ends in load,
+                "bandwidth_bps": link.bandwidth_bps, "latency_ms": link.latency_ms,
+                "measured_bandwidth_bps": bandwidth,
+                "planned_bytes_per_s": planned,
+                "planned_utilisation": planned * 8 / capacity,
+                "measured_bytes_per_s": measured,
+                "measured_utilisation": None if measured is None else measured * 8 / capacity,
+                "levels": {query: {"level": r.level, "index": r.level_index,
+                                   "pinned": r.pinned}
+                           for (site, query), r in sorted(reports.items())
+                           if site == child and view.parent(query, site) == parent},
+            })
+        queries = [{"name": q.name, "state": q.state, "detail": q.detail,
+                    "replans": q.replans, "parents": q.parents} for q in view.queries]
         for query in queries:
             newest = controller.results.newest(str(query["name"]), LATENCY_POINTS * 2)
             latest = max(newest, key=lambda r: (r.window_end, r.revision), default=None)
@@ -166,13 +158,6 @@ class DashboardState:
         """(child, parent) of a link: partials flow towards the root."""
         depth = {name: spot["depth"] for name, spot in self._layout.items()}
         return (a, b) if depth.get(a, 0) >= depth.get(b, 0) else (b, a)
-
-
-def _parent(controller: GlobalController, query: str, site: str) -> str | None:
-    state = controller.queries.get(query)
-    if state is None or state.plan is None or site not in state.plan.fragments:
-        return None
-    return state.plan.fragments[site].parent
 
 
 def _layout(controller: GlobalController) -> dict[str, dict[str, float]]:

@@ -23,9 +23,10 @@ import queue
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import TypeVar
 
 import networkx as nx
@@ -259,6 +260,60 @@ class ResultsHub:
             seen += len(fresh)
             if done and not fresh:
                 return
+
+
+@dataclass(frozen=True)
+class SiteView:
+    """A site as the controller saw it at one moment (see :class:`ControllerView`)."""
+
+    name: str
+    kind: str
+    address: str | None
+    alive: bool
+    seconds_since_heartbeat: float | None  # None: never heard from
+    placements: tuple[tuple[str, str, str], ...]  # query, piece, server
+    input_bytes: int
+    links: Mapping[str, LinkReport]  # query -> its link's report
+
+
+@dataclass(frozen=True)
+class QueryView:
+    """A query as the controller saw it at one moment."""
+
+    name: str
+    state: str
+    detail: str
+    replans: int
+    plan: PhysicalPlan | None
+
+    @property
+    def parents(self) -> dict[str, str]:
+        """Each site's parent in the query's current tree."""
+        if self.plan is None:
+            return {}
+        return {f.site: f.parent for f in self.plan.fragments.values() if f.parent}
+
+
+@dataclass(frozen=True)
+class ControllerView:
+    """A read-only snapshot of the controller's state, taken under its lock in one go: what
+    the status call and the dashboard show, so that neither reads the controller's own."""
+
+    topology: Topology
+    sites: tuple[SiteView, ...]
+    queries: tuple[QueryView, ...]
+    #: Every link that is up (of the topology as measured), with the bytes/s the running
+    #: queries plan to put on it.
+    link_load: tuple[tuple[Link, float], ...]
+    measured_bps: Mapping[frozenset[str], float]  # a link's bandwidth as last measured
+
+    def query(self, name: str) -> QueryView | None:
+        return next((q for q in self.queries if q.name == name), None)
+
+    def parent(self, query: str, site: str) -> str | None:
+        """``site``'s parent in ``query``'s current tree (None: none, or no such query)."""
+        state = self.query(query)
+        return None if state is None else state.parents.get(site)
 
 
 class GlobalController:
@@ -638,6 +693,26 @@ class GlobalController:
             msg = f"no query named {name!r}"
             raise ControlPlaneError(msg)
         return self.queries[name]
+
+    def view(self) -> ControllerView:
+        """The controller's state now, read-only (see :class:`ControllerView`)."""
+        with self.lock:
+            now = self.clock()
+            return ControllerView(
+                self.topology,
+                tuple(SiteView(
+                    s.name, self.topology.site(s.name).kind.value, s.address, s.alive,
+                    None if s.last_seen is None else now - s.last_seen, tuple(s.placements),
+                    s.input_bytes, MappingProxyType(dict(s.links)))
+                    for s in self.sites.values()),
+                tuple(QueryView(q.name, q.state, q.detail, q.replans, q.plan)
+                      for q in self.queries.values()),
+                tuple(self.link_load()),
+                MappingProxyType(self._measured_bps()))
+
+    def has_query(self, name: str) -> bool:
+        with self.lock:
+            return name in self.queries
 
     def link_load(self) -> list[tuple[Link, float]]:
         """Every link with the bytes/s the running queries plan to put on it."""

@@ -7,7 +7,7 @@ from typing import NoReturn
 
 import grpc
 
-from jetstream.control.global_controller import GlobalController, LinkReport
+from jetstream.control.global_controller import ControllerView, GlobalController, LinkReport
 from jetstream.control.site_controller import SiteController
 from jetstream.control.wire import assignment_from_proto, server_to_proto
 from jetstream.errors import ControlPlaneError, JetstreamError, PlacementError, PlanError
@@ -62,7 +62,7 @@ class GlobalControllerServicer(rpc.GlobalControllerServicer):
 
     def Status(self, request: pb.StatusRequest,
                context: grpc.ServicerContext) -> pb.StatusResponse:
-        return status_to_proto(self.controller)
+        return status_to_proto(self.controller.view())
 
     def CancelQuery(self, request: pb.CancelQueryRequest,
                     context: grpc.ServicerContext) -> pb.CancelQueryResponse:
@@ -74,7 +74,7 @@ class GlobalControllerServicer(rpc.GlobalControllerServicer):
 
     def StreamResults(self, request: pb.StreamResultsRequest,
                       context: grpc.ServicerContext) -> Iterator[query_pb2.WindowResult]:
-        if request.query not in self.controller.queries:
+        if not self.controller.has_query(request.query):
             _abort(context, ControlPlaneError(f"no query named {request.query!r}"))
         for result in self.controller.results.follow(request.query,
                                                       stop=lambda: not context.is_active()):
@@ -127,28 +127,21 @@ class GlobalControllerServicer(rpc.GlobalControllerServicer):
         return pb.PublishResultsResponse()
 
 
-def status_to_proto(controller: GlobalController) -> pb.StatusResponse:
+def status_to_proto(view: ControllerView) -> pb.StatusResponse:
     """The controller's view: sites, queries with their trees, and planned link load."""
-    with controller.lock:
-        now = controller.clock()
-        sites = [pb.SiteStatus(
-            name=s.name, kind=controller.topology.site(s.name).kind.value,
-            address=s.address or "", alive=s.alive,
-            seconds_since_heartbeat=-1.0 if s.last_seen is None else now - s.last_seen,
-            placements=[pb.Placement(query=q, piece=p, server=srv)
-                        for q, p, srv in s.placements])
-            for s in controller.sites.values()]
-        queries = [pb.QueryStatus(
-            name=q.name, state=q.state, detail=q.detail, replans=q.replans,
-            plan=q.plan.render() if q.plan else "",
-            parents={f.site: f.parent for f in q.plan.fragments.values() if f.parent}
-            if q.plan else {})
-            for q in controller.queries.values()]
-        links = [pb.LinkStatus(a=link.a, b=link.b, bandwidth_bps=link.bandwidth_bps,
-                               planned_bytes_per_s=load,
-                               utilisation=load * 8 / link.bandwidth_bps)
-                 for link, load in controller.link_load()]
-    return pb.StatusResponse(topology=controller.topology.name, root=controller.topology.root,
+    sites = [pb.SiteStatus(
+        name=s.name, kind=s.kind, address=s.address or "", alive=s.alive,
+        seconds_since_heartbeat=-1.0 if s.seconds_since_heartbeat is None
+        else s.seconds_since_heartbeat,
+        placements=[pb.Placement(query=q, piece=p, server=srv) for q, p, srv in s.placements])
+        for s in view.sites]
+    queries = [pb.QueryStatus(
+        name=q.name, state=q.state, detail=q.detail, replans=q.replans,
+        plan=q.plan.render() if q.plan else "", parents=q.parents) for q in view.queries]
+    links = [pb.LinkStatus(a=link.a, b=link.b, bandwidth_bps=link.bandwidth_bps,
+                           planned_bytes_per_s=load, utilisation=load * 8 / link.bandwidth_bps)
+             for link, load in view.link_load]
+    return pb.StatusResponse(topology=view.topology.name, root=view.topology.root,
                              sites=sites, queries=queries, links=links)
 
 
