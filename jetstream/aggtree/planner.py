@@ -186,12 +186,15 @@ def plan_query(query: Query, topology: Topology, *, max_fan_in: int = 32) -> Phy
         raise PlacementError(msg)
     candidates = {s: sorted(n for n in graph.neighbors(s) if hops[n] == hops[s] - 1)
                   for s in _on_the_way(graph, hops, leaves)}
+    # Every choice of parents has the same sites: their orders are sorted once, here.
+    down = sorted(candidates, key=lambda s: hops[s])  # the root's neighbours first
+    up = sorted(candidates, key=lambda s: -hops[s])  # the leaves first
 
     def cost(parents: Mapping[str, str]) -> Cost:
-        loads = _loads(parents, own, hops)
+        loads = _loads(parents, own, up)
         util = total = 0.0
         delay: dict[str, float] = {topology.root: 0.0}
-        for child in sorted(parents, key=lambda s: hops[s]):  # the root's neighbours first
+        for child in down:
             parent = parents[child]
             delay[child] = delay.get(parent, 0.0) + graph.edges[child, parent]["latency_ms"]
             if child in loads:
@@ -238,12 +241,13 @@ def _on_the_way(graph: nx.Graph, hops: Mapping[str, int], leaves: Mapping[str, S
     return sorted((s for s in seen if hops[s] > 0), key=lambda s: (-hops[s], s))
 
 
-def _loads(parents: Mapping[str, str], own: Mapping[str, Load], hops: Mapping[str, int]
+def _loads(parents: Mapping[str, str], own: Mapping[str, Load], up: list[str]
            ) -> dict[str, Load]:
-    """What each site sends up, from the leaves toward the root."""
+    """What each site sends up, from the leaves toward the root (``up``: the sites in that
+    order)."""
     incoming: dict[str, list[Load]] = {s: [load] for s, load in own.items()}
     out: dict[str, Load] = {}
-    for site in sorted(parents, key=lambda s: -hops[s]):
+    for site in up:
         if site in incoming:
             out[site] = Load.merged(incoming[site])
             incoming.setdefault(parents[site], []).append(out[site])
@@ -270,7 +274,8 @@ def _choose(candidates: Mapping[str, list[str]], cost: Callable[[Mapping[str, st
         return min(options, key=key)
     parents = {s: nearest(s) for s in sites}
     for site in sites:  # leaves first: a site's load is known when its turn comes
-        parents[site] = min(candidates[site], key=lambda p: key({**parents, site: p}))
+        if len(candidates[site]) > 1:  # (one candidate: nothing to cost)
+            parents[site] = min(candidates[site], key=lambda p: key({**parents, site: p}))
     return parents
 
 
