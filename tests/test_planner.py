@@ -71,32 +71,28 @@ def test_a_holistic_aggregate_is_planned_split_as_the_sites_run_it() -> None:
     rows = pop1.distinct_keys * KEY_BYTES / 10
     assert edge["bytes_per_s"] == pytest.approx(values + rows)
     assert plan.wan_bytes_per_s < plan.raw_bytes_per_s  # values, not whole records
-    thin = parse_topology("""
-name: thin
-root: dc
-sites:
-  - {name: pop, kind: pop, servers: [{name: p, cores: 2, memory_gb: 4}],
-     sources: [{name: cdn_logs, events_per_s: 5000, distinct_keys: 50}]}
-  - {name: dc, kind: datacenter, servers: [{name: d, cores: 8, memory_gb: 16}]}
-links:
-  - {between: [pop, dc], bandwidth: 500kbit, latency: 10ms}
-""")
+    thin = two_sites(distinct_keys=50, bandwidth="500kbit")
     plan_query(TOPK, thin)  # 50 domains' counts fit
     with pytest.raises(js.PlacementError, match="link pop-dc is over capacity"):
         plan_query(query, thin)  # 5,000 client addresses a second do not
 
 
-def test_a_thin_link_is_named() -> None:
-    thin = parse_topology("""
+def two_sites(distinct_keys: int, bandwidth: str) -> Topology:
+    """A PoP of 5,000 records/s and a datacenter, joined by one link."""
+    return parse_topology(f"""
 name: thin
 root: dc
 sites:
-  - {name: pop, kind: pop, servers: [{name: p, cores: 2, memory_gb: 4}],
-     sources: [{name: cdn_logs, events_per_s: 5000, distinct_keys: 50000}]}
-  - {name: dc, kind: datacenter, servers: [{name: d, cores: 8, memory_gb: 16}]}
+  - {{name: pop, kind: pop, servers: [{{name: p, cores: 2, memory_gb: 4}}],
+     sources: [{{name: cdn_logs, events_per_s: 5000, distinct_keys: {distinct_keys}}}]}}
+  - {{name: dc, kind: datacenter, servers: [{{name: d, cores: 8, memory_gb: 16}}]}}
 links:
-  - {between: [pop, dc], bandwidth: 100kbit, latency: 10ms}
+  - {{between: [pop, dc], bandwidth: {bandwidth}, latency: 10ms}}
 """)
+
+
+def test_a_thin_link_is_named() -> None:
+    thin = two_sites(distinct_keys=50000, bandwidth="100kbit")
     with pytest.raises(js.PlacementError, match="link pop-dc is over capacity: the query needs "
                                                 r"\d.*of partials and the link has 100.0 kbit/s"):
         plan_query(TOPK, thin)

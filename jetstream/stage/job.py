@@ -39,7 +39,6 @@ import contextlib
 import functools
 import logging
 import math
-import os
 import threading
 import time
 from collections import Counter
@@ -47,7 +46,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
@@ -77,8 +75,6 @@ log = logging.getLogger(__name__)
 
 #: Micro-batch interval of a live stage: how long a new file can wait before it is read.
 DEFAULT_TRIGGER_S = 0.25
-#: A micro-batch reading at most this much runs as one task (a live batch, typically).
-SMALL_BATCH_BYTES = 4 << 20
 # (the stats so far, seconds the micro-batch took): after each micro-batch.
 OnBatch = Callable[["StageStats", float], None]
 _CORRUPT = "_jetstream_corrupt"
@@ -254,8 +250,6 @@ class LocalStage:
         c = self._compiled
         self.stats.batches += 1
         observation = Observation(f"{self.name}/{batch_id}")
-        if _small(prepared):  # one task, no shuffle: most of a small batch's time is overhead
-            prepared = prepared.coalesce(1)
         df = prepared.observe(observation, *c.counters)
         rows = df.groupBy(*c.keys).agg(*c.aggregates).collect()
         counters = observation.get
@@ -416,20 +410,6 @@ class LocalStage:
             sketch.update(row["_item"], int(row["count"]))
         for (window, key), sketch in sketches.items():
             self.windows.merge_into(window, key, i, sketch)
-
-
-def _small(df: DataFrame) -> bool:
-    """Whether ``df`` reads local files of at most ``SMALL_BATCH_BYTES`` together."""
-    total = 0
-    for uri in df.inputFiles():
-        parsed = urlparse(uri)
-        if parsed.scheme not in ("", "file"):
-            return False
-        try:
-            total += os.path.getsize(unquote(parsed.path))
-        except OSError:
-            return False
-    return total <= SMALL_BATCH_BYTES
 
 
 def _select(df: DataFrame, columns: list[Column]) -> DataFrame:
