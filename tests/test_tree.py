@@ -5,9 +5,15 @@ live, every window equals ``js.run_local`` over all four PoPs' logs."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
+import pytest
+
+from jetstream.control import launch
 from jetstream.control.launch import LocalCluster, replay
+from jetstream.errors import ControlPlaneError
 from jetstream.local import run_local
 from jetstream.loggen import LogSpec, write_logs
 from jetstream.queryfile import load_query
@@ -87,3 +93,39 @@ def test_the_three_level_tree_live_equals_run_local(tmp_path: Path) -> None:
                 break
         _no_jvm_at_the_mergers(cluster)
     _assert_equal(_final(results), want)
+
+
+def test_start_up_waits_while_sites_come_up_and_gives_up_when_nothing_happens(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The start-up wait (no processes: the controller's answers and the sites' logs are
+    played): a JVM starting, or a site registering, within every STARTUP_TIMEOUT_S keeps it
+    waiting past that; silence ends it with an error that says how far the sites got."""
+    monkeypatch.setattr(launch, "STARTUP_TIMEOUT_S", 1.0)
+    cluster = LocalCluster(TOPOLOGY, logs=tmp_path)
+    said: list[str] = []
+    cluster.say = said.append
+    began = time.monotonic()
+    # pop1 registers, then for 1.7 s only JVMs are starting: longer than the timeout.
+    timeline = {"pop1": 0.3, "pop2": 2.0, "pop3": 2.1, "pop4": 2.2}
+
+    def status() -> SimpleNamespace:
+        now = time.monotonic() - began
+        up = [n for n, at in timeline.items() if at <= now]
+        for name in POPS:  # a PoP not yet up is starting its JVM
+            (tmp_path / f"{name}.log").write_text("site: starting Spark (local[1])\n")
+        if now >= 2.3:
+            up += ["eu", "us", "core"]
+        return SimpleNamespace(sites=[SimpleNamespace(name=n, alive=True) for n in up])
+
+    monkeypatch.setattr(cluster.client, "status", status)
+    cluster._wait_for_sites()
+    assert time.monotonic() - began >= 2.3
+    assert said[-1] == "sites up: 7/7 core eu pop1 pop2 pop3 pop4 us"
+    assert any("starting Spark: pop" in line for line in said)
+
+    quiet = LocalCluster(TOPOLOGY, logs=tmp_path / "quiet")
+    monkeypatch.setattr(quiet.client, "status",
+                        lambda: SimpleNamespace(sites=[SimpleNamespace(name="eu", alive=True)]))
+    with pytest.raises(ControlPlaneError, match=r"did not all register: sites up: 1/7 eu "
+                                                r"after \d+s, with nothing happening for 1s"):
+        quiet._wait_for_sites()
