@@ -13,6 +13,10 @@ A window that went out complete is kept for ``retain_s`` more seconds, so that a
 coming back after a failure or a partition still corrects it; past that it is forgotten, and
 a batch for a window that old is refused (counted in ``too_late``) rather than merged into a
 fresh window that would replace the full one with a part of it.
+
+When the inputs are the key partitions of one stream (``key_partitions``: the workers of a
+partitioned merge), a window covers a source site only if every partition does: a partition
+that is missing, or lacks the site, leaves the site's keys in it incomplete.
 """
 
 from __future__ import annotations
@@ -85,8 +89,8 @@ class WindowMerger:
 
     def __init__(self, aggregate: WindowAggregate, inputs: Iterable[str], *,
                  deadline_s: float, clock: Callable[[], float] = time.monotonic,
-                 retain_s: float = RETAIN_S) -> None:
-        self.aggregate = aggregate
+                 retain_s: float = RETAIN_S, key_partitions: bool = False) -> None:
+        self.aggregate, self.key_partitions = aggregate, key_partitions
         self.inputs = frozenset(inputs)
         self.deadline_s, self.retain_s = deadline_s, retain_s
         self._clock = clock
@@ -196,11 +200,18 @@ class WindowMerger:
             complete = merged.complete
         else:
             rows = self._merge_rows(batches)
+        covered = [b.covers or frozenset({b.origin}) for b in batches]
+        if not self.key_partitions:
+            covers = frozenset().union(*covered)
+        elif self.inputs <= pending.batches.keys():
+            covers = frozenset.intersection(*covered)
+        else:  # a partition is missing: no site's keys are all there
+            covers = frozenset()
         return MergedWindow(
             window, rows, frozenset(pending.batches), missing,
             events=sum(b.events for b in batches),
             error_bound=max((b.error_bound for b in batches), default=0.0),
-            covers=frozenset().union(*(b.covers or {b.origin} for b in batches)),
+            covers=covers,
             wan_bytes=sum(b.wan_bytes for b in batches),
             closed_at_ms=max((b.closed_at_ms for b in batches), default=0),
             revision=pending.revision, inputs_complete=all(b.complete for b in batches),

@@ -21,7 +21,7 @@ from jetstream.aggtree.loader import load_topology
 from jetstream.aggtree.planner import plan_query
 from jetstream.aggtree.topology import spark_key_problem
 from jetstream.control.client import DEFAULT_CONTROLLER, ControllerClient
-from jetstream.control.daemons import run_controller, run_site
+from jetstream.control.daemons import run_controller, run_site, run_worker
 from jetstream.control.launch import LocalCluster, free_port, replay
 from jetstream.control.results_view import follow_table, render_window
 from jetstream.control.security import Security, make_dev_certs
@@ -107,6 +107,14 @@ def _site(args: argparse.Namespace) -> int:
     run_site(args.name, args.controller, security=_security(args), port=args.port,
              host=args.host, advertise=args.advertise, options=options,
              metrics_port=args.metrics_port)
+    return 0
+
+
+def _worker(args: argparse.Namespace) -> int:
+    print(f"jetstream worker {args.site}/{args.server}: registering with {args.register}; "
+          "Ctrl-C stops", file=sys.stderr)
+    run_worker(args.site, args.server, args.register, security=_security(args),
+               host=args.host, port=args.port, parent_pid=args.parent_pid)
     return 0
 
 
@@ -656,6 +664,23 @@ def _parser() -> argparse.ArgumentParser:
     _security_options(site)
     site.set_defaults(run=_site)
 
+    worker = commands.add_parser(
+        "worker", help="run a worker of a site: key partitions of its merges",
+        description="Serve the key partitions of merges that a site's controller places on "
+                    "this server. `jetstream site` starts one per server itself on one "
+                    "machine; on a datacenter's other servers, start it by hand.")
+    worker.add_argument("--site", required=True, help="the site this worker belongs to")
+    worker.add_argument("--server", required=True,
+                        help="the server it runs on: one of the site's in the topology")
+    worker.add_argument("--register", required=True, metavar="HOST:PORT",
+                        help="the site's gRPC address, where the worker registers")
+    worker.add_argument("--port", type=int, default=0, help="listen port (default: any free)")
+    worker.add_argument("--host", default="127.0.0.1")
+    worker.add_argument("--parent-pid", type=int, default=0, metavar="PID",
+                        help="end when this process ends (the site that started it)")
+    _security_options(worker)
+    worker.set_defaults(run=_worker)
+
     run = commands.add_parser(
         "run", help="replay finite input through the full distributed path, then exit",
         description="Start the controller and every site of the topology as local processes "
@@ -842,7 +867,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.command in ("controller", "site"):
+    if args.command in ("controller", "site", "worker"):
         logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

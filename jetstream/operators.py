@@ -33,6 +33,7 @@ __all__ = [
     "Window",
     "WindowAggregate",
     "WithColumn",
+    "hash_partition",
 ]
 
 
@@ -247,6 +248,12 @@ class WindowAggregate(Operator):
                 "decomposable" if self.decomposable else "holistic"]
 
 
+def hash_partition(key: tuple[Any, ...], count: int) -> int:
+    """Which of ``count`` hash partitions a group key falls in: the same in every process
+    (Python's own hash of a str changes from process to process)."""
+    return zlib.crc32(repr(key).encode()) % count
+
+
 @dataclass(frozen=True, eq=False, kw_only=True)
 class KeyPartition(Operator):
     """Keeps the rows whose group key falls in partition ``index`` of ``count`` (an exchange).
@@ -274,9 +281,7 @@ class KeyPartition(Operator):
     def partition_of(self, row: Mapping[str, Any]) -> int:
         if self.bounds is not None:
             return bisect.bisect_right(self.bounds, row[self.keys[0]])
-        # A stable hash: Python's own hash of a str changes from process to process.
-        key = repr(tuple(row[k] for k in self.keys)).encode()
-        return zlib.crc32(key) % self.count
+        return hash_partition(tuple(row[k] for k in self.keys), self.count)
 
     def keeps(self, row: Mapping[str, Any]) -> bool:
         return self.partition_of(row) == self.index

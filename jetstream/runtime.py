@@ -52,6 +52,7 @@ from jetstream.partials import PartialBatch, decode_batch, encode_batch
 from jetstream.queryfile import query_from_source
 from jetstream.results import WindowResult
 from jetstream.rewrite import distributed
+from jetstream.router import Router
 from jetstream.transport import Connect, DataPlaneServicer, PartialSender
 from jetstream.uplink import LinkLevel, Uplink
 from jetstream.v1 import dataplane_pb2 as pb
@@ -131,6 +132,10 @@ class Assignment:
     parent_address: str = ""  # the parent site's gRPC address; empty at the root
     covers: tuple[str, ...] = ()  # the source sites whose records reach the root through here
     expected: tuple[str, ...] = ()  # every source site of the query, alive or not
+    #: The workers that merge the fragment's key partitions, in partition order: (the name
+    #: their merged windows come back under, address). Set by the site controller when it
+    #: runs them (:mod:`jetstream.control.workers`); empty, this process merges everything.
+    workers: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -159,6 +164,9 @@ class SiteOptions:
     #: How the site dials its parent's data plane: ``jetstream site`` sets its
     #: ``Security.channel`` (mutual TLS, token); None, plaintext, is for in-process tests.
     connect: Connect | None = None
+    #: This data plane is a worker of a site (``jetstream worker``): its parent is its own
+    #: site's process, so its links are local hops, never degraded or counted as wide-area.
+    worker: bool = False
 
 
 @dataclass(frozen=True)
@@ -192,9 +200,15 @@ class QueryRun:
         self.partial = partial_aggregate(self.query)
         slo_deadline = (self.query.slo.max_latency_ms / 1000
                         if self.query.slo and self.query.slo.max_latency_ms else None)
-        self.merger = WindowMerger(self.partial, self._inputs(fragment),
+        self.merger = WindowMerger(self.partial, self._inputs(assignment),
                                    deadline_s=options.deadline_s or slo_deadline
-                                   or DEFAULT_DEADLINE_S)
+                                   or DEFAULT_DEADLINE_S,
+                                   key_partitions=bool(assignment.workers))
+        # A merge spread over workers: the inputs go to them, their partitions come back.
+        self.router = None if not assignment.workers else Router(
+            fragment.query, self.partial, [address for _, address in assignment.workers],
+            connect=options.connect, retain_s=self.merger.retain_s,
+            link=lambda i: metrics.link_name(site, self.assignment.workers[i][0]))
         self.ranking = ranking(self.query)
         self._store = store
         # A replay starts over from its input after a crash: it keeps no inbox.
@@ -212,6 +226,10 @@ class QueryRun:
         self.failure: str | None = None
         threading.Thread(target=self._pump, name=f"merge-{fragment.query}", daemon=True).start()
         self._stage_thread: threading.Thread | None = None
+        log.info("%s at %s: version %d merges %s%s; %s", self.name, site, assignment.version,
+                 ", ".join(sorted(self.merger.inputs)) or "nothing",
+                 " (its key partitions, on workers)" if assignment.workers else "",
+                 f"sends to {fragment.parent}" if fragment.parent else "makes the results")
         if fragment.sources:
             self._stage_thread = threading.Thread(target=self._run_stage, args=(spark,),
                                                   daemon=True, name=f"stage-{fragment.query}")
@@ -221,7 +239,12 @@ class QueryRun:
     def name(self) -> str:
         return self.assignment.fragment.query
 
-    def _inputs(self, fragment: Fragment) -> set[str]:
+    def _inputs(self, assignment: Assignment) -> set[str]:
+        """What the merger merges: the fragment's children and local stage, or, when its
+        partitions run on workers, what the workers send back."""
+        if assignment.workers:
+            return {name for name, _ in assignment.workers}
+        fragment = assignment.fragment
         return set(fragment.children) | ({self.site} if fragment.sources else set())
 
     def _link(self, assignment: Assignment) -> None:
@@ -231,7 +254,8 @@ class QueryRun:
         self.uplink = None if not (parent and assignment.parent_address) else Uplink(
             self.site, parent, assignment.parent_address, query=self.query,
             partial=self.partial, ranking=self.ranking, options=self.options,
-            store=self._store, run_metrics=self.metrics, sequence=self._sequence)
+            store=self._store, run_metrics=self.metrics, sequence=self._sequence,
+            top_k_only=self.options.worker and assignment.fragment.final)
 
     @property
     def sender(self) -> PartialSender | None:
@@ -252,10 +276,16 @@ class QueryRun:
         this site's part in it changed: then the run must be replaced."""
         before = self.assignment
         if (assignment.source != before.source or assignment.fragment.query != self.name
-                or bool(assignment.fragment.sources) != bool(before.fragment.sources)):
+                or bool(assignment.fragment.sources) != bool(before.fragment.sources)
+                or [n for n, _ in assignment.workers] != [n for n, _ in before.workers]):
             return False
         self.assignment = assignment
-        self.merger.set_inputs(self._inputs(assignment.fragment))
+        self.merger.set_inputs(self._inputs(assignment))
+        if self.router is not None:
+            for i, ((_, address), (_, was)) in enumerate(zip(assignment.workers,
+                                                             before.workers, strict=True)):
+                if address != was:  # the partition's worker started again
+                    self.router.move(i, address)
         if assignment.parent_address != before.parent_address:
             if self.uplink is not None:
                 self.uplink.close()  # what it holds unacked, the store gives the next one
@@ -273,7 +303,7 @@ class QueryRun:
             log.warning("site %s has no input folder (%s): %s reads nothing here", self.site,
                         folder, self.name)
             # Nothing to wait for here: ended when replaying, idle for good when live.
-            self.merger.progress(self.site, ENDED, ended=self.options.replay)
+            self.progress(self.site, ENDED, ended=self.options.replay)
             return
         from jetstream.stage.job import LocalStage  # Spark loads only where a stage runs
 
@@ -288,7 +318,7 @@ class QueryRun:
                                     else state / "stage.json", on_batch=self._stage_batch)
             if self.options.replay:
                 self.stage.run_available()
-                self.merger.progress(self.site, ENDED, ended=True)
+                self.progress(self.site, ENDED, ended=True)
                 log.info("%s: replayed %s: %s", self.site, folder, self.stage.stats)
             else:
                 self._run_live()
@@ -296,7 +326,7 @@ class QueryRun:
             self.failure = f"local stage of {self.name} at {self.site} failed: {e}"
             log.exception(self.failure)
             # Results say how many sites they cover, so they show what is missing.
-            self.merger.progress(self.site, ENDED, ended=self.options.replay)
+            self.progress(self.site, ENDED, ended=self.options.replay)
 
     def _run_live(self) -> None:
         if self._stop.is_set():  # stopped while Spark started
@@ -313,7 +343,7 @@ class QueryRun:
                 seen, quiet_since, idle = records, time.monotonic(), False
             elif not idle and time.monotonic() - quiet_since >= self.options.idle_s:
                 self.stage.flush()  # idle: close what is open, hold no window back
-                self.merger.progress(self.site, ENDED)
+                self.progress(self.site, ENDED)
                 idle = True
         self.stage.stop()
 
@@ -323,7 +353,7 @@ class QueryRun:
         self.metrics.stage_batch(stats.records_in, stats.late_records, stats.malformed, seconds)
         watermark = None if self.stage is None else self.stage.watermark
         if not self.options.replay and watermark is not None:
-            self.merger.progress(self.site, watermark)
+            self.progress(self.site, watermark)
 
     def _local(self, window: tuple[int, int], rows: list[dict[str, Any]], events: int,
                revision: int) -> None:
@@ -337,10 +367,30 @@ class QueryRun:
     def receive(self, batch: PartialBatch) -> None:
         """Merge a batch: a child's (acked once this returns) or the local stage's. With a
         cube store it goes to the inbox first, durably, so that a restart merges it again
-        (the child forgets it once acked; the stage's snapshot, once handed on)."""
+        (the child forgets it once acked; the stage's snapshot, once handed on). With
+        workers, an input's batch goes to them, and a worker's merged partition is merged."""
+        if self._from_worker(batch.origin):
+            self.merger.add(batch)
+            return
         if self._inbox is not None:
             self._inbox.receive(encode_batch(batch, self.partial))
-        self.merger.add(batch)
+        self._take(batch)
+
+    def _take(self, batch: PartialBatch) -> None:
+        if self.router is not None:
+            self.router.send(batch)
+        else:
+            self.merger.add(batch)
+
+    def _from_worker(self, origin: str) -> bool:
+        return self.router is not None and origin in self.merger.inputs
+
+    def progress(self, origin: str, watermark_ms: int, ended: bool = False) -> None:
+        """How far an input (or, with workers, a worker) has got."""
+        if self.router is not None and not self._from_worker(origin):
+            self.router.progress(origin, watermark_ms, ended)
+        else:
+            self.merger.progress(origin, watermark_ms, ended)
 
     def _merge_inbox(self, store: CubeStore) -> None:
         """After a restart: merge again what the inbox holds of the windows the merger may
@@ -352,7 +402,7 @@ class QueryRun:
                                                               self.site):
                 continue
             try:
-                self.merger.add(decode_batch(message, self.partial))
+                self._take(decode_batch(message, self.partial))
             except DataError as e:  # e.g. an earlier query of the same name left it
                 log.warning("%s at %s: not merging again what the inbox holds: %s",
                             self.name, self.site, e)
@@ -434,6 +484,8 @@ class QueryRun:
             self._stage_thread.join(STOP_WAIT_S)
         if self.uplink is not None:
             self.uplink.close()
+        if self.router is not None:
+            self.router.close()
         self.metrics.remove()
 
 
@@ -453,8 +505,11 @@ class SiteRuntime:
         self._runs: dict[str, QueryRun] = {}
         self._spark: Any = None
         self._cubes: CubeStore | None = None
+        # A worker's messages all come from its own site; a site's workers' from "site/...".
+        local = ((lambda origin: True) if options.worker
+                 else (lambda origin: origin.startswith(f"{site}/")))
         self.servicer = DataPlaneServicer(self._aggregate_of, self._deliver, self._progress,
-                                          site=site)
+                                          site=site, local=local)
 
     def deploy(self, assignment: Assignment) -> None:
         """Start a query's run here; a new version of a running one is taken in place when
@@ -591,7 +646,7 @@ class SiteRuntime:
     def _progress(self, report: pb.Progress) -> None:
         run = self.run(report.query)
         if run is not None:
-            run.merger.progress(report.origin, report.watermark_ms, report.ended)
+            run.progress(report.origin, report.watermark_ms, report.ended)
 
 
 def partial_aggregate(query: Query) -> WindowAggregate:

@@ -71,7 +71,8 @@ class PartialSender:
                  on_ack: Callable[[pb.PartialBatch, float, int], None] | None = None,
                  on_round_trip: Callable[[float], None] | None = None,
                  store: CubeStore | None = None, destination: str = "",
-                 connect: Connect | None = None, link: str = "") -> None:
+                 connect: Connect | None = None, link: str = "",
+                 wide_area: bool = True) -> None:
         """``connect`` opens the channel to the parent: the site process passes its
         ``Security.channel``; None, plaintext, is for senders within one test process.
         ``on_ack(batch, seconds, backlog)`` hears of each acknowledged batch: the seconds
@@ -84,7 +85,8 @@ class PartialSender:
         on its bytes (behind a batch, the receiver's time on it alone).
         ``store``: keep batches there until acked, for ``destination`` (a name that outlives
         this sender), and send first what it holds unacked for it. ``link`` names the link
-        in the metrics (``"child->parent"``; default: the address)."""
+        in the metrics (``"child->parent"``; default: the address); a sender that is not
+        ``wide_area`` (to a worker of its own site) leaves the wide-area byte counts alone."""
         if store is not None and not destination:
             msg = f"partial sender to {address}: a store needs a destination name"
             raise DataError(msg)
@@ -98,7 +100,8 @@ class PartialSender:
         self.bytes_sent = 0
         self.batches_sent = 0
         self._labels = (link or address, destination)
-        self._bytes_metric = metrics.WAN_BYTES_SENT.labels(self._labels[0])
+        self._bytes_metric = (metrics.WAN_BYTES_SENT.labels(self._labels[0]) if wide_area
+                              else None)
         self._unacked_metric = metrics.UNACKED.labels(*self._labels)
         self._max_backoff_s = max_backoff_s
         self._unacked: dict[AckKey, pb.PushMessage] = {}
@@ -193,7 +196,8 @@ class PartialSender:
         size = message.ByteSize()
         self.bytes_sent += size
         self.batches_sent += message.HasField("batch")
-        self._bytes_metric.inc(size)
+        if self._bytes_metric is not None:
+            self._bytes_metric.inc(size)
         with self._lock:
             self._handed[_key(message)] = time.monotonic()
         return message
@@ -251,10 +255,12 @@ class DataPlaneServicer(rpc.DataPlaneServicer):
     def __init__(self, aggregate_of: Callable[[str], WindowAggregate | None],
                  deliver: Callable[[PartialBatch], None],
                  progress: Callable[[pb.Progress], None] = lambda p: None,
-                 site: str = "") -> None:
-        """``site``, the receiving site, names the links in the metrics."""
+                 site: str = "", local: Callable[[str], bool] = lambda origin: False) -> None:
+        """``site``, the receiving site, names the links in the metrics; ``local(origin)``
+        says a sender is on the same site (a worker and its site controller's process): its
+        messages are not wide-area bytes."""
         self._aggregate_of, self._deliver, self._progress = aggregate_of, deliver, progress
-        self._site = site or "?"
+        self._site, self._local = site or "?", local
         self._lock = threading.Lock()
         # The identities delivered, oldest first; bounded: a duplicate older than SEEN_MAX
         # batches reaches the merger, which keeps one batch per origin and revision anyway.
@@ -269,7 +275,8 @@ class DataPlaneServicer(rpc.DataPlaneServicer):
             size = message.ByteSize()
             self.bytes_received += size
             origin = (message.progress if message.HasField("progress") else message.batch).origin
-            metrics.WAN_BYTES_RECEIVED.labels(self._link(origin)).inc(size)
+            if not self._local(origin):
+                metrics.WAN_BYTES_RECEIVED.labels(self._link(origin)).inc(size)
             if message.HasField("progress"):
                 report = message.progress
                 if self._aggregate_of(report.query) is None:
@@ -317,5 +324,7 @@ class DataPlaneServicer(rpc.DataPlaneServicer):
             log.warning("refused: %s", e)
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
             raise AssertionError("abort returns only by raising") from None
+        if self._local(message.origin):
+            return batch
         # The window's wide-area cost so far includes this hop.
         return dataclasses.replace(batch, wan_bytes=batch.wan_bytes + message.ByteSize())

@@ -24,6 +24,7 @@ from jetstream.dsl import Query
 from jetstream.errors import ControlPlaneError, DataError
 from jetstream.operators import WindowAggregate
 from jetstream.partials import PartialBatch, decode_batch, encode_batch, summarised
+from jetstream.router import top_k_candidates
 from jetstream.transport import PartialSender
 from jetstream.v1 import dataplane_pb2 as pb
 
@@ -50,20 +51,25 @@ class Uplink:
 
     ``sequence`` numbers the batches and progress reports (shared with the run, so that a new
     uplink after a re-plan goes on counting); ``store``, the site's cube store, keeps what is
-    sent until it is acked. A replay's link has no policy: it stays exact.
+    sent until it is acked. A replay's link has no policy: it stays exact; nor has a worker's
+    link to its own site, which also counts no wide-area bytes. With ``top_k_only`` (a worker
+    of the root's final step, one of key-disjoint partitions), an exact window goes up as the
+    rows that can be in the final top-k: its ``k`` best by the ranking, in the final top-k's
+    order, which hold every row of the global top-k that falls in this partition.
     """
 
     def __init__(self, site: str, parent: str, address: str, *, query: Query,
                  partial: WindowAggregate, ranking: Ranking | None, options: SiteOptions,
                  store: CubeStore | None, run_metrics: metrics.RunMetrics,
-                 sequence: Iterator[int]) -> None:
+                 sequence: Iterator[int], top_k_only: bool = False) -> None:
         self.site, self.parent, self.name = site, parent, query.name
         self.partial, self.ranking, self.replay = partial, ranking, options.replay
         self.store, self.metrics, self._sequence = store, run_metrics, sequence
         self.metrics.link = metrics.link_name(site, parent)
         self._reported: tuple[int | None, bool] = (None, False)
         self.policy: LinkPolicy | None = None
-        if not options.replay:
+        self._top_k = ranking if top_k_only else None
+        if not (options.replay or options.worker):
             # Replay compresses time, so its backlog says nothing about the link.
             plan = query.plan()
             window = plan.window_of(plan.partial_aggregates()[0])
@@ -76,13 +82,17 @@ class Uplink:
             self._check_held(store)
         self.sender = PartialSender(address, on_ack=self._acked, on_round_trip=self._round_trip,
                                     store=store, destination=self.name,
-                                    connect=options.connect, link=self.metrics.link)
+                                    connect=options.connect, link=self.metrics.link,
+                                    wide_area=not options.worker)
         self._link_metrics()
 
     def send(self, merged: MergedWindow) -> int:
         """Send a merged window at the link's level; the rows sent."""
+        rows = merged.rows
+        if self._top_k is not None and merged.slack is None:
+            rows = top_k_candidates(rows, self.partial, self._top_k)
         batch = self._degraded(PartialBatch(
-            self.name, merged.window, self.site, merged.rows, sequence=next(self._sequence),
+            self.name, merged.window, self.site, rows, sequence=next(self._sequence),
             events=merged.events, error_bound=merged.error_bound, complete=merged.complete,
             covers=merged.covers, wan_bytes=merged.wan_bytes, closed_at_ms=merged.closed_at_ms,
             revision=merged.revision, slack=merged.slack, omitted=merged.omitted,

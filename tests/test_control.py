@@ -147,6 +147,11 @@ def kill_sfo(controller: GlobalController, clock: FakeClock) -> list[str]:
 # --- the global controller: deploying ------------------------------------------------------
 
 
+def _placed(controller: GlobalController, site: str) -> list[tuple[str, str, str]]:
+    """(query, piece, server) of what the controller knows runs at ``site``."""
+    return [(p.query, p.piece, p.server) for p in controller.sites[site].placements]
+
+
 def test_submit_deploys_each_alive_site_its_fragment(controller: GlobalController,
                                                      sites: FakeSites, source: str) -> None:
     register_all(controller)
@@ -160,7 +165,7 @@ def test_submit_deploys_each_alive_site_its_fragment(controller: GlobalControlle
     assert root.final and root.children == ("sfo", "sin") and root.parent is None
     assert state.plan.fragments["sfo"].parent == "ams"
     assert state.deployed == set(SITES)
-    assert controller.sites["ams"].placements == [(QUERY, "local stage", "ams-1"),
+    assert _placed(controller, "ams") == [(QUERY, "local stage", "ams-1"),
                                                   (QUERY, "final", "ams-1")]
     assert controller.heartbeat("sin", {}) == [QUERY]
     assert sites.stops == []
@@ -223,7 +228,7 @@ def test_a_failed_deploy_is_retried_on_the_sites_next_heartbeat(
     sites.failing.add(address("sfo"))
     state = controller.submit(source)
     assert state.deployed == {"ams", "sin"}  # one bad site does not stop the others
-    assert controller.sites["sfo"].placements == []
+    assert _placed(controller, "sfo") == []
     assert controller.heartbeat("sfo", {}) == [QUERY]  # planned there: keep what runs
     assert state.deployed == {"ams", "sin"}  # still failing
 
@@ -231,7 +236,7 @@ def test_a_failed_deploy_is_retried_on_the_sites_next_heartbeat(
     assert controller.heartbeat("sfo", {}) == [QUERY]
     assert state.plan is not None
     assert sites.fragments_at(address("sfo")) == [state.plan.fragments["sfo"]]
-    assert controller.sites["sfo"].placements == [(QUERY, "local stage", "sfo-1")]
+    assert _placed(controller, "sfo") == [(QUERY, "local stage", "sfo-1")]
     assert state.deployed == set(SITES)
     assert len(sites.fragments_at(address("ams"))) == 1  # the others are not redeployed
 
@@ -250,7 +255,7 @@ def test_a_silent_site_is_declared_dead_and_the_query_replanned_without_it(
     assert controller.check_liveness() == ["sfo"]
 
     assert controller.sites["sfo"].alive is False
-    assert controller.sites["sfo"].placements == []
+    assert _placed(controller, "sfo") == []
     assert (state.state, state.replans, state.version) == ("degraded", 1, 1)
     assert "sfo" in state.detail
     assert state.plan is not None
@@ -292,7 +297,7 @@ def test_a_dead_site_that_comes_back_is_planned_in_again(
     assert sites.fragments_at(new_address)[-1] == state.plan.fragments["sfo"]
     assert sites.deploys[-1][2] == state.version == 2
     assert state.deployed == set(SITES)
-    assert controller.sites["sfo"].placements == [(QUERY, "local stage", "sfo-1")]
+    assert _placed(controller, "sfo") == [(QUERY, "local stage", "sfo-1")]
 
 
 def test_the_root_dying_degrades_the_query_instead_of_raising(
@@ -511,7 +516,7 @@ def test_cancel_stops_every_deployed_site_and_closes_the_results(
     controller.cancel(QUERY)
     assert sorted(sites.stops) == [(address(s), QUERY) for s in SITES]
     assert (state.state, state.deployed) == ("cancelled", set())
-    assert all(controller.sites[s].placements == [] for s in SITES)
+    assert all(_placed(controller, s) == [] for s in SITES)
     assert controller.heartbeat("ams", {}) == []
     # Closed: a follower gets what was published and then the end, without waiting.
     started = time.monotonic()
@@ -618,11 +623,13 @@ def test_the_local_stage_runs_on_the_biggest_server() -> None:
 
 def test_merge_and_final_partitions_spread_over_servers_largest_first() -> None:
     site = SiteController("lhr", SERVERS)
-    merge = Fragment("m", "lhr", children=("a", "b"), parent="ams", partitions=5)
-    # Equal cores: by name. More partitions than servers: around again.
+    merge = Fragment("m", "lhr", children=("a", "b"), parent="ams", partitions=4)
+    # Equal cores: by name. A partition per server (the planner makes no more).
     assert [(p.name, p.server) for p in site.deploy(merge, 0)] == [
-        ("merge 1/5", "big"), ("merge 2/5", "also-mid"), ("merge 3/5", "mid"),
-        ("merge 4/5", "small"), ("merge 5/5", "big")]
+        ("merge 1/4", "big"), ("merge 2/4", "also-mid"), ("merge 3/4", "mid"),
+        ("merge 4/4", "small")]
+    with pytest.raises(ControlPlaneError, match="lhr has 4 servers for the 5 partitions of x"):
+        site.deploy(Fragment("x", "lhr", children=("a",), parent="ams", partitions=5), 0)
     root = Fragment("r", "lhr", sources=("cdn_logs",), children=("a",), final=True,
                     partitions=2)
     assert [(p.name, p.server) for p in site.deploy(root, 0)] == [
@@ -630,7 +637,7 @@ def test_merge_and_final_partitions_spread_over_servers_largest_first() -> None:
     single = Fragment("s", "lhr", children=("a",), final=True)
     assert [p.name for p in site.deploy(single, 0)] == ["final"]
     assert site.running() == ["m", "r", "s"]
-    assert len(site.pieces()) == 5 + 3 + 1
+    assert len(site.pieces()) == 4 + 3 + 1
 
 
 def test_an_older_fragment_version_is_refused() -> None:

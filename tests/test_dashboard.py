@@ -28,7 +28,7 @@ from jetstream.control.dashboard import (
     DashboardState,
     serve_dashboard,
 )
-from jetstream.control.global_controller import GlobalController, LinkReport
+from jetstream.control.global_controller import GlobalController, LinkReport, Placement
 from jetstream.control.launch import LocalCluster, free_port
 from jetstream.control.servicers import GlobalControllerServicer
 from jetstream.errors import ControlPlaneError
@@ -101,6 +101,10 @@ def test_the_state_holds_the_topology_its_links_and_the_newest_window_with_bound
     beat(running, "sfo", 1_000, input_bytes=50_000)
     beat(running, "sin", 500, level=1, input_bytes=30_000)
     beat(running, "ams", 0, input_bytes=99_999)  # the root's raw logs cross no link
+    running.heartbeat("ams", {}, input_bytes=99_999, placements=[  # as a site reports them
+        Placement(QUERY, "local stage", "ams-1", 4100, "127.0.0.1:7100", "running"),
+        Placement(QUERY, "final 1/2", "ams-1", 4201, "127.0.0.1:7201", "running"),
+        Placement(QUERY, "final 2/2", "ams-2", 4302, "127.0.0.1:7302", "restarting")])
     state.sample()
     snapshot = json.loads(json.dumps(state.snapshot(), allow_nan=False))
 
@@ -130,6 +134,11 @@ def test_the_state_holds_the_topology_its_links_and_the_newest_window_with_bound
     assert snapshot["series"]["raw_bytes"] == [80_000]
     assert snapshot["series"]["wan_bytes"] == [1_500]
     assert snapshot["series"]["levels"] == {"sfo->ams": [0], "sin->ams": [1]}
+    # Which process runs each piece, and whether it is up.
+    assert [(p["site"], p["piece"], p["pid"], p["state"]) for p in query["pieces"]
+            if p["site"] == "ams"] == [("ams", "local stage", 4100, "running"),
+                                       ("ams", "final 1/2", 4201, "running"),
+                                       ("ams", "final 2/2", 4302, "restarting")]
 
 
 def test_wide_area_bytes_add_up_across_senders_that_start_again(

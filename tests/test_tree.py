@@ -1,10 +1,14 @@
 """A three-level tree end to end with real processes: ``topologies/tree-7.yaml``, four PoPs
 (each a site process with its own Spark JVM) under two regional datacenters under a root
-with three servers; the regions and the root hold no source and start no JVM. Replayed and
-live, every window equals ``js.run_local`` over all four PoPs' logs."""
+with three servers, whose final top-k runs as three key partitions on three worker
+processes; the regions and the root hold no source and start no JVM. Replayed and live,
+every window equals ``js.run_local`` over all four PoPs' logs, also when a worker is killed
+mid-run."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -53,6 +57,31 @@ def _no_jvm_at_the_mergers(cluster: LocalCluster) -> None:
         assert "starting Spark" in (cluster.logs / f"{site}.log").read_text()
 
 
+def _workers(cluster: LocalCluster, timeout_s: float = 60) -> dict[str, tuple[int, str]]:
+    """The root's final partitions: piece -> (pid, state), once all three run on workers."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        core = next(s for s in cluster.client.status().sites if s.name == "core")
+        pieces = {p.piece: (p.pid, p.state) for p in core.placements}
+        if len(pieces) == 3 and all(state == "running" for _, state in pieces.values()):
+            return pieces
+        assert time.monotonic() < deadline, f"the root's workers are not all running: {pieces}"
+        time.sleep(0.5)
+
+
+def _on_workers(cluster: LocalCluster) -> dict[str, tuple[int, str]]:
+    """The root's three partitions each run in a worker process of its own, a child of the
+    root's site process, and status says which."""
+    pieces = _workers(cluster)
+    assert sorted(pieces) == ["final 1/3", "final 2/3", "final 3/3"]
+    pids = {pid for pid, _ in pieces.values()}
+    assert len(pids) == 3 and cluster.processes["core"].pid not in pids
+    for pid in pids:
+        assert Path(f"/proc/{pid}/stat").read_text().split()[3] == str(
+            cluster.processes["core"].pid)
+    return pieces
+
+
 def test_the_three_level_tree_replays_what_run_local_computes(tmp_path: Path) -> None:
     inputs = tmp_path / "input"
     write_logs(inputs, POPS, start_ms=START_MS, duration_s=40, rate=30, spec=SPEC, seed=3)
@@ -68,30 +97,45 @@ def test_the_three_level_tree_replays_what_run_local_computes(tmp_path: Path) ->
     assert dict(plan.parents) == {"pop1": "eu", "pop2": "eu", "pop3": "us", "pop4": "us",
                                   "eu": "core", "us": "core"}
     assert "final over 3 partitions" in plan.plan
+    # Each of the root's three servers ran a partition, in a worker process.
+    log = (cluster.logs / "core.log").read_text()
+    assert "merges core/core-1, core/core-2, core/core-3 (its key partitions, on workers)" in log
+    for server in ("core-1", "core-2", "core-3"):
+        assert f"cdn-topk at core/{server}: version 0 merges eu, us; sends to core" in log
 
 
-def test_the_three_level_tree_live_equals_run_local(tmp_path: Path) -> None:
+def test_the_three_level_tree_live_equals_run_local_across_a_killed_worker(
+        tmp_path: Path) -> None:
     inputs, staged = tmp_path / "input", tmp_path / "staged"
     for pop in POPS:
         (inputs / pop).mkdir(parents=True)
-    with LocalCluster(TOPOLOGY, inputs, idle_timeout_s=3, logs=tmp_path / "logs") as cluster:
+    with LocalCluster(TOPOLOGY, inputs, idle_timeout_s=3, window_deadline_s=5,
+                      logs=tmp_path / "logs") as cluster:
         cluster.client.submit(QUERY)
         # The logs land while the query runs, in two files a PoP, each renamed in whole.
         files = write_logs(staged, POPS, start_ms=START_MS, duration_s=40, rate=30,
                            spec=SPEC, seed=5, files=2)
         want = run_local(load_query(QUERY), staged)
-        for part in range(2):
-            for pop in POPS:
-                path = files[pop][part]
-                path.rename(inputs / pop / path.name)
+        for pop in POPS:
+            files[pop][0].rename(inputs / pop / files[pop][0].name)
         results: list[WindowResult] = []
-        for result in cluster.client.results("cdn-topk", timeout_s=240):
+        stream = iter(cluster.client.results("cdn-topk", timeout_s=240))
+        results.append(next(stream))  # the first half flows through the workers
+        before = _on_workers(cluster)
+        killed = before["final 2/3"][0]
+        os.kill(killed, signal.SIGKILL)  # what it merged is lost with it
+        for pop in POPS:
+            files[pop][1].rename(inputs / pop / files[pop][1].name)
+        for result in stream:
             results.append(result)
             latest = _final(results)
             if len(latest) >= len(want) and all(
-                    r.sites_reporting == 4 for r in latest.values()):
+                    r.sites_reporting == 4 and r.exact for r in latest.values()):
                 break
+        after = _on_workers(cluster)
         _no_jvm_at_the_mergers(cluster)
+    assert after["final 2/3"][0] != killed  # started again, in a new process
+    assert after["final 1/3"] == before["final 1/3"]
     _assert_equal(_final(results), want)
 
 

@@ -1,4 +1,5 @@
-"""The long-running processes: ``jetstream controller`` and ``jetstream site``."""
+"""The long-running processes: ``jetstream controller``, ``jetstream site`` and ``jetstream
+worker``."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 import queue
 import signal
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,14 +17,15 @@ from wsgiref.simple_server import WSGIServer
 import grpc
 
 from jetstream.aggtree.planner import Fragment
-from jetstream.aggtree.topology import Topology
+from jetstream.aggtree.topology import Server, Topology
 from jetstream.control.dashboard import serve_dashboard
 from jetstream.control.global_controller import GlobalController, QueryState, SiteCalls
 from jetstream.control.security import Security
 from jetstream.control.server import start_server
 from jetstream.control.servicers import GlobalControllerServicer, SiteControllerServicer
 from jetstream.control.site_controller import SiteController
-from jetstream.control.wire import fragment_to_proto, server_from_proto
+from jetstream.control.wire import fragment_to_proto, placement_to_proto, server_from_proto
+from jetstream.control.workers import WorkerPool
 from jetstream.errors import ControlPlaneError
 from jetstream.metrics import serve_metrics
 from jetstream.results import WindowResult
@@ -32,12 +35,14 @@ from jetstream.v1 import control_pb2_grpc as rpc
 from jetstream.v1 import dataplane_pb2_grpc as dataplane_rpc
 from jetstream.wire import result_to_proto
 
-__all__ = ["CALL_TIMEOUT_S", "run_controller", "run_site"]
+__all__ = ["CALL_TIMEOUT_S", "run_controller", "run_site", "run_worker"]
 
 log = logging.getLogger(__name__)
 
-#: The deadline of every unary control-plane call.
+#: The deadline of every unary control-plane call but a deploy.
 CALL_TIMEOUT_S = 5.0
+#: The deadline of a deploy: a site may wait for its workers to start and register.
+DEPLOY_TIMEOUT_S = 30.0
 
 
 class _SiteClients:
@@ -61,7 +66,7 @@ class _SiteClients:
         request = pb.DeployFragmentRequest(fragment=fragment_to_proto(
             fragment, state.source, state.version, parent, state.plan.covers(fragment.site),
             state.expected))
-        response = self._call(address, "DeployFragment", request)
+        response = self._call(address, "DeployFragment", request, DEPLOY_TIMEOUT_S)
         return [(p.piece, p.server) for p in response.placements]
 
     def stop(self, address: str, query: str) -> None:
@@ -71,9 +76,10 @@ class _SiteClients:
         response: pb.SetLevelResponse = self._call(address, "SetLevel", request)
         return response
 
-    def _call(self, address: str, method: str, request: object) -> Any:
+    def _call(self, address: str, method: str, request: object,
+              timeout_s: float = CALL_TIMEOUT_S) -> Any:
         try:
-            return getattr(self._stub(address), method)(request, timeout=CALL_TIMEOUT_S)
+            return getattr(self._stub(address), method)(request, timeout=timeout_s)
         except grpc.RpcError as e:
             msg = f"site at {address}: {e.code().name}: {e.details()}"
             raise ControlPlaneError(msg) from None
@@ -307,7 +313,13 @@ def run_site(name: str, controller_address: str, *, security: Security, port: in
         if not started_early:
             options.spark_conf = {**response.spark_conf, **given_conf}
         if servicer.controller is None:
-            servicer.controller = SiteController(name, servers, runtime)
+            # Workers only where a merge can be spread over servers: a site with several.
+            workers = None if len(servers) < 2 else WorkerPool(
+                name, servers, address, security=security, host=host)
+            servicer.controller = SiteController(name, servers, runtime, workers=workers,
+                                                 address=address)
+            if workers is not None:
+                workers.warm_up()
             if started_early:
                 # Spark started before registering: the topology's settings came too late.
                 late = sorted(key for key, value in response.spark_conf.items()
@@ -339,8 +351,9 @@ def run_site(name: str, controller_address: str, *, security: Security, port: in
                 links = runtime.links()
                 response = controller.Heartbeat(pb.HeartbeatRequest(
                     site=name, running=running, input_bytes=input_bytes(),
-                    links=link_measurements(links), query_links=link_reports(links)),
-                    timeout=CALL_TIMEOUT_S)
+                    links=link_measurements(links), query_links=link_reports(links),
+                    placements=[placement_to_proto(p) for p in local.pieces()] if local
+                    else []), timeout=CALL_TIMEOUT_S)
                 for query in set(running) - set(response.queries):
                     assert local is not None
                     stop_here(local, query)  # the controller no longer wants it here
@@ -364,3 +377,54 @@ def run_site(name: str, controller_address: str, *, security: Security, port: in
             local.close()  # waits for a stop under way (e.g. a cancel) before Spark stops
         else:
             runtime.close()
+
+
+def run_worker(site: str, server: str, register_at: str, *, security: Security,
+               host: str = "127.0.0.1", port: int = 0, parent_pid: int = 0,
+               stop: threading.Event | None = None) -> None:
+    """Serve one worker of ``site`` on ``server``: register with the site at ``register_at``,
+    then run the partitions it is given, until SIGINT/SIGTERM, ``stop``, or (given
+    ``parent_pid``) the end of the site's process."""
+    stop = stop or threading.Event()
+    name = f"{site}/{server}"
+    options = SiteOptions(worker=True, connect=security.channel)
+    runtime = SiteRuntime(name, options, lambda *_: None)
+    servicer = SiteControllerServicer()
+    servicer.controller = SiteController(name, [Server(server, 1, 1.0)], runtime)
+    grpc_server, bound = start_server([
+        (rpc.add_SiteControllerServicer_to_server, servicer, "jetstream.v1.SiteController"),
+        (dataplane_rpc.add_DataPlaneServicer_to_server, runtime.servicer,
+         "jetstream.v1.DataPlane")], port, host, security=security)
+    address = f"{host}:{bound}"
+
+    def register_and_watch() -> None:
+        stub = rpc.SiteControllerStub(security.channel(register_at))
+        backoff = 0.2
+        while not stop.is_set():
+            try:
+                stub.RegisterWorker(pb.RegisterWorkerRequest(
+                    site=site, server=server, address=address, pid=os.getpid()),
+                    timeout=CALL_TIMEOUT_S)
+                break
+            except grpc.RpcError as e:
+                if e.code() in (grpc.StatusCode.FAILED_PRECONDITION,
+                                grpc.StatusCode.INVALID_ARGUMENT):
+                    log.error("worker %s: site %s refused it: %s", name, register_at,
+                              e.details())
+                    stop.set()
+                    return
+                stop.wait(backoff)
+                backoff = min(backoff * 2, 2.0)
+        log.info("worker %s: registered with %s, serving at %s", name, register_at, address)
+        while parent_pid and not stop.wait(0.5):
+            if os.getppid() != parent_pid:  # the site's process is gone: so is our work
+                log.warning("worker %s: site process %d ended; stopping", name, parent_pid)
+                stop.set()
+
+    threading.Thread(target=register_and_watch, name="register", daemon=True).start()
+    started = time.monotonic()
+    try:
+        _serve_until_stopped(grpc_server, stop)
+    finally:
+        servicer.controller.close()
+        log.info("worker %s: stopped after %.0fs", name, time.monotonic() - started)

@@ -133,7 +133,13 @@ class DashboardState:
                            if site == child and view.parent(query, site) == parent},
             })
         queries = [{"name": q.name, "state": q.state, "detail": q.detail,
-                    "replans": q.replans, "parents": q.parents} for q in view.queries]
+                    "replans": q.replans, "parents": q.parents,
+                    # Which process runs each piece: the site's own, or a server's worker.
+                    "pieces": [{"site": site.name, "piece": p.piece, "server": p.server,
+                                "pid": p.pid or None, "address": p.address,
+                                "state": p.state or "deployed"}
+                               for site in view.sites for p in site.placements
+                               if p.query == q.name]} for q in view.queries]
         for query in queries:
             newest = controller.results.newest(str(query["name"]), LATENCY_POINTS * 2)
             latest = max(newest, key=lambda r: (r.window_end, r.revision), default=None)

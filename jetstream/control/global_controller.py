@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import networkx as nx
 
@@ -43,7 +43,7 @@ from jetstream.rewrite import explain
 from jetstream.runtime import distributed, partial_aggregate
 
 __all__ = ["REPLAN_BANDWIDTH_CHANGE", "GlobalController", "LinkReport", "Measurement",
-           "QueryState", "SiteCalls", "SiteState", "call_now"]
+           "Placement", "QueryState", "SiteCalls", "SiteState", "call_now"]
 
 log = logging.getLogger(__name__)
 
@@ -150,13 +150,25 @@ class Measurement:
     peer: str
 
 
+class Placement(NamedTuple):
+    """Which of a site's servers runs a piece of a query, and in which process: as the site
+    deployed it (no pid yet), then as its heartbeats say (workers restart)."""
+
+    query: str
+    piece: str  # "local stage", "merge", "final 2/3", ...
+    server: str
+    pid: int = 0
+    address: str = ""
+    state: str = ""  # "running", "starting", "restarting"; empty: not reported yet
+
+
 @dataclass
 class SiteState:
     name: str
     address: str | None = None
     last_seen: float | None = None
     alive: bool = False
-    placements: list[tuple[str, str, str]] = field(default_factory=list)  # query, piece, server
+    placements: list[Placement] = field(default_factory=list)
     input_bytes: int = 0  # raw logs landed in its input folder, as its last heartbeat said
     links: dict[str, LinkReport] = field(default_factory=dict)  # query -> its link's report
 
@@ -271,7 +283,7 @@ class SiteView:
     address: str | None
     alive: bool
     seconds_since_heartbeat: float | None  # None: never heard from
-    placements: tuple[tuple[str, str, str], ...]  # query, piece, server
+    placements: tuple[Placement, ...]
     input_bytes: int
     links: Mapping[str, LinkReport]  # query -> its link's report
 
@@ -392,9 +404,11 @@ class GlobalController:
             self._replan_all(f"site {name} is back" if came_back else "")
 
     def heartbeat(self, name: str, links: dict[str, float], *, input_bytes: int = 0,
-                  reports: dict[str, LinkReport] | None = None) -> list[str]:
+                  reports: dict[str, LinkReport] | None = None,
+                  placements: list[Placement] | None = None) -> list[str]:
         """Record that ``name`` is alive and what it measured (and, for the dashboard, its
-        raw input and its links' levels); the queries it should run."""
+        raw input, its links' levels and which process runs which piece); the queries it
+        should run."""
         with self.lock:
             site = self._site(name)
             if site.address is None:
@@ -402,6 +416,8 @@ class GlobalController:
                 raise ControlPlaneError(msg)
             site.last_seen = self.clock()
             site.input_bytes, site.links = input_bytes, dict(reports or {})
+            if placements is not None:
+                site.placements = [p for p in placements if p.query in self.queries]
             changed = [peer for peer, bps in links.items() if self._bandwidth_moved(name, peer,
                                                                                    bps)]
             if not site.alive:
@@ -633,8 +649,8 @@ class GlobalController:
             if (placements is None or not state.active or state.version != asked.version
                     or site.address != address):
                 return
-            site.placements = [p for p in site.placements if p[0] != state.name] + [
-                (state.name, piece, server) for piece, server in placements]
+            site.placements = [p for p in site.placements if p.query != state.name] + [
+                Placement(state.name, piece, server) for piece, server in placements]
             state.deployed.add(name)
 
     def link_owner(self, query: str, site: str) -> str:
@@ -666,7 +682,7 @@ class GlobalController:
 
     def _stop_on(self, site: str, query: str) -> None:
         state = self.sites[site]
-        state.placements = [p for p in state.placements if p[0] != query]
+        state.placements = [p for p in state.placements if p.query != query]
         if state.alive and state.address is not None:
             self._dispatch(site, functools.partial(self._stop_at, state.address, query, site))
 

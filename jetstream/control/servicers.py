@@ -7,9 +7,14 @@ from typing import NoReturn
 
 import grpc
 
-from jetstream.control.global_controller import ControllerView, GlobalController, LinkReport
+from jetstream.control.global_controller import (
+    ControllerView,
+    GlobalController,
+    LinkReport,
+    Placement,
+)
 from jetstream.control.site_controller import SiteController
-from jetstream.control.wire import assignment_from_proto, server_to_proto
+from jetstream.control.wire import assignment_from_proto, placement_to_proto, server_to_proto
 from jetstream.errors import ControlPlaneError, JetstreamError, PlacementError, PlanError
 from jetstream.v1 import control_pb2 as pb
 from jetstream.v1 import control_pb2_grpc as rpc
@@ -100,7 +105,9 @@ class GlobalControllerServicer(rpc.GlobalControllerServicer):
                 request.site, {m.peer: m.bandwidth_bps for m in request.links},
                 input_bytes=request.input_bytes,
                 reports={r.query: LinkReport(r.level, r.level_index, r.pinned, r.sent_bytes)
-                         for r in request.query_links})
+                         for r in request.query_links},
+                placements=[Placement(p.query, p.piece, p.server, p.pid, p.address, p.state)
+                            for p in request.placements] if request.placements else None)
         except JetstreamError as e:
             _abort(context, e)
         return pb.HeartbeatResponse(queries=queries)
@@ -133,7 +140,8 @@ def status_to_proto(view: ControllerView) -> pb.StatusResponse:
         name=s.name, kind=s.kind, address=s.address or "", alive=s.alive,
         seconds_since_heartbeat=-1.0 if s.seconds_since_heartbeat is None
         else s.seconds_since_heartbeat,
-        placements=[pb.Placement(query=q, piece=p, server=srv) for q, p, srv in s.placements])
+        placements=[pb.Placement(query=p.query, piece=p.piece, server=p.server, pid=p.pid,
+                                 address=p.address, state=p.state) for p in s.placements])
         for s in view.sites]
     queries = [pb.QueryStatus(
         name=q.name, state=q.state, detail=q.detail, replans=q.replans,
@@ -165,13 +173,27 @@ class SiteControllerServicer(rpc.SiteControllerServicer):
             pieces = controller.deploy(assignment.fragment, assignment.version, assignment)
         except JetstreamError as e:
             _abort(context, e)
-        return pb.DeployFragmentResponse(placements=[
-            pb.Placement(query=p.query, piece=p.name, server=p.server) for p in pieces])
+        return pb.DeployFragmentResponse(placements=[placement_to_proto(p) for p in pieces])
 
     def StopFragment(self, request: pb.StopFragmentRequest,
                      context: grpc.ServicerContext) -> pb.StopFragmentResponse:
         self._ready(context).stop(request.query)
         return pb.StopFragmentResponse()
+
+    def RegisterWorker(self, request: pb.RegisterWorkerRequest,
+                       context: grpc.ServicerContext) -> pb.RegisterWorkerResponse:
+        controller = self._ready(context)
+        try:
+            if controller.workers is None:
+                msg = f"site {controller.site} runs no workers: it has one server"
+                raise ControlPlaneError(msg)
+            if request.site != controller.site:
+                msg = f"this is site {controller.site}, not {request.site}"
+                raise ControlPlaneError(msg)
+            controller.workers.register(request.server, request.address, request.pid)
+        except JetstreamError as e:
+            _abort(context, e)
+        return pb.RegisterWorkerResponse()
 
     def SetLevel(self, request: pb.SetLevelRequest,
                  context: grpc.ServicerContext) -> pb.SetLevelResponse:

@@ -1,23 +1,43 @@
 """The site controller: places its site's fragment of each query on the site's own servers.
 
 The global controller decides which site does what; the site controller decides which of its
-servers runs which piece: the local stage on the server with the most cores, merge and final
-partitions spread over the servers from the largest down; then it starts the pieces in the
-site's data plane (:class:`~jetstream.runtime.SiteRuntime`) when it has one.
+servers runs which piece: the local stage on the server with the most cores (in the site's
+own process, with its Spark), and each key partition of a merge or final step on a server of
+its own, from the largest down. Given a :class:`~jetstream.control.workers.WorkerPool`, a
+fragment spread over partitions runs them on the servers' workers (one process per server):
+the site controller deploys each partition to its worker, and hands the site's data plane
+(:class:`~jetstream.runtime.SiteRuntime`) their addresses, so that it routes its inputs to
+them; when a worker starts again, its partitions are deployed to it again. Without a pool
+(or with one partition) the site's own process merges.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import os
 import threading
 from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
 
 from jetstream.aggtree.planner import Fragment
 from jetstream.aggtree.topology import Server
+from jetstream.control.wire import fragment_to_proto
+from jetstream.control.workers import WorkerPool
 from jetstream.errors import ControlPlaneError
 from jetstream.runtime import Assignment, SiteRuntime
 from jetstream.uplink import LinkLevel
+from jetstream.v1 import control_pb2 as pb
+from jetstream.v1 import control_pb2_grpc as rpc
 
 __all__ = ["Piece", "SiteController"]
+
+log = logging.getLogger(__name__)
+
+#: The deadline of a call from a site controller to one of its workers.
+WORKER_CALL_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -25,6 +45,10 @@ class Piece:
     query: str
     name: str  # "local stage", "merge 1/2", "final 2/4"
     server: str
+    pid: int = 0  # the process that runs it: the site's own, or its server's worker
+    address: str = ""  # that process's gRPC address
+    state: str = "running"  # or, for a worker: "starting", "restarting"
+    on_worker: bool = False
 
 
 @dataclass
@@ -32,16 +56,24 @@ class _Deployment:
     fragment: Fragment
     version: int
     pieces: list[Piece] = field(default_factory=list)
+    assignment: Assignment | None = None  # what the runtime runs (with its workers)
 
 
 class SiteController:
+    """``address`` is the site process's own gRPC address (where its workers send what they
+    merge); ``workers``, when given, runs key partitions as processes (see above)."""
+
     def __init__(self, site: str, servers: list[Server],
-                 runtime: SiteRuntime | None = None) -> None:
+                 runtime: SiteRuntime | None = None, *, workers: WorkerPool | None = None,
+                 address: str = "") -> None:
         if not servers:
             msg = f"site {site} has no servers to run anything on"
             raise ControlPlaneError(msg)
-        self.site, self.runtime = site, runtime
+        self.site, self.runtime, self.workers, self.address = site, runtime, workers, address
         self.servers = sorted(servers, key=lambda s: (-s.cores, s.name))
+        self._stubs: dict[str, Any] = {}
+        if workers is not None:
+            workers.on_restart = self._worker_started_again
         # _lock guards the deployments only, so that running() (every heartbeat) never
         # waits; _changing puts deploys and stops in order through to the runtime, which
         # may wait for Spark to stop a stream.
@@ -67,9 +99,11 @@ class SiteController:
                     raise ControlPlaneError(msg)
                 pieces = self._place(fragment)
                 # Listed while the runtime starts it, so that heartbeats do not ask again.
-                self._deployments[fragment.query] = _Deployment(fragment, version, pieces)
+                deployment = _Deployment(fragment, version, pieces)
+                self._deployments[fragment.query] = deployment
             if self.runtime is not None and assignment is not None:
                 try:
+                    deployment.assignment = assignment = self._on_workers(assignment)
                     self.runtime.deploy(assignment)
                 except BaseException:
                     # What failed to start is not listed: the controller deploys it again.
@@ -86,10 +120,16 @@ class SiteController:
         """Stop a query's pieces here; whether it was running."""
         with self._changing:
             with self._lock:
-                placed = self._deployments.pop(query, None) is not None
+                deployment = self._deployments.pop(query, None)
             if self.runtime is not None:
                 self.runtime.stop(query)
-            return placed
+            if deployment is not None and deployment.assignment is not None:
+                for name, address in deployment.assignment.workers:
+                    try:
+                        self._call(address, "StopFragment", pb.StopFragmentRequest(query=query))
+                    except ControlPlaneError as e:  # a worker gone stops nothing
+                        log.warning("site %s: stopping %s at %s: %s", self.site, query, name, e)
+            return deployment is not None
 
     def close(self) -> None:
         """Stop every query here and then the site's Spark, after any deploy or stop under
@@ -98,6 +138,8 @@ class SiteController:
         with self._changing:
             with self._lock:
                 self._deployments.clear()
+            if self.workers is not None:  # first: they send to this process, which stops
+                self.workers.close()
             if self.runtime is not None:
                 self.runtime.close()
 
@@ -113,8 +155,20 @@ class SiteController:
             return sorted(self._deployments)
 
     def pieces(self) -> list[Piece]:
+        """Every piece running here, with the process that runs it now."""
+        workers = self.workers.states() if self.workers is not None else {}
         with self._lock:
-            return [p for d in self._deployments.values() for p in d.pieces]
+            placed = [p for d in self._deployments.values() for p in d.pieces]
+        out = []
+        for piece in placed:
+            worker = workers.get(piece.server) if piece.on_worker else None
+            if worker is None:
+                out.append(dataclasses.replace(piece, pid=os.getpid(), address=self.address,
+                                               on_worker=False))
+            else:
+                out.append(dataclasses.replace(piece, pid=worker.pid, address=worker.address,
+                                               state=worker.state))
+        return out
 
     def _place(self, fragment: Fragment) -> list[Piece]:
         query = fragment.query
@@ -123,9 +177,64 @@ class SiteController:
             pieces.append(Piece(query, "local stage", self.servers[0].name))
         role = "final" if fragment.final else "merge" if fragment.children else None
         if role is not None:
+            if fragment.partitions > len(self.servers):
+                msg = (f"site {self.site} has {len(self.servers)} servers for the "
+                       f"{fragment.partitions} partitions of {query}")
+                raise ControlPlaneError(msg)
+            spread = fragment.partitions > 1 and self.workers is not None
             for i in range(fragment.partitions):
-                server = self.servers[i % len(self.servers)].name
                 label = f"{role} {i + 1}/{fragment.partitions}" if fragment.partitions > 1 else role
-                pieces.append(Piece(query, label, server))
+                pieces.append(Piece(query, label, self.servers[i].name, on_worker=spread))
         return pieces
+
+    # -- workers ------------------------------------------------------------------------------
+    def _on_workers(self, assignment: Assignment) -> Assignment:
+        """The assignment with its partitions deployed to the servers' workers (started if
+        need be), or as it is when this site merges in its own process."""
+        fragment = assignment.fragment
+        if self.workers is None or fragment.partitions <= 1 or not (
+                fragment.children or fragment.final):
+            return dataclasses.replace(assignment, workers=())
+        inputs = tuple(sorted(set(fragment.children)
+                              | ({self.site} if fragment.sources else set())))
+        workers = []
+        for server in self.servers[:fragment.partitions]:
+            address = self.workers.address(server.name)
+            name = f"{self.site}/{server.name}"
+            part = Fragment(fragment.query, name, children=inputs, parent=self.site,
+                            final=fragment.final)
+            self._call(address, "DeployFragment", pb.DeployFragmentRequest(
+                fragment=fragment_to_proto(part, assignment.source, assignment.version,
+                                           self.address, assignment.covers,
+                                           assignment.expected)))
+            workers.append((name, address))
+        return dataclasses.replace(assignment, workers=tuple(workers))
+
+    def _worker_started_again(self, server: str) -> None:
+        """Deploy again every partition the worker of ``server`` ran, at its new address."""
+        name = f"{self.site}/{server}"
+        with self._changing:
+            with self._lock:
+                deployments = [d for d in self._deployments.values() if d.assignment
+                               and any(n == name for n, _ in d.assignment.workers)]
+            for deployment in deployments:
+                assert deployment.assignment is not None and self.runtime is not None
+                try:
+                    assignment = self._on_workers(deployment.assignment)
+                    self.runtime.deploy(assignment)
+                    deployment.assignment = assignment
+                except Exception:
+                    log.exception("site %s: deploying %s again to the worker of %s failed",
+                                  self.site, deployment.fragment.query, server)
+
+    def _call(self, address: str, method: str, request: object) -> Any:
+        assert self.workers is not None
+        stub = self._stubs.get(address)
+        if stub is None:
+            stub = self._stubs[address] = rpc.SiteControllerStub(self.workers.channel(address))
+        try:
+            return getattr(stub, method)(request, timeout=WORKER_CALL_TIMEOUT_S)
+        except grpc.RpcError as e:
+            msg = f"worker at {address}: {e.code().name}: {e.details()}"
+            raise ControlPlaneError(msg) from None
 

@@ -52,6 +52,14 @@ def watch_status(fetch: Callable[[], pb.StatusResponse], *, interval_s: float = 
     return drawn
 
 
+def _process(placement: pb.Placement) -> str:
+    """Which process runs a piece, and whether it is up: " (pid 123, 127.0.0.1:4567)"."""
+    if not placement.pid:
+        return ""
+    state = "" if placement.state in ("", "running") else f", [yellow]{placement.state}[/yellow]"
+    return f" (pid {placement.pid}, {placement.address}{state})"
+
+
 def render_status(status: pb.StatusResponse) -> Group:
     parts: list[RenderableType] = []
     sites = Table(title=f"sites of {status.topology} (root {status.root})")
@@ -64,7 +72,8 @@ def render_status(status: pb.StatusResponse) -> Group:
             health = f"[green]alive[/green] ({s.seconds_since_heartbeat:.1f}s ago)"
         else:
             health = f"[red]dead[/red] ({s.seconds_since_heartbeat:.0f}s silent)"
-        runs = "\n".join(f"{p.query}: {p.piece} on {p.server}" for p in s.placements)
+        runs = "\n".join(f"{p.query}: {p.piece} on {p.server}{_process(p)}"
+                         for p in s.placements)
         sites.add_row(s.name, s.kind, s.address or "-", health, runs or "-")
     parts.append(sites)
 

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from jetstream.aggtree.planner import Fragment
 from jetstream.aggtree.topology import Server
 from jetstream.runtime import Assignment
+
+if TYPE_CHECKING:
+    from jetstream.control.site_controller import Piece
 from jetstream.v1 import control_pb2 as pb
 from jetstream.v1 import query_pb2
 
 __all__ = ["assignment_from_proto", "fragment_from_proto", "fragment_to_proto",
-           "server_from_proto", "server_to_proto"]
+           "placement_to_proto", "server_from_proto", "server_to_proto"]
 
 
 def fragment_to_proto(fragment: Fragment, source: str, version: int,
@@ -32,6 +37,11 @@ def fragment_from_proto(msg: pb.Fragment, site: str) -> Fragment:
 def assignment_from_proto(msg: pb.Fragment, site: str) -> Assignment:
     return Assignment(fragment_from_proto(msg, site), msg.spec.python_source, msg.version,
                       msg.parent_address, tuple(msg.covers), tuple(msg.expected))
+
+
+def placement_to_proto(piece: Piece) -> pb.Placement:
+    return pb.Placement(query=piece.query, piece=piece.name, server=piece.server,
+                        pid=piece.pid, address=piece.address, state=piece.state)
 
 
 def server_to_proto(server: Server) -> pb.Server:

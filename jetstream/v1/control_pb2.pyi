@@ -54,14 +54,20 @@ class SiteStatus(_message.Message):
     def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., address: _Optional[str] = ..., alive: _Optional[bool] = ..., seconds_since_heartbeat: _Optional[float] = ..., placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ...) -> None: ...
 
 class Placement(_message.Message):
-    __slots__ = ("query", "piece", "server")
+    __slots__ = ("query", "piece", "server", "pid", "address", "state")
     QUERY_FIELD_NUMBER: _ClassVar[int]
     PIECE_FIELD_NUMBER: _ClassVar[int]
     SERVER_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
     query: str
     piece: str
     server: str
-    def __init__(self, query: _Optional[str] = ..., piece: _Optional[str] = ..., server: _Optional[str] = ...) -> None: ...
+    pid: int
+    address: str
+    state: str
+    def __init__(self, query: _Optional[str] = ..., piece: _Optional[str] = ..., server: _Optional[str] = ..., pid: _Optional[int] = ..., address: _Optional[str] = ..., state: _Optional[str] = ...) -> None: ...
 
 class LinkStatus(_message.Message):
     __slots__ = ("a", "b", "bandwidth_bps", "planned_bytes_per_s", "utilisation")
@@ -208,18 +214,20 @@ class LinkReport(_message.Message):
     def __init__(self, query: _Optional[str] = ..., level: _Optional[str] = ..., level_index: _Optional[int] = ..., pinned: _Optional[bool] = ..., sent_bytes: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("site", "links", "running", "input_bytes", "query_links")
+    __slots__ = ("site", "links", "running", "input_bytes", "query_links", "placements")
     SITE_FIELD_NUMBER: _ClassVar[int]
     LINKS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     INPUT_BYTES_FIELD_NUMBER: _ClassVar[int]
     QUERY_LINKS_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENTS_FIELD_NUMBER: _ClassVar[int]
     site: str
     links: _containers.RepeatedCompositeFieldContainer[LinkMeasurement]
     running: _containers.RepeatedScalarFieldContainer[str]
     input_bytes: int
     query_links: _containers.RepeatedCompositeFieldContainer[LinkReport]
-    def __init__(self, site: _Optional[str] = ..., links: _Optional[_Iterable[_Union[LinkMeasurement, _Mapping]]] = ..., running: _Optional[_Iterable[str]] = ..., input_bytes: _Optional[int] = ..., query_links: _Optional[_Iterable[_Union[LinkReport, _Mapping]]] = ...) -> None: ...
+    placements: _containers.RepeatedCompositeFieldContainer[Placement]
+    def __init__(self, site: _Optional[str] = ..., links: _Optional[_Iterable[_Union[LinkMeasurement, _Mapping]]] = ..., running: _Optional[_Iterable[str]] = ..., input_bytes: _Optional[int] = ..., query_links: _Optional[_Iterable[_Union[LinkReport, _Mapping]]] = ..., placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("queries",)
@@ -272,6 +280,22 @@ class StopFragmentRequest(_message.Message):
     def __init__(self, query: _Optional[str] = ...) -> None: ...
 
 class StopFragmentResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RegisterWorkerRequest(_message.Message):
+    __slots__ = ("site", "server", "address", "pid")
+    SITE_FIELD_NUMBER: _ClassVar[int]
+    SERVER_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    site: str
+    server: str
+    address: str
+    pid: int
+    def __init__(self, site: _Optional[str] = ..., server: _Optional[str] = ..., address: _Optional[str] = ..., pid: _Optional[int] = ...) -> None: ...
+
+class RegisterWorkerResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 

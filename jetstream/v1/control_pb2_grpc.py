@@ -470,6 +470,11 @@ class SiteControllerStub:
                 request_serializer=jetstream_dot_v1_dot_control__pb2.SetLevelRequest.SerializeToString,
                 response_deserializer=jetstream_dot_v1_dot_control__pb2.SetLevelResponse.FromString,
                 _registered_method=True)
+        self.RegisterWorker = channel.unary_unary(
+                '/jetstream.v1.SiteController/RegisterWorker',
+                request_serializer=jetstream_dot_v1_dot_control__pb2.RegisterWorkerRequest.SerializeToString,
+                response_deserializer=jetstream_dot_v1_dot_control__pb2.RegisterWorkerResponse.FromString,
+                _registered_method=True)
 
 
 class SiteControllerServicer:
@@ -493,6 +498,13 @@ class SiteControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RegisterWorker(self, request, context):
+        """A worker (one per server the site places merges on) says where it listens.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SiteControllerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -510,6 +522,11 @@ def add_SiteControllerServicer_to_server(servicer, server):
                     servicer.SetLevel,
                     request_deserializer=jetstream_dot_v1_dot_control__pb2.SetLevelRequest.FromString,
                     response_serializer=jetstream_dot_v1_dot_control__pb2.SetLevelResponse.SerializeToString,
+            ),
+            'RegisterWorker': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterWorker,
+                    request_deserializer=jetstream_dot_v1_dot_control__pb2.RegisterWorkerRequest.FromString,
+                    response_serializer=jetstream_dot_v1_dot_control__pb2.RegisterWorkerResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -593,6 +610,33 @@ class SiteController:
             '/jetstream.v1.SiteController/SetLevel',
             jetstream_dot_v1_dot_control__pb2.SetLevelRequest.SerializeToString,
             jetstream_dot_v1_dot_control__pb2.SetLevelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterWorker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/jetstream.v1.SiteController/RegisterWorker',
+            jetstream_dot_v1_dot_control__pb2.RegisterWorkerRequest.SerializeToString,
+            jetstream_dot_v1_dot_control__pb2.RegisterWorkerResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,193 @@
+"""A partitioned merge: inputs cut by key (``split_batch``), merged per partition, put back
+together (``WindowMerger(key_partitions=True)``) equals the reference executor; the router
+sends each worker its part over gRPC and a worker that starts again gets everything back."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import jetstream as js
+from jetstream.aggregator import WindowMerger
+from jetstream.approx.levels import ranking
+from jetstream.control.server import start_server
+from jetstream.local import finish_from_partials
+from jetstream.operators import WindowAggregate
+from jetstream.partials import PartialBatch
+from jetstream.router import Router, split_batch, top_k_candidates
+from jetstream.transport import DataPlaneServicer
+from jetstream.v1 import dataplane_pb2_grpc as rpc
+from tests.conftest import log
+from tests.test_aggregator import EVENTS, QUERIES, SITES, site_batches, split
+
+
+def _partitioned(partial: WindowAggregate, sent: dict[str, list[PartialBatch]], count: int,
+                 trim: js.Query | None = None) -> WindowMerger:
+    """What a site with ``count`` workers merges: every input's batches cut by key, merged per
+    partition (each partition's windows cut to its top-k candidates given ``trim``), and the
+    partitions' windows put together."""
+    workers = [WindowMerger(partial, SITES, deadline_s=60, clock=lambda: 0.0)
+               for _ in range(count)]
+    for site, batches in sent.items():
+        for batch in batches:
+            for worker, part in zip(workers, split_batch(batch, partial.keys, count),
+                                    strict=True):
+                worker.add(part)
+        for worker in workers:
+            worker.progress(site, 0, ended=True)
+    rank = ranking(trim) if trim is not None else None
+    site = WindowMerger(partial, [f"w{i}" for i in range(count)], deadline_s=60,
+                        clock=lambda: 0.0, key_partitions=True)
+    for i, worker in enumerate(workers):
+        for m in worker.ready():
+            rows = top_k_candidates(m.rows, partial, rank) if rank is not None else m.rows
+            site.add(PartialBatch("q", m.window, f"w{i}", rows, events=m.events,
+                                  covers=m.covers))
+        site.progress(f"w{i}", 0, ended=True)
+    return site
+
+
+@settings(max_examples=60, deadline=None)
+@given(EVENTS, st.sampled_from(range(len(QUERIES))), st.integers(1, 4))
+def test_a_merge_over_key_partitions_gives_the_reference_results(
+        events: list[dict[str, Any]], which: int, count: int) -> None:
+    query = js.Query("q", QUERIES[which])
+    optimized, site_query, partial = split(query)
+    sent = {site: site_batches(site_query, partial, site, [e for e in events if e["pop"] == site])
+            for site in SITES}
+    # Query 0 ends in a top-k by a count: its partitions send only their top-k candidates.
+    merger = _partitioned(partial, sent, count, trim=optimized if which == 0 else None)
+    merged = merger.ready()
+    assert merger.finished
+    sites_with_data = {e["pop"] for e in events}
+    for m in merged:
+        assert m.complete and not m.correction
+        assert m.covers >= {s for s in sites_with_data if any(
+            b.window == m.window for b in sent[s])}
+        assert m.events == sum(b.events for s in SITES for b in sent[s] if b.window == m.window)
+    got = finish_from_partials(optimized, {m.window: list(m.rows) for m in merged})
+    want = js.run_local(query, events)
+    assert [(r.window_start, r.exact) for r in got] == [(r.window_start, r.exact) for r in want]
+    for g, w in zip(got, want, strict=True):
+        key = repr if which != 0 else None  # top_k rows keep their rank order
+        assert (sorted(map(key, g.rows)) if key else g.rows) == (
+            sorted(map(key, w.rows)) if key else w.rows)
+
+
+def test_a_batch_splits_into_disjoint_parts_that_keep_its_bounds_and_count_it_once() -> None:
+    _, site_query, partial = split(js.Query("q", QUERIES[0]))
+    [batch] = site_batches(site_query, partial, "ams",
+                           [log(1_000, f"d{i}.com") for i in range(40)])
+    bounded = PartialBatch("q", batch.window, "ams", batch.rows, events=40, wan_bytes=900,
+                           slack=tuple(float(i) for i in range(len(batch.rows))), omitted=7.0,
+                           complete_rows=tuple(i % 2 == 0 for i in range(len(batch.rows))))
+    parts = split_batch(bounded, partial.keys, 3)
+    assert sorted(r["domain"] for p in parts for r in p.rows) == sorted(
+        r["domain"] for r in batch.rows)
+    assert all(p.rows for p in parts)  # 40 keys over 3 partitions: none empty
+    for part in parts:
+        for row, slack, whole in zip(part.rows, part.slack or (), part.complete_rows or (),
+                                     strict=True):
+            i = batch.rows.index(row)
+            assert (slack, whole) == (float(i), i % 2 == 0)
+        assert part.omitted == 7.0 and part.identity == bounded.identity
+    assert [(p.events, p.wan_bytes) for p in parts] == [(40, 900), (0, 0), (0, 0)]
+
+
+def test_a_window_covers_a_site_only_if_every_partition_does() -> None:
+    _, site_query, partial = split(js.Query("q", QUERIES[0]))
+    [batch] = site_batches(site_query, partial, "ams", [log(1_000, "a.com")])
+    merger = WindowMerger(partial, ["w0", "w1"], deadline_s=5, clock=lambda: 10.0,
+                          key_partitions=True)
+    merger.add(PartialBatch("q", batch.window, "w0", batch.rows,
+                            covers=frozenset({"ams", "sfo"})))
+    merger.add(PartialBatch("q", batch.window, "w1", (), covers=frozenset({"ams"})))
+    [both] = merger.ready()
+    assert both.covers == {"ams"}  # w1 lacks sfo's part
+    lone = WindowMerger(partial, ["w0", "w1"], deadline_s=0, clock=lambda: 10.0,
+                        key_partitions=True)
+    lone.add(PartialBatch("q", batch.window, "w0", batch.rows, covers=frozenset({"ams"})))
+    [partial_window] = lone.ready()  # past its deadline without w1
+    assert partial_window.missing == {"w1"} and partial_window.covers == frozenset()
+
+
+class _Worker:
+    """A real data-plane server on a free port, keeping what it is sent."""
+
+    def __init__(self, partial: WindowAggregate) -> None:
+        self.batches: list[PartialBatch] = []
+        self.progress: dict[str, int] = {}
+        self.servicer = DataPlaneServicer(lambda q: partial, self.batches.append,
+                                          lambda p: self.progress.__setitem__(
+                                              p.origin, p.watermark_ms))
+        self.server, port = start_server([(rpc.add_DataPlaneServicer_to_server, self.servicer,
+                                           "jetstream.v1.DataPlane")], 0)
+        self.address = f"127.0.0.1:{port}"
+
+    def stop(self) -> None:
+        self.server.stop(None)
+
+
+def _wait(what: str, check: Any, timeout_s: float = 10) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_the_router_sends_each_worker_its_part_and_a_restarted_one_everything_again() -> None:
+    _, site_query, partial = split(js.Query("q", QUERIES[0]))
+    batches = site_batches(site_query, partial, "sfo",
+                           [log(t * 1_000, f"d{t % 9}.com") for t in range(30)])
+    workers = [_Worker(partial), _Worker(partial)]
+    router = Router("q", partial, [w.address for w in workers], connect=None, retain_s=600,
+                    link=lambda i: f"ams->ams/w{i}")
+    try:
+        for batch in batches:
+            router.send(batch)
+        router.progress("sfo", 25_000, ended=False)
+        for i, worker in enumerate(workers):
+            _wait(f"worker {i} got every part", lambda w=worker: len(w.batches) == len(
+                batches) and w.progress.get("sfo") == 25_000)
+        got = {i: {r["domain"] for b in w.batches for r in b.rows} for i, w in enumerate(workers)}
+        assert got[0] | got[1] == {r["domain"] for b in batches for r in b.rows}
+        assert not got[0] & got[1]
+        workers[1].stop()  # the worker dies with what it had; a new one starts elsewhere
+        again = _Worker(partial)
+        router.move(1, again.address)
+        _wait("the new worker got it all again", lambda: len(again.batches) == len(batches)
+              and again.progress.get("sfo") == 25_000)
+        assert {r["domain"] for b in again.batches for r in b.rows} == got[1]
+        assert router.addresses == [workers[0].address, again.address]
+        again.stop()
+    finally:
+        router.close()
+        workers[0].stop()
+
+
+def test_a_refused_part_is_sent_again_until_a_worker_takes_it() -> None:
+    """A worker that does not run the query yet (NOT_FOUND) gets the part once it does."""
+    _, site_query, partial = split(js.Query("q", QUERIES[0]))
+    [batch] = site_batches(site_query, partial, "sfo", [log(1_000, "a.com")])
+    ready = threading.Event()
+    got: list[PartialBatch] = []
+    servicer = DataPlaneServicer(lambda q: partial if ready.is_set() else None, got.append)
+    server, port = start_server([(rpc.add_DataPlaneServicer_to_server, servicer,
+                                  "jetstream.v1.DataPlane")], 0)
+    router = Router("q", partial, [f"127.0.0.1:{port}"], connect=None, retain_s=600,
+                    link=lambda i: "ams->ams/w0")
+    try:
+        router.send(batch)
+        time.sleep(0.5)
+        assert got == []
+        ready.set()
+        _wait("the part arrived once the worker ran the query", lambda: len(got) == 1)
+        assert got[0].rows == batch.rows
+    finally:
+        router.close()
+        server.stop(None)
+
