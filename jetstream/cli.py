@@ -870,6 +870,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command in ("controller", "site", "worker"):
         logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logging.getLogger("py4j").setLevel(logging.WARNING)  # else a line per micro-batch
     try:
         code: int = args.run(args)
     except (JetstreamError, OSError) as e:

@@ -21,7 +21,7 @@ import itertools
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from jetstream.approx.levels import Ranking
@@ -60,8 +60,8 @@ def split_batch(batch: PartialBatch, keys: Sequence[str], count: int) -> list[Pa
     return parts
 
 
-def top_k_candidates(rows: Sequence[Mapping[str, Any]], aggregate: WindowAggregate,
-                     ranking: Ranking) -> tuple[Mapping[str, Any], ...]:
+def top_k_candidates(rows: Sequence[dict[str, Any]], aggregate: WindowAggregate,
+                     ranking: Ranking) -> tuple[dict[str, Any], ...]:
     """Of one key partition's exact merged rows, those that can be in the final top-k: the
     ``k`` best in the final top-k's order (by the ranking value, then the group key). Any
     row of the global top-k whose key falls in this partition is among them, so the top-k

@@ -317,3 +317,44 @@ def test_a_live_micro_batch_is_one_spark_job(spark: Any, tmp_path: Path) -> None
     finally:
         stage.stop()
     assert stage.stats.records_in == 240
+
+
+def test_a_stop_that_interrupts_a_batch_ends_the_stream_quietly(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """An interrupted micro-batch's error goes back to Spark short enough for its
+    interruption pattern (StreamExecution.PROXY_ERROR, one frame per character: on the usual
+    text of several kB it overflowed the stream thread's stack), and py4j does not log it;
+    any other error, or one while not stopping, goes back as it is."""
+    import logging
+    import re
+
+    from jetstream.stage import job
+
+    class Py4JJavaError(Exception):
+        """What pyspark raises for a Java exception (py4j's needs a live JVM to print)."""
+
+    proxy_error = re.compile(r"py4j.protocol.Py4JJavaError: An error occurred while calling"
+                             r"((.|\r\n|\r|\n)*)(java.lang.InterruptedException|"
+                             r"java.io.InterruptedIOException|"
+                             r"java.nio.channels.ClosedByInterruptException)")
+    trace = "\n".join(f"\tat org.apache.spark.Frame{i}(Frame.scala:{i})" for i in range(300))
+    interrupted = Py4JJavaError("An error occurred while calling o789.collectToPython.\n"
+                            f": java.lang.InterruptedException\n{trace}")
+    stage = LocalStage.__new__(LocalStage)
+    stage._stopping = True
+    with pytest.raises(job._Interrupted) as raised, job._stopped_quietly(stage):
+        raise interrupted
+    text = str(raised.value)  # what Spark matches, in py4j's traceback of it
+    assert len(text) < 200 and proxy_error.search(text)
+    with caplog.at_level(logging.ERROR, logger="py4j.clientserver"):
+        try:
+            raise raised.value
+        except job._Interrupted:
+            logging.getLogger("py4j.clientserver").exception("callback failed")
+    assert caplog.records == []
+    stage._stopping = False  # not stopping: an interruption is an error like any other
+    with pytest.raises(Py4JJavaError), job._stopped_quietly(stage):
+        raise interrupted
+    stage._stopping = True
+    with pytest.raises(ValueError, match="bad"), job._stopped_quietly(stage):
+        raise ValueError("bad")

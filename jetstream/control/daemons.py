@@ -300,6 +300,8 @@ def run_site(name: str, controller_address: str, *, security: Security, port: in
         (dataplane_rpc.add_DataPlaneServicer_to_server, runtime.servicer,
          "jetstream.v1.DataPlane")], port, host, security=security)
     address = advertise or f"{host}:{bound}"  # where the controller and peers reach us
+    # Where the site's workers reach it: where it listens, not through a NAT or proxy.
+    listening = f"{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{bound}"
     exporter = _exporter(host, metrics_port)
     if ready:
         ready(bound)
@@ -315,9 +317,9 @@ def run_site(name: str, controller_address: str, *, security: Security, port: in
         if servicer.controller is None:
             # Workers only where a merge can be spread over servers: a site with several.
             workers = None if len(servers) < 2 else WorkerPool(
-                name, servers, address, security=security, host=host)
+                name, servers, listening, security=security, host=host)
             servicer.controller = SiteController(name, servers, runtime, workers=workers,
-                                                 address=address)
+                                                 address=listening)
             if workers is not None:
                 workers.warm_up()
             if started_early:

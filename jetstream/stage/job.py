@@ -148,6 +148,7 @@ class LocalStage:
         self.windows = OpenWindows(query.name, partial, window.watermark_ms, emit)
         self._stream: StreamingQuery | None = None
         self._lock = threading.Lock()  # a live stage's micro-batches against flush()
+        self._stopping = False
         self.snapshot = snapshot
         if snapshot is not None and snapshot.exists():
             self.windows.restore(snapshot)
@@ -192,7 +193,7 @@ class LocalStage:
         """Stop the stream between micro-batches: one under way ends first (stopping the
         stream interrupts its Spark job, and the batch would run again after a restart)."""
         with self._lock:
-            pass
+            self._stopping = True
         if self._stream is not None and self._stream.isActive:
             self._stream.stop()
 
@@ -226,10 +227,14 @@ class LocalStage:
                 log.info("%s: micro-batch %d is in the snapshot already", self.name, batch_id)
                 return
             started = time.monotonic()
-            with _not_adaptive(prepared.sparkSession):
+            with _not_adaptive(prepared.sparkSession), _stopped_quietly(self):
                 self._process(prepared, batch_id)
             if self.on_batch is not None:
                 self.on_batch(self.stats, time.monotonic() - started)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
 
     def _prepare(self, raw: DataFrame) -> DataFrame:
         """Raw records as the aggregation takes them, a row per kept record and window it
@@ -414,6 +419,45 @@ class LocalStage:
 
 def _select(df: DataFrame, columns: list[Column]) -> DataFrame:
     return df.select(*columns)
+
+
+class _Interrupted(Exception):
+    """A micro-batch's Spark job interrupted by the stream's stop (see ``_stopped_quietly``)."""
+
+
+class _NotTheInterruption(logging.Filter):
+    """py4j logs every error a Python callback raises, with its traceback; a stop's
+    interruption of a micro-batch is not an error (the stream says what is one)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], _Interrupted))
+
+
+logging.getLogger("py4j.clientserver").addFilter(_NotTheInterruption())
+
+
+@contextlib.contextmanager
+def _stopped_quietly(stage: LocalStage) -> Iterator[None]:
+    """Let a stop that interrupts the batch's Spark job end the stream quietly.
+
+    Spark tells a stop's interruption of a ``foreachBatch`` function from a failure by
+    matching the Python error's text against ``Py4JJavaError: An error occurred while
+    calling((.|\\r\\n|\\r|\\n)*)(java.lang.InterruptedException|...)`` (``StreamExecution.
+    PROXY_ERROR``): a regex that recurses once per character, so on the error's usual text (the
+    Java stack trace, several kB) it overflows the stream thread's stack, and the stop ends
+    in a StackOverflowError and stack traces in the site's log. Raised again with only its
+    first line, the interruption matches in a few frames and the stream stops as asked.
+    """
+    try:
+        yield
+    except Exception as e:
+        text = str(e)
+        if not (stage.stopping and "Py4JJavaError" in type(e).__name__ + text
+                and "java.lang.InterruptedException" in text):
+            raise
+        first = text.strip().splitlines()[0]
+        raise _Interrupted(f"py4j.protocol.Py4JJavaError: {first}\n"
+                           ": java.lang.InterruptedException") from None
 
 
 @contextlib.contextmanager
