@@ -275,6 +275,11 @@ def link_measurements(links: dict[str, LinkState]) -> list[pb.LinkMeasurement]:
             for parent, value in sorted(bps.items())]
 
 
+def _dialable(host: str) -> str:
+    """An address this machine's processes can dial for a server listening on ``host``."""
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+
+
 def run_site(name: str, controller_address: str, *, security: Security, port: int = 0,
              host: str = "127.0.0.1", advertise: str | None = None,
              options: SiteOptions | None = None,
@@ -301,7 +306,7 @@ def run_site(name: str, controller_address: str, *, security: Security, port: in
          "jetstream.v1.DataPlane")], port, host, security=security)
     address = advertise or f"{host}:{bound}"  # where the controller and peers reach us
     # Where the site's workers reach it: where it listens, not through a NAT or proxy.
-    listening = f"{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{bound}"
+    listening = f"{_dialable(host)}:{bound}"
     exporter = _exporter(host, metrics_port)
     if ready:
         ready(bound)
@@ -397,7 +402,7 @@ def run_worker(site: str, server: str, register_at: str, *, security: Security,
         (rpc.add_SiteControllerServicer_to_server, servicer, "jetstream.v1.SiteController"),
         (dataplane_rpc.add_DataPlaneServicer_to_server, runtime.servicer,
          "jetstream.v1.DataPlane")], port, host, security=security)
-    address = f"{host}:{bound}"
+    address = f"{_dialable(host)}:{bound}"
 
     def register_and_watch() -> None:
         stub = rpc.SiteControllerStub(security.channel(register_at))
