@@ -84,12 +84,15 @@ def summarised(batch: PartialBatch, summary: BoundedPartial | ItemsSketch,
                                else None, items=None, level=level)
 
 
-def encode_batch(batch: PartialBatch, aggregate: WindowAggregate) -> pb.PartialBatch:
+def encode_batch(batch: PartialBatch, aggregate: WindowAggregate, *,
+                 compress: bool = True) -> pb.PartialBatch:
+    """The batch's wire form; ``compress=False`` for a hop within a site (to and from its
+    workers), where compressing costs more time than the bytes it saves."""
     if batch.items is not None:
         kind, raw = pb.SUMMARY_KIND_FREQUENT_ITEMS, batch.items.serialize()
     else:
         kind, raw = pb.SUMMARY_KIND_ROWS, _document(batch, aggregate)
-    packed = zlib.compress(raw, 6)
+    packed = zlib.compress(raw, 6) if compress else raw
     compressed = len(packed) < len(raw)
     return pb.PartialBatch(
         query=batch.query, window_start_ms=batch.window[0], window_end_ms=batch.window[1],

@@ -37,8 +37,15 @@ __all__ = ["Router", "split_batch", "top_k_candidates"]
 WORKER_BACKOFF_S = 1.0
 
 
-def split_batch(batch: PartialBatch, keys: Sequence[str], count: int) -> list[PartialBatch]:
-    """``batch`` cut into ``count`` parts by the hash of each row's group key.
+#: How many keys' partitions a router remembers (keys repeat from child to child and from
+#: window to window; hashing each again is most of the cost of cutting a batch).
+KNOWN_KEYS = 200_000
+
+
+def split_batch(batch: PartialBatch, keys: Sequence[str], count: int,
+                known: dict[tuple[Any, ...], int] | None = None) -> list[PartialBatch]:
+    """``batch`` cut into ``count`` parts by the hash of each row's group key (``known``:
+    partitions of keys seen before, filled in as it goes).
 
     The parts keep the batch's identity and bounds (a truncated row keeps its slack; a key
     left out of the batch is left out of every part, so the bound on it holds for each); the
@@ -46,8 +53,15 @@ def split_batch(batch: PartialBatch, keys: Sequence[str], count: int) -> list[Pa
     to the batch.
     """
     chosen: list[list[int]] = [[] for _ in range(count)]
+    known = {} if known is None else known
     for i, row in enumerate(batch.rows):
-        chosen[hash_partition(tuple(row[k] for k in keys), count)].append(i)
+        key = tuple(row[k] for k in keys)
+        index = known.get(key)
+        if index is None:
+            if len(known) >= KNOWN_KEYS:
+                known.clear()
+            index = known[key] = hash_partition(key, count)
+        chosen[index].append(i)
     parts = []
     for index, rows in enumerate(chosen):
         parts.append(dataclasses.replace(
@@ -87,6 +101,7 @@ class Router:
         # What went out, in order, for a worker that starts again: (when, the batch).
         self._sent: deque[tuple[float, PartialBatch]] = deque()
         self._progress: dict[str, pb.Progress] = {}  # input -> its latest report
+        self._known: dict[tuple[Any, ...], int] = {}  # key -> its partition
         self.addresses = list(workers)
         self._senders = [self._sender(i, a) for i, a in enumerate(self.addresses)]
 
@@ -100,14 +115,14 @@ class Router:
 
     def send(self, batch: PartialBatch) -> None:
         """Send each worker its part of an input's batch."""
-        parts = split_batch(batch, self.aggregate.keys, self.count)
         with self._lock:
+            parts = split_batch(batch, self.aggregate.keys, self.count, self._known)
             now = self._clock()
             self._sent.append((now, batch))
             while self._sent and now - self._sent[0][0] > self.retain_s:
                 self._sent.popleft()
             for sender, part in zip(self._senders, parts, strict=True):
-                sender.send(encode_batch(part, self.aggregate))
+                sender.send(encode_batch(part, self.aggregate, compress=False))
 
     def progress(self, origin: str, watermark_ms: int, ended: bool) -> None:
         """Tell every worker how far an input has got."""
@@ -126,8 +141,8 @@ class Router:
             self.addresses[index] = address
             self._senders[index] = sender = self._sender(index, address)
             for _, batch in self._sent:
-                sender.send(encode_batch(split_batch(batch, self.aggregate.keys,
-                                                     self.count)[index], self.aggregate))
+                part = split_batch(batch, self.aggregate.keys, self.count, self._known)[index]
+                sender.send(encode_batch(part, self.aggregate, compress=False))
             for report in self._progress.values():
                 sender.send_progress(report)
         old.close()

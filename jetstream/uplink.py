@@ -69,6 +69,7 @@ class Uplink:
         self._reported: tuple[int | None, bool] = (None, False)
         self.policy: LinkPolicy | None = None
         self._top_k = ranking if top_k_only else None
+        self.local = options.worker  # to its own site: no policy, no compression
         if not (options.replay or options.worker):
             # Replay compresses time, so its backlog says nothing about the link.
             plan = query.plan()
@@ -97,7 +98,7 @@ class Uplink:
             covers=merged.covers, wan_bytes=merged.wan_bytes, closed_at_ms=merged.closed_at_ms,
             revision=merged.revision, slack=merged.slack, omitted=merged.omitted,
             complete_rows=merged.complete_rows, warnings=self._warnings(merged)), merged)
-        self.sender.send(encode_batch(batch, self.partial))
+        self.sender.send(encode_batch(batch, self.partial, compress=not self.local))
         return len(batch.rows)
 
     def report(self, watermark: int | None, finished: bool) -> None:
