@@ -445,10 +445,13 @@ class QueryRun:
 
     def tick(self) -> None:
         """Send (or, at the root, finish) every ready window, then report progress."""
+        # The watermark before the windows: every window it passes is among those ready()
+        # hands out next. Read after, it could pass a window that became ready in between,
+        # and the parent would take that window for one this site had nothing in.
+        watermark = self.merger.watermark
         merged = self.merger.ready()
         finished = self.merger.finished
         if not self._stop.is_set():  # a stopped run's gauges are gone
-            watermark = self.merger.watermark
             self.metrics.watermark(watermark, ended=watermark == ENDED)
         if self.uplink is None:
             expected = self.assignment.expected or self.assignment.covers
@@ -456,7 +459,7 @@ class QueryRun:
             return
         for m in merged:
             self.metrics.handed_on(self.uplink.send(m))
-        self.uplink.report(self.merger.watermark, finished)
+        self.uplink.report(watermark, finished)
 
     def set_level(self, level: str) -> LinkLevel:
         """Hold the link to the parent at ``level`` (a name or an index), hand it back to the

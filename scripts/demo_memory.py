@@ -54,6 +54,8 @@ def _kind(pid: int) -> str:
     text = b" ".join(command).decode(errors="replace")
     if "java" in command[0].decode(errors="replace"):
         return "Spark JVMs"
+    if " worker " in text:
+        return "workers"
     if " site " in text:
         return "site processes"
     if " controller " in text:
