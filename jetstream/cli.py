@@ -114,7 +114,8 @@ def _worker(args: argparse.Namespace) -> int:
     print(f"jetstream worker {args.site}/{args.server}: registering with {args.register}; "
           "Ctrl-C stops", file=sys.stderr)
     run_worker(args.site, args.server, args.register, security=_security(args),
-               host=args.host, port=args.port, parent_pid=args.parent_pid)
+               host=args.host, port=args.port, parent_pid=args.parent_pid, epoch=args.epoch,
+               deadline_s=args.window_deadline)
     return 0
 
 
@@ -667,8 +668,9 @@ def _parser() -> argparse.ArgumentParser:
     worker = commands.add_parser(
         "worker", help="run a worker of a site: key partitions of its merges",
         description="Serve the key partitions of merges that a site's controller places on "
-                    "this server. `jetstream site` starts one per server itself on one "
-                    "machine; on a datacenter's other servers, start it by hand.")
+                    "this server. `jetstream site` starts one per server of its site itself, "
+                    "as child processes; started by hand on another machine, a worker is "
+                    "not supported yet.")
     worker.add_argument("--site", required=True, help="the site this worker belongs to")
     worker.add_argument("--server", required=True,
                         help="the server it runs on: one of the site's in the topology")
@@ -678,6 +680,12 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--host", default="127.0.0.1")
     worker.add_argument("--parent-pid", type=int, default=0, metavar="PID",
                         help="end when this process ends (the site that started it)")
+    worker.add_argument("--epoch", type=int, default=0, metavar="N",
+                        help="how many times this server's worker started before: its "
+                             "results replace theirs (default: 0)")
+    worker.add_argument("--window-deadline", type=float, metavar="S",
+                        help="its site's --window-deadline (default: the query's "
+                             "max_latency, else 10s)")
     _security_options(worker)
     worker.set_defaults(run=_worker)
 

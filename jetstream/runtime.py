@@ -167,6 +167,10 @@ class SiteOptions:
     #: This data plane is a worker of a site (``jetstream worker``): its parent is its own
     #: site's process, so its links are local hops, never degraded or counted as wide-area.
     worker: bool = False
+    #: Added to every revision this data plane sends: a worker started again (its windows
+    #: rebuilt from what its site sends it again) must replace what it sent before, so each
+    #: start counts from a higher base (``jetstream worker --epoch``).
+    revision_base: int = 0
 
 
 @dataclass(frozen=True)
@@ -372,6 +376,10 @@ class QueryRun:
         if self._from_worker(batch.origin):
             self.merger.add(batch)
             return
+        if self.router is not None and batch.origin.startswith(f"{self.site}/"):
+            log.info("%s at %s: dropping a batch of %s, a worker it no longer runs on",
+                     self.name, self.site, batch.origin)
+            return  # a partition this run does not have (a replaced plan's): never an input
         if self._inbox is not None:
             self._inbox.receive(encode_batch(batch, self.partial))
         self._take(batch)

@@ -70,6 +70,7 @@ class Uplink:
         self.policy: LinkPolicy | None = None
         self._top_k = ranking if top_k_only else None
         self.local = options.worker  # to its own site: no policy, no compression
+        self.revision_base = options.revision_base
         if not (options.replay or options.worker):
             # Replay compresses time, so its backlog says nothing about the link.
             plan = query.plan()
@@ -91,12 +92,16 @@ class Uplink:
         """Send a merged window at the link's level; the rows sent."""
         rows = merged.rows
         if self._top_k is not None and merged.slack is None:
-            rows = top_k_candidates(rows, self.partial, self._top_k)
+            try:
+                rows = top_k_candidates(rows, self.partial, self._top_k)
+            except DataError:  # a ranking sum with a negative value: no cut, all rows go
+                rows = merged.rows
         batch = self._degraded(PartialBatch(
             self.name, merged.window, self.site, rows, sequence=next(self._sequence),
             events=merged.events, error_bound=merged.error_bound, complete=merged.complete,
             covers=merged.covers, wan_bytes=merged.wan_bytes, closed_at_ms=merged.closed_at_ms,
-            revision=merged.revision, slack=merged.slack, omitted=merged.omitted,
+            revision=merged.revision + self.revision_base, slack=merged.slack,
+            omitted=merged.omitted,
             complete_rows=merged.complete_rows, warnings=self._warnings(merged)), merged)
         self.sender.send(encode_batch(batch, self.partial, compress=not self.local))
         return len(batch.rows)

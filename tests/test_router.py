@@ -191,3 +191,36 @@ def test_a_refused_part_is_sent_again_until_a_worker_takes_it() -> None:
         router.close()
         server.stop(None)
 
+
+
+def test_a_restarted_worker_sends_revisions_that_replace_the_dead_ones() -> None:
+    """A worker started again counts its revisions from a higher base (its epoch), so what it
+    rebuilds replaces what the dead one sent, at the site's servicer and merger alike."""
+    import itertools
+
+    from jetstream import metrics
+    from jetstream.aggregator import MergedWindow
+    from jetstream.runtime import SiteOptions
+    from jetstream.uplink import Uplink
+
+    query = js.Query("q", QUERIES[0])
+    optimized, site_query, partial = split(query)
+    [batch] = site_batches(site_query, partial, "ams", [log(1_000, "a.com"), log(2_000, "b.com")])
+    site = _Worker(partial)  # the site's data plane, where workers send their partitions
+    got: list[int] = []
+    try:
+        for epoch in (0, 1):
+            options = SiteOptions(worker=True, revision_base=epoch * 1_000_000)
+            link = Uplink("dc/s1", "dc", site.address, query=optimized, partial=partial,
+                          ranking=ranking(optimized), options=options, store=None,
+                          run_metrics=metrics.RunMetrics("dc/s1", "q"),
+                          sequence=itertools.count(1), top_k_only=True)
+            link.send(MergedWindow(batch.window, batch.rows, frozenset({"ams"}), frozenset(),
+                                   events=2, error_bound=0.0, covers=frozenset({"ams"})))
+            _wait("the partition arrived", lambda n=epoch + 1: len(site.batches) == n)
+            link.close()
+            got.append(site.batches[-1].revision)
+        assert got == [0, 1_000_000]  # a new identity, and a newer revision for the merger
+        assert all(len(b.rows) == 2 for b in site.batches)  # both within the top 2
+    finally:
+        site.stop()

@@ -322,7 +322,8 @@ def run_site(name: str, controller_address: str, *, security: Security, port: in
         if servicer.controller is None:
             # Workers only where a merge can be spread over servers: a site with several.
             workers = None if len(servers) < 2 else WorkerPool(
-                name, servers, listening, security=security, host=host)
+                name, servers, listening, security=security, host=host,
+                deadline_s=options.deadline_s)
             servicer.controller = SiteController(name, servers, runtime, workers=workers,
                                                  address=listening)
             if workers is not None:
@@ -386,15 +387,22 @@ def run_site(name: str, controller_address: str, *, security: Security, port: in
             runtime.close()
 
 
+#: Revisions a worker sends start at ``epoch * REVISION_EPOCH``: see SiteOptions.revision_base.
+REVISION_EPOCH = 1_000_000
+
+
 def run_worker(site: str, server: str, register_at: str, *, security: Security,
-               host: str = "127.0.0.1", port: int = 0, parent_pid: int = 0,
-               stop: threading.Event | None = None) -> None:
+               host: str = "127.0.0.1", port: int = 0, parent_pid: int = 0, epoch: int = 0,
+               deadline_s: float | None = None, stop: threading.Event | None = None) -> None:
     """Serve one worker of ``site`` on ``server``: register with the site at ``register_at``,
     then run the partitions it is given, until SIGINT/SIGTERM, ``stop``, or (given
-    ``parent_pid``) the end of the site's process."""
+    ``parent_pid``) the end of the site's process. ``epoch`` counts the worker's starts (its
+    revisions replace those of the starts before); ``deadline_s`` is its site's window
+    deadline."""
     stop = stop or threading.Event()
     name = f"{site}/{server}"
-    options = SiteOptions(worker=True, connect=security.channel)
+    options = SiteOptions(worker=True, connect=security.channel, deadline_s=deadline_s,
+                          revision_base=epoch * REVISION_EPOCH)
     runtime = SiteRuntime(name, options, lambda *_: None)
     servicer = SiteControllerServicer()
     servicer.controller = SiteController(name, [Server(server, 1, 1.0)], runtime)
@@ -408,6 +416,11 @@ def run_worker(site: str, server: str, register_at: str, *, security: Security,
         stub = rpc.SiteControllerStub(security.channel(register_at))
         backoff = 0.2
         while not stop.is_set():
+            if parent_pid and os.getppid() != parent_pid:
+                log.warning("worker %s: site process %d ended before it registered; stopping",
+                            name, parent_pid)
+                stop.set()
+                return
             try:
                 stub.RegisterWorker(pb.RegisterWorkerRequest(
                     site=site, server=server, address=address, pid=os.getpid()),

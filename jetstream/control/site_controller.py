@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import os
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,6 +106,11 @@ class SiteController:
                 try:
                     deployment.assignment = assignment = self._on_workers(assignment)
                     self.runtime.deploy(assignment)
+                    if current is not None and current.assignment is not None:
+                        # Partitions the new version no longer has stop sending.
+                        kept = {name for name, _ in assignment.workers}
+                        self._stop_on_workers(fragment.query, [
+                            w for w in current.assignment.workers if w[0] not in kept])
                 except BaseException:
                     # What failed to start is not listed: the controller deploys it again.
                     # (The old version, if it still runs, is.)
@@ -124,12 +130,15 @@ class SiteController:
             if self.runtime is not None:
                 self.runtime.stop(query)
             if deployment is not None and deployment.assignment is not None:
-                for name, address in deployment.assignment.workers:
-                    try:
-                        self._call(address, "StopFragment", pb.StopFragmentRequest(query=query))
-                    except ControlPlaneError as e:  # a worker gone stops nothing
-                        log.warning("site %s: stopping %s at %s: %s", self.site, query, name, e)
+                self._stop_on_workers(query, deployment.assignment.workers)
             return deployment is not None
+
+    def _stop_on_workers(self, query: str, workers: Iterable[tuple[str, str]]) -> None:
+        for name, address in workers:
+            try:
+                self._call(address, "StopFragment", pb.StopFragmentRequest(query=query))
+            except ControlPlaneError as e:  # a worker gone stops nothing
+                log.warning("site %s: stopping %s at %s: %s", self.site, query, name, e)
 
     def close(self) -> None:
         """Stop every query here and then the site's Spark, after any deploy or stop under

@@ -8,11 +8,11 @@ address and pid) and then takes the partition's fragment like any site would
 (``DeployFragment``). The site's process routes its inputs to the workers
 (:mod:`jetstream.router`) and merges what they send back.
 
-On one machine :class:`WorkerPool` starts the workers as child processes, watches them, and
-starts a dead one again; when it registers, the site controller deploys its partitions to it
-again and the router sends it everything the partitions need. A worker started by hand on
-another server (``jetstream worker --site S --server NAME --register HOST:PORT``) registers
-the same way; nothing restarts it if it dies. A worker ends when its site's process does.
+:class:`WorkerPool` starts the workers as child processes of the site's, watches them, and
+starts a dead one again (with a higher ``--epoch``, so that what it sends replaces what the
+dead one sent); when it registers, the site controller deploys its partitions to it again
+and the router sends it everything the partitions need. A worker ends when its site's
+process does. Workers on other machines, started there by hand, are not supported yet.
 """
 
 from __future__ import annotations
@@ -70,9 +70,10 @@ class WorkerPool:
     """
 
     def __init__(self, site: str, servers: list[Server], register_at: str, *,
-                 security: Security, host: str = "127.0.0.1",
+                 security: Security, host: str = "127.0.0.1", deadline_s: float | None = None,
                  on_restart: Callable[[str], None] = lambda server: None) -> None:
         self.site, self.register_at, self.host = site, register_at, host
+        self.deadline_s = deadline_s  # the site's --window-deadline, for its workers too
         self._servers = {s.name for s in servers}
         self._security, self.on_restart = security, on_restart
         self._lock = threading.Lock()
@@ -141,7 +142,10 @@ class WorkerPool:
     def _start(self, worker: WorkerState) -> None:
         command = [sys.executable, "-m", "jetstream", "worker", "--site", self.site,
                    "--server", worker.server, "--register", self.register_at,
-                   "--host", self.host, "--parent-pid", str(os.getpid())]
+                   "--host", self.host, "--parent-pid", str(os.getpid()),
+                   "--epoch", str(worker.restarts)]
+        if self.deadline_s is not None:
+            command += ["--window-deadline", str(self.deadline_s)]
         env = dict(os.environ)
         if self._security.insecure:
             command.append("--insecure")
@@ -150,7 +154,10 @@ class WorkerPool:
             if self._security.token:  # in the environment, not on a command line `ps` shows
                 env["JETSTREAM_TOKEN"] = self._security.token
         worker.registered.clear()
-        worker.process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)
+        # A session of its own: a Ctrl-C at the site's terminal reaches the site, which stops
+        # its workers itself, rather than killing them under it (and being restarted).
+        worker.process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL,
+                                          start_new_session=True)
         worker.pid = worker.process.pid
         log.info("site %s: started the worker of %s (pid %d)", self.site, worker.server,
                  worker.pid)
