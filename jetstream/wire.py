@@ -74,7 +74,7 @@ def result_from_proto(msg: pb.WindowResult) -> WindowResult:
                         rows=[record_from_proto(r, tuple(msg.columns)) for r in msg.rows],
                         exact=msg.exact,
                         error_bound=msg.error_bound if msg.HasField("error_bound") else None,
-                        sites_reporting=msg.sites_reporting or None,
+                        sites_reporting=msg.sites_reporting if msg.sites_expected else None,
                         sites_expected=msg.sites_expected or None,
                         latency_s=msg.latency_s if msg.sites_expected else None,
                         wan_bytes=msg.wan_bytes if msg.sites_expected else None,

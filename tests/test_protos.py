@@ -58,6 +58,16 @@ def test_window_result_round_trip(rows, exact, bound, start, warnings) -> None:
     assert [list(row) for row in decoded.rows] == [columns] * len(rows)  # in their order
 
 
+def test_a_distributed_result_from_no_site_says_zero_of_them() -> None:
+    """0 of 6 sites (a window whose partitions were not all in) is not "no count at all"."""
+    result = js.WindowResult("q", 0, 10_000, [], True, 0.0, sites_reporting=0,
+                             sites_expected=6, latency_s=1.5, wan_bytes=0,
+                             missing_sites=["a", "b", "c", "d", "e", "f"])
+    message = wire.result_to_proto(result)
+    assert wire.result_from_proto(pb.WindowResult.FromString(
+        message.SerializeToString())) == result
+
+
 def test_null_columns_are_left_out_and_restored() -> None:
     message = wire.record_to_proto({"a": 1, "b": None})
     assert set(message.fields) == {"a"}
