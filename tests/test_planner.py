@@ -15,7 +15,7 @@ from jetstream import col
 from jetstream.aggtree.cost import KEY_BYTES, VALUE_BYTES, Load
 from jetstream.aggtree.generate import generate_topology
 from jetstream.aggtree.loader import load_topology, parse_topology
-from jetstream.aggtree.planner import plan_query
+from jetstream.aggtree.planner import _Costing, _loads, _Tree, plan_query
 from jetstream.aggtree.topology import Link, Server, Site, SiteKind, SourceLoad, Topology
 from jetstream.queryfile import load_query
 
@@ -217,3 +217,50 @@ def test_planning_a_thousand_sites() -> None:
     plan = plan_query(TOPK, topo)
     assert_is_a_tree_to_the_root(plan, topo)
     assert plan.depth() == 3
+
+
+@st.composite
+def layered_trees(draw: st.DrawFn) -> tuple[_Costing, dict[str, list[str]], dict[str, str]]:
+    """Three layers under a root, each site with one or two candidate parents a layer up,
+    loads on the lowest layer and on some of the middle one; and a first choice of parents."""
+    layers = [["root"]] + [[f"l{depth}s{i}" for i in range(draw(st.integers(1, width)))]
+                           for depth, width in ((1, 3), (2, 4), (3, 6))]
+    candidates = {site: sorted(set(draw(st.lists(st.sampled_from(above), min_size=1,
+                                                 max_size=2))))
+                  for above, layer in itertools.pairwise(layers) for site in layer}
+    load = st.builds(Load, st.integers(0, 5000).map(float), st.integers(0, 10**6).map(float))
+    own = {site: draw(load) for site in layers[3]}
+    own |= {site: draw(load) for site in layers[2] if draw(st.booleans())}
+    hops = {site: depth for depth, layer in enumerate(layers) for site in layer}
+    edges = [(s, p) for s, ps in candidates.items() for p in ps]
+    costing = _Costing(
+        root="root", own=own, hops=hops, leaves=tuple(own),
+        up=sorted(candidates, key=lambda s: -hops[s]),
+        latency_ms={e: float(draw(st.integers(1, 80))) for e in edges},
+        bandwidth_bps={e: draw(st.sampled_from([1e5, 1e6, 1e7])) for e in edges},
+        row_bytes=56, every_s=10.0, max_fan_in=draw(st.integers(1, 4)))
+    first = {site: draw(st.sampled_from(ps)) for site, ps in candidates.items()}
+    return costing, candidates, first
+
+
+@settings(max_examples=200, deadline=None)
+@given(layered_trees(), st.lists(st.tuples(st.integers(0, 100), st.integers(0, 1)), max_size=12))
+def test_moving_one_parent_costs_what_costing_the_whole_tree_does(
+        case: tuple[_Costing, dict[str, list[str]], dict[str, str]],
+        moves: list[tuple[int, int]]) -> None:
+    costing, candidates, first = case
+    tree = _Tree(costing, first)
+    sites = sorted(candidates)
+    for i, j in moves:
+        site = sites[i % len(sites)]
+        parent = candidates[site][j % len(candidates[site])]
+        move = tree.try_move(site, parent)
+        whole = costing.of({**tree.parents, site: parent}).key
+        assert move.key[:3] == pytest.approx(whole[:3], abs=1e-6)
+        assert abs(move.key[3] - whole[3]) <= 1  # bytes/s, rounded: sums in another order
+        tree.move(move)
+        expected = _loads(tree.parents, costing.own, costing.up)
+        assert tree.loads.keys() == expected.keys()
+        for name, loaded in expected.items():
+            assert tree.loads[name].keys == pytest.approx(loaded.keys)
+            assert tree.loads[name].raw_bytes_per_s == pytest.approx(loaded.raw_bytes_per_s)

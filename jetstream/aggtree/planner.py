@@ -186,41 +186,25 @@ def plan_query(query: Query, topology: Topology, *, max_fan_in: int = 32) -> Phy
         raise PlacementError(msg)
     candidates = {s: sorted(n for n in graph.neighbors(s) if hops[n] == hops[s] - 1)
                   for s in _on_the_way(graph, hops, leaves)}
-    # Every choice of parents has the same sites: their orders are sorted once, here.
-    down = sorted(candidates, key=lambda s: hops[s])  # the root's neighbours first
-    up = sorted(candidates, key=lambda s: -hops[s])  # the leaves first
-
-    def cost(parents: Mapping[str, str]) -> Cost:
-        loads = _loads(parents, own, up)
-        util = total = 0.0
-        delay: dict[str, float] = {topology.root: 0.0}
-        for child in down:
-            parent = parents[child]
-            delay[child] = delay.get(parent, 0.0) + graph.edges[child, parent]["latency_ms"]
-            if child in loads:
-                rate = loads[child].bytes_per_s(row_bytes, every_s)
-                util = max(util, rate * 8 / graph.edges[child, parent]["bandwidth_bps"])
-                total += rate
-        fan_in = max(Counter(p for c, p in parents.items() if c in loads).values(), default=0)
-        # How far from feasible: graded, so that a search can tell it is getting closer.
-        overage = max(util - 1.0, 0.0) + max(fan_in - max_fan_in, 0)
-        slowest = max((delay[s] for s in leaves if s in delay), default=0.0)
-        key = (round(overage, 9), round(max(util, COMFORTABLE_UTILISATION), 9), slowest,
-               round(total))
-        return Cost(key, loads)
-
-    parents = _choose(candidates, cost, nearest=lambda s: min(
-        candidates[s], key=lambda p: (graph.edges[s, p]["latency_ms"], p)))
-    chosen = cost(parents)
+    costing = _Costing(
+        root=topology.root, own=own, hops=hops, leaves=tuple(leaves),
+        # Every choice of parents has the same sites: their order is sorted once, here.
+        up=sorted(candidates, key=lambda s: -hops[s]),  # the leaves first
+        latency_ms={(s, p): graph.edges[s, p]["latency_ms"] for s in candidates
+                    for p in candidates[s]},
+        bandwidth_bps={(s, p): graph.edges[s, p]["bandwidth_bps"] for s in candidates
+                       for p in candidates[s]},
+        row_bytes=row_bytes, every_s=every_s, max_fan_in=max_fan_in)
+    parents = _choose(candidates, costing, nearest=lambda s: min(
+        candidates[s], key=lambda p: (costing.latency_ms[s, p], p)))
+    chosen = costing.of(parents)
     feasible, loads = chosen.key[0] == 0, chosen.loads
     tree = nx.DiGraph()
     tree.add_node(topology.root)
     for child, parent in parents.items():
         if child in loads:
-            rate = loads[child].bytes_per_s(row_bytes, every_s)
-            link = topology.link(child, parent)
-            tree.add_edge(child, parent, bytes_per_s=rate,
-                          utilisation=rate * 8 / link.bandwidth_bps)
+            rate, utilisation = costing.edge(child, parent, loads[child])
+            tree.add_edge(child, parent, bytes_per_s=rate, utilisation=utilisation)
     if not feasible:
         _raise_infeasible(tree, topology, max_fan_in)
     fragments = _fragments(query.name, tree, topology, sources, loads, every_s, split,
@@ -260,23 +244,176 @@ class Cost:
     loads: dict[str, Load]
 
 
-def _choose(candidates: Mapping[str, list[str]], cost: Callable[[Mapping[str, str]], Cost],
+@dataclass(frozen=True)
+class _Costing:
+    """What a choice of parents costs: the static facts (every site's own load, the links'
+    latencies and bandwidths) and the objective of the module's docstring as a sort key."""
+
+    root: str
+    own: Mapping[str, Load]  # what each source site's own records put on its uplink
+    hops: Mapping[str, int]  # from the root
+    leaves: tuple[str, ...]  # the sites that hold a source
+    up: list[str]  # the sites with a parent to choose, the leaves first
+    latency_ms: Mapping[tuple[str, str], float]  # (child, candidate parent) -> its link's
+    bandwidth_bps: Mapping[tuple[str, str], float]
+    row_bytes: int
+    every_s: float
+    max_fan_in: int
+
+    def edge(self, child: str, parent: str, load: Load) -> tuple[float, float]:
+        """Bytes per second ``load`` puts on the link from ``child`` to ``parent``, and that
+        link's utilisation."""
+        rate = load.bytes_per_s(self.row_bytes, self.every_s)
+        return rate, rate * 8 / self.bandwidth_bps[child, parent]
+
+    def key(self, util: float, fan_in: int, slowest: float, total: float
+            ) -> tuple[float, float, float, float]:
+        # How far from feasible: graded, so that a search can tell it is getting closer.
+        overage = max(util - 1.0, 0.0) + max(fan_in - self.max_fan_in, 0)
+        return (round(overage, 9), round(max(util, COMFORTABLE_UTILISATION), 9),
+                round(slowest, 6), round(total))
+
+    def delay(self, site: str, parents: Mapping[str, str]) -> float:
+        """Milliseconds from ``site`` to the root along ``parents``."""
+        total = 0.0
+        while site != self.root:
+            parent = parents[site]
+            total += self.latency_ms[site, parent]
+            site = parent
+        return total
+
+    def of(self, parents: Mapping[str, str]) -> Cost:
+        """The cost of ``parents``, computed over the whole tree."""
+        loads = _loads(parents, self.own, self.up)
+        edges = [self.edge(child, parents[child], load) for child, load in loads.items()]
+        fan_in = max(Counter(parents[c] for c in loads).values(), default=0)
+        slowest = max((self.delay(s, parents) for s in self.leaves), default=0.0)
+        return Cost(self.key(max((u for _, u in edges), default=0.0), fan_in, slowest,
+                             sum(r for r, _ in edges)), loads)
+
+
+@dataclass(frozen=True)
+class _Move:
+    """One site's parent changed, and what changes with it."""
+
+    site: str
+    parent: str
+    loads: dict[str, Load | None]  # sites whose load changes -> the new one (None: no load)
+    edges: dict[str, tuple[float, float] | None]  # children whose uplink's load changes
+    kids: dict[str, set[str]]  # parents whose sending children change -> the new ones
+    shift_ms: float  # how much farther from the root the site and the sites below it are
+    key: tuple[float, float, float, float]
+
+
+class _Tree:
+    """A choice of parents and what it costs, kept as one site's parent changes at a time:
+    only the sites on the old and the new parent's ways to the root are re-costed, so trying
+    every site's candidates costs about (sites x depth), not (sites x sites)."""
+
+    def __init__(self, costing: _Costing, parents: Mapping[str, str]) -> None:
+        self.costing, self.parents = costing, dict(parents)
+        self.loads = _loads(parents, costing.own, costing.up)
+        self.edges = {c: costing.edge(c, parents[c], load) for c, load in self.loads.items()}
+        self.kids: dict[str, set[str]] = {}  # parent -> its children that send something
+        for child in self.loads:
+            self.kids.setdefault(parents[child], set()).add(child)
+        self.leaf_delay = {s: costing.delay(s, parents) for s in costing.leaves}
+        self.total = sum(rate for rate, _ in self.edges.values())
+        self._rank()
+
+    def _rank(self) -> None:
+        """Sort the links by utilisation and the leaves by delay, so that a move finds the
+        largest of those it leaves alone in a few steps."""
+        self.by_util = sorted(self.edges, key=lambda c: -self.edges[c][1])
+        self.by_delay = sorted(self.leaf_delay, key=lambda s: -self.leaf_delay[s])
+
+    def try_move(self, site: str, parent: str) -> _Move:
+        """What giving ``site`` the parent ``parent`` would change and cost."""
+        costing, old = self.costing, self.parents[site]
+        kids: dict[str, set[str]] = {}
+        if site in self.loads:
+            kids[old] = self.kids.get(old, set()) - {site}
+            kids[parent] = self.kids.get(parent, set()) | {site}
+        loads: dict[str, Load | None] = {}
+        for a in sorted(set(self._way_up(old)) | set(self._way_up(parent)),
+                        key=lambda s: -costing.hops[s]):  # the leaves first
+            incoming = [costing.own[a]] if a in costing.own else []
+            incoming += [loads[k] if k in loads else self.loads[k]
+                         for k in kids.get(a, self.kids.get(a, ()))]
+            load = Load.merged(incoming) if incoming else None
+            loads[a] = load
+            if (load is None) != (a not in self.loads):  # starts or stops sending
+                up = self.parents[a]
+                now = kids.get(up, self.kids.get(up, set()))
+                kids[up] = now | {a} if load is not None else now - {a}
+        edges: dict[str, tuple[float, float] | None] = {
+            a: None if load is None else costing.edge(a, self.parents[a], load)
+            for a, load in loads.items()}
+        if site in self.loads:
+            edges[site] = costing.edge(site, parent, self.loads[site])
+        shift = (costing.latency_ms[site, parent] + costing.delay(parent, self.parents)
+                 - costing.delay(site, self.parents))
+        below = self._leaves_below(site)
+        util = max([next((self.edges[c][1] for c in self.by_util if c not in edges), 0.0),
+                    *(e[1] for e in edges.values() if e is not None)])
+        total = (self.total + sum(e[0] for e in edges.values() if e is not None)
+                 - sum(self.edges[c][0] for c in edges if c in self.edges))
+        fan_in = max((len(kids.get(p, k)) for p, k in self.kids.items()), default=0)
+        fan_in = max([fan_in, *map(len, kids.values())])
+        slowest = max([next((self.leaf_delay[s] for s in self.by_delay if s not in below), 0.0),
+                       *(self.leaf_delay[s] + shift for s in below)])
+        key = costing.key(util, fan_in, slowest, total)
+        return _Move(site, parent, loads, edges, kids, shift, key)
+
+    def move(self, move: _Move) -> None:
+        for leaf in self._leaves_below(move.site):
+            self.leaf_delay[leaf] += move.shift_ms
+        self.parents[move.site] = move.parent
+        for site, load in move.loads.items():
+            if load is None:
+                self.loads.pop(site, None)
+            else:
+                self.loads[site] = load
+        for child, edge in move.edges.items():
+            self.total -= self.edges.pop(child, (0.0, 0.0))[0]
+            if edge is not None:
+                self.edges[child] = edge
+                self.total += edge[0]
+        self.kids.update(move.kids)
+        self._rank()
+
+    def _way_up(self, site: str) -> list[str]:
+        way = []
+        while site != self.costing.root:
+            way.append(site)
+            site = self.parents[site]
+        return way
+
+    def _leaves_below(self, site: str) -> set[str]:
+        """The source sites whose data passes through ``site`` (itself included)."""
+        below, frontier = set(), [site]
+        while frontier:
+            s = frontier.pop()
+            if s in self.leaf_delay:
+                below.add(s)
+            frontier.extend(self.kids.get(s, ()))
+        return below
+
+
+def _choose(candidates: Mapping[str, list[str]], costing: _Costing,
             nearest: Callable[[str], str]) -> dict[str, str]:
     """The parent of every site: exhaustively when the choices are few, else leaves-up."""
-
-    def key(parents: dict[str, str]) -> tuple[float, float, float, float]:
-        return cost(parents).key
-
     sites = list(candidates)
     if math.prod(len(c) for c in candidates.values()) <= EXHAUSTIVE_LIMIT:
         options = (dict(zip(sites, choice, strict=True))
                    for choice in itertools.product(*(candidates[s] for s in sites)))
-        return min(options, key=key)
-    parents = {s: nearest(s) for s in sites}
-    for site in sites:  # leaves first: a site's load is known when its turn comes
+        return min(options, key=lambda parents: costing.of(parents).key)
+    tree = _Tree(costing, {s: nearest(s) for s in sites})
+    for site in costing.up:  # leaves first: a site's load is known when its turn comes
         if len(candidates[site]) > 1:  # (one candidate: nothing to cost)
-            parents[site] = min(candidates[site], key=lambda p: key({**parents, site: p}))
-    return parents
+            tree.move(min((tree.try_move(site, p) for p in candidates[site]),
+                          key=lambda move: move.key))
+    return tree.parents
 
 
 def _raise_infeasible(tree: nx.DiGraph, topology: Topology, max_fan_in: int) -> None:

@@ -111,9 +111,14 @@ class Topology:
     sites: tuple[Site, ...]
     links: tuple[Link, ...]
     _by_name: dict[str, Site] = field(init=False, repr=False, compare=False)
+    _by_ends: dict[frozenset[str], Link] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_by_name", {s.name: s for s in self.sites})
+        by_ends: dict[frozenset[str], Link] = {}
+        for link in self.links:
+            by_ends.setdefault(link.ends, link)
+        object.__setattr__(self, "_by_ends", by_ends)
 
     def site(self, name: str) -> Site:
         try:
@@ -123,9 +128,9 @@ class Topology:
             raise PlacementError(msg) from None
 
     def link(self, a: str, b: str) -> Link:
-        for link in self.links:
-            if link.ends == {a, b}:
-                return link
+        link = self._by_ends.get(frozenset((a, b)))
+        if link is not None:
+            return link
         msg = f"topology {self.name}: no link between {a} and {b}"
         raise PlacementError(msg)
 
