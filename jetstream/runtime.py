@@ -52,7 +52,7 @@ from jetstream.partials import PartialBatch, decode_batch, encode_batch
 from jetstream.queryfile import query_from_source
 from jetstream.results import WindowResult
 from jetstream.rewrite import distributed
-from jetstream.router import Router
+from jetstream.router import Router, own_rows
 from jetstream.transport import Connect, DataPlaneServicer, PartialSender
 from jetstream.uplink import LinkLevel, Uplink
 from jetstream.v1 import dataplane_pb2 as pb
@@ -161,6 +161,10 @@ class SiteOptions:
     cubes: bool = False
     #: Resolution (ms) -> seconds its windows are kept; see :class:`~jetstream.cubes.CubeStore`.
     retention: Mapping[int, float] = field(default_factory=lambda: dict(DEFAULT_RETENTION))
+    #: Whether children may send to this site's workers directly (``DataPlane.Routes``):
+    #: not when peers reach the site through an address of another machine (``--advertise``:
+    #: a NAT or proxy), which its workers do not have.
+    offer_routes: bool = True
     #: How the site dials its parent's data plane: ``jetstream site`` sets its
     #: ``Security.channel`` (mutual TLS, token); None, plaintext, is for in-process tests.
     connect: Connect | None = None
@@ -214,6 +218,7 @@ class QueryRun:
             connect=options.connect, retain_s=self.merger.retain_s,
             link=lambda i: metrics.link_name(site, self.assignment.workers[i][0]))
         self.ranking = ranking(self.query)
+        self._known: dict[tuple[Any, ...], int] = {}  # key -> its partition, for own_rows
         self._store = store
         # A replay starts over from its input after a crash: it keeps no inbox.
         self._inbox = None if options.replay else store
@@ -259,7 +264,8 @@ class QueryRun:
             self.site, parent, assignment.parent_address, query=self.query,
             partial=self.partial, ranking=self.ranking, options=self.options,
             store=self._store, run_metrics=self.metrics, sequence=self._sequence,
-            top_k_only=self.options.worker and assignment.fragment.final)
+            top_k_only=self.options.worker and assignment.fragment.final,
+            retain_s=self.merger.retain_s)
 
     @property
     def sender(self) -> PartialSender | None:
@@ -380,6 +386,8 @@ class QueryRun:
             log.info("%s at %s: dropping a batch of %s, a worker it no longer runs on",
                      self.name, self.site, batch.origin)
             return  # a partition this run does not have (a replaced plan's): never an input
+        # A worker merges its key partition only; raises DataError for a row cut wrongly.
+        batch = own_rows(batch, self.partial.keys, self.assignment.fragment.part, self._known)
         if self._inbox is not None:
             self._inbox.receive(encode_batch(batch, self.partial))
         self._take(batch)
@@ -516,11 +524,8 @@ class SiteRuntime:
         self._runs: dict[str, QueryRun] = {}
         self._spark: Any = None
         self._cubes: CubeStore | None = None
-        # A worker's messages all come from its own site; a site's workers' from "site/...".
-        local = ((lambda origin: True) if options.worker
-                 else (lambda origin: origin.startswith(f"{site}/")))
         self.servicer = DataPlaneServicer(self._aggregate_of, self._deliver, self._progress,
-                                          site=site, local=local)
+                                          site=site, routes=self._routes)
 
     def deploy(self, assignment: Assignment) -> None:
         """Start a query's run here; a new version of a running one is taken in place when
@@ -600,9 +605,9 @@ class SiteRuntime:
             run.assignment.fragment.parent or "",
             run.policy.level.name if run.policy else "exact",
             run.policy.level.index if run.policy else 0,
-            bool(run.policy and run.policy.pinned), run.sender.bytes_sent,
+            bool(run.policy and run.policy.pinned), run.uplink.bytes_sent,
             run.policy.recent_throughput if run.policy else None)
-            for run in runs if run.sender is not None}
+            for run in runs if run.uplink is not None}
 
     def session(self) -> Any:
         """The site's one SparkSession, started when the first local stage needs it (or by
@@ -653,6 +658,14 @@ class SiteRuntime:
             msg = f"no query named {batch.query!r} runs here"
             raise LookupError(msg)
         run.receive(batch)
+
+    def _routes(self, query: str) -> list[tuple[str, str]]:
+        """Where senders send ``query``'s inputs directly: its workers (address, epoch), if
+        it has any and peers can reach them (``SiteOptions.offer_routes``)."""
+        run = self.run(query)
+        if run is None or run.router is None or not self.options.offer_routes:
+            return []
+        return list(zip(run.router.addresses, run.router.epochs, strict=True))
 
     def _progress(self, report: pb.Progress) -> None:
         run = self.run(report.query)

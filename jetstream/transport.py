@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 #: A push stream is re-opened after this long even when healthy, so that every call has a
 #: deadline; nothing is lost, the unacknowledged messages are sent again.
 STREAM_DEADLINE_S = 3600.0
+#: The call metadata of a push between a site's process and its workers: not wide-area bytes.
+SAME_SITE = ("jetstream-hop", "same-site")
 
 AckKey = tuple[object, ...]
 #: Opens a channel to an address: a process's ``Security.channel`` (mutual TLS and its token).
@@ -68,7 +70,7 @@ class PartialSender:
     """Sends encoded partial batches and progress to one parent until each is acknowledged."""
 
     def __init__(self, address: str, *, max_backoff_s: float = 5.0,
-                 on_ack: Callable[[pb.PartialBatch, float, int], None] | None = None,
+                 on_ack: Callable[[pb.PartialBatch, float | None, int], None] | None = None,
                  on_round_trip: Callable[[float], None] | None = None,
                  store: CubeStore | None = None, destination: str = "",
                  connect: Connect | None = None, link: str = "",
@@ -76,7 +78,8 @@ class PartialSender:
         """``connect`` opens the channel to the parent: the site process passes its
         ``Security.channel``; None, plaintext, is for senders within one test process.
         ``on_ack(batch, seconds, backlog)`` hears of each acknowledged batch: the seconds
-        the connection spent on it alone, and how many batches are still unacknowledged.
+        the connection spent on it alone (None if it was handed over on an earlier stream),
+        and how many batches are still unacknowledged.
         Those seconds run from when gRPC took the message, or the previous ack if that
         came later, to its ack: a wait in this sender's queue (behind a burst of windows,
         or a reconnection's backoff) and this sender's handling of earlier acks are left
@@ -102,6 +105,7 @@ class PartialSender:
         self._labels = (link or address, destination)
         self._bytes_metric = (metrics.WAN_BYTES_SENT.labels(self._labels[0]) if wide_area
                               else None)
+        self._metadata = () if wide_area else (SAME_SITE,)
         self._unacked_metric = metrics.UNACKED.labels(*self._labels)
         self._max_backoff_s = max_backoff_s
         self._unacked: dict[AckKey, pb.PushMessage] = {}
@@ -164,7 +168,8 @@ class PartialSender:
                     self._handed.clear()
                     self._free_at = None
                 try:
-                    for ack in stub.Push(self._requests(done), timeout=STREAM_DEADLINE_S):
+                    for ack in stub.Push(self._requests(done), timeout=STREAM_DEADLINE_S,
+                                         metadata=self._metadata):
                         self._acked(ack, time.monotonic())
                         self._free_at = time.monotonic()  # our bookkeeping is not the link's
                         backoff = 0.1
@@ -219,13 +224,15 @@ class PartialSender:
             backlog = sum(m.HasField("batch") for m in self._unacked.values())
             self._unacked_metric.set(len(self._unacked))
             self._lock.notify_all()
-        if message is None or handed is None:
+        if message is None:
             return
-        # Until the previous ack came, the connection was busy with earlier messages.
-        started = handed if self._free_at is None else max(handed, self._free_at)
-        seconds = max(arrived - started, 0.0)
+        seconds = None
+        if handed is not None:  # else it was handed over on an earlier stream: time unknown
+            # Until the previous ack came, the connection was busy with earlier messages.
+            started = handed if self._free_at is None else max(handed, self._free_at)
+            seconds = max(arrived - started, 0.0)
         if ack.progress:
-            if self._on_round_trip:
+            if self._on_round_trip and seconds is not None:
                 self._on_round_trip(seconds)
         elif self._on_ack:
             self._on_ack(message.batch, seconds, backlog)
@@ -255,12 +262,15 @@ class DataPlaneServicer(rpc.DataPlaneServicer):
     def __init__(self, aggregate_of: Callable[[str], WindowAggregate | None],
                  deliver: Callable[[PartialBatch], None],
                  progress: Callable[[pb.Progress], None] = lambda p: None,
-                 site: str = "", local: Callable[[str], bool] = lambda origin: False) -> None:
-        """``site``, the receiving site, names the links in the metrics; ``local(origin)``
-        says a sender is on the same site (a worker and its site controller's process): its
-        messages are not wide-area bytes."""
+                 site: str = "",
+                 routes: Callable[[str], list[tuple[str, str]]] = lambda query: []) -> None:
+        """``site``, the receiving site, names the links in the metrics; ``routes(query)``
+        answers ``Routes``: the workers the query's inputs go to (address, epoch), if
+        senders should send to them directly. A stream whose sender says it is on the same
+        site (a worker and its site's process: :data:`SAME_SITE`) carries no wide-area
+        bytes. A ``deliver`` that raises ``DataError`` refuses the batch like garbage."""
         self._aggregate_of, self._deliver, self._progress = aggregate_of, deliver, progress
-        self._site, self._local = site or "?", local
+        self._site, self._routes = site or "?", routes
         self._lock = threading.Lock()
         # The identities delivered, oldest first; bounded: a duplicate older than SEEN_MAX
         # batches reaches the merger, which keeps one batch per origin and revision anyway.
@@ -269,13 +279,19 @@ class DataPlaneServicer(rpc.DataPlaneServicer):
         self.duplicates = 0
         self.bytes_received = 0
 
+    def Routes(self, request: pb.RoutesRequest,
+               context: grpc.ServicerContext) -> pb.RoutesResponse:
+        routes = self._routes(request.query)
+        return pb.RoutesResponse(workers=[a for a, _ in routes], epochs=[e for _, e in routes])
+
     def Push(self, request_iterator: Iterator[pb.PushMessage],
              context: grpc.ServicerContext) -> Iterator[pb.Ack]:
+        local = SAME_SITE in tuple(context.invocation_metadata() or ())
         for message in request_iterator:
             size = message.ByteSize()
             self.bytes_received += size
             origin = (message.progress if message.HasField("progress") else message.batch).origin
-            if not self._local(origin):
+            if not local:
                 metrics.WAN_BYTES_RECEIVED.labels(self._link(origin)).inc(size)
             if message.HasField("progress"):
                 report = message.progress
@@ -286,7 +302,7 @@ class DataPlaneServicer(rpc.DataPlaneServicer):
                 yield pb.Ack(query=report.query, origin=report.origin,
                              sequence=report.sequence, progress=True)
                 continue
-            batch = self._decode(message.batch, context)
+            batch = self._decode(message.batch, context, local)
             with self._lock:
                 new = batch.identity not in self._seen
                 self._seen[batch.identity] = None
@@ -300,6 +316,10 @@ class DataPlaneServicer(rpc.DataPlaneServicer):
                     with self._lock:
                         self._seen.pop(batch.identity, None)
                     context.abort(grpc.StatusCode.NOT_FOUND, str(e))
+                except DataError as e:
+                    with self._lock:
+                        self._seen.pop(batch.identity, None)
+                    self._refuse(batch.origin, e, context)
             b = message.batch
             yield pb.Ack(query=b.query, window_start_ms=b.window_start_ms, origin=b.origin,
                          partition=b.partition, sequence=b.sequence, revision=b.revision)
@@ -308,7 +328,15 @@ class DataPlaneServicer(rpc.DataPlaneServicer):
         """The link a message came over: every site sends its own partials and progress."""
         return metrics.link_name(origin or "?", self._site)
 
-    def _decode(self, message: pb.PartialBatch, context: grpc.ServicerContext) -> PartialBatch:
+    def _refuse(self, origin: str, error: DataError, context: grpc.ServicerContext) -> None:
+        with self._lock:
+            self.refused[origin or "?"] += 1
+        metrics.PARTIALS_REFUSED.labels(self._link(origin)).inc()
+        log.warning("refused: %s", error)
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+
+    def _decode(self, message: pb.PartialBatch, context: grpc.ServicerContext,
+                local: bool) -> PartialBatch:
         """The batch, or the stream ends: NOT_FOUND for an unknown query, or garbage."""
         aggregate = self._aggregate_of(message.query)
         if aggregate is None:
@@ -318,13 +346,9 @@ class DataPlaneServicer(rpc.DataPlaneServicer):
         try:
             batch = decode_batch(message, aggregate)
         except DataError as e:
-            with self._lock:
-                self.refused[message.origin or "?"] += 1
-            metrics.PARTIALS_REFUSED.labels(self._link(message.origin)).inc()
-            log.warning("refused: %s", e)
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            self._refuse(message.origin, e, context)
             raise AssertionError("abort returns only by raising") from None
-        if self._local(message.origin):
+        if local:
             return batch
         # The window's wide-area cost so far includes this hop.
         return dataclasses.replace(batch, wan_bytes=batch.wan_bytes + message.ByteSize())

@@ -11,9 +11,12 @@ go to the new one through the store.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+import grpc
 
 from jetstream import metrics
 from jetstream.aggregator import MergedWindow
@@ -24,9 +27,10 @@ from jetstream.dsl import Query
 from jetstream.errors import ControlPlaneError, DataError
 from jetstream.operators import WindowAggregate
 from jetstream.partials import PartialBatch, decode_batch, encode_batch, summarised
-from jetstream.router import top_k_candidates
+from jetstream.router import Router, top_k_candidates
 from jetstream.transport import PartialSender
 from jetstream.v1 import dataplane_pb2 as pb
+from jetstream.v1 import dataplane_pb2_grpc as dataplane_rpc
 
 if TYPE_CHECKING:
     from jetstream.runtime import SiteOptions
@@ -34,6 +38,9 @@ if TYPE_CHECKING:
 __all__ = ["LinkLevel", "Uplink"]
 
 log = logging.getLogger(__name__)
+
+#: How often an uplink asks its parent where the parent's workers are.
+ROUTES_POLL_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -61,7 +68,8 @@ class Uplink:
     def __init__(self, site: str, parent: str, address: str, *, query: Query,
                  partial: WindowAggregate, ranking: Ranking | None, options: SiteOptions,
                  store: CubeStore | None, run_metrics: metrics.RunMetrics,
-                 sequence: Iterator[int], top_k_only: bool = False) -> None:
+                 sequence: Iterator[int], top_k_only: bool = False,
+                 retain_s: float = 600.0) -> None:
         self.site, self.parent, self.name = site, parent, query.name
         self.partial, self.ranking, self.replay = partial, ranking, options.replay
         self.store, self.metrics, self._sequence = store, run_metrics, sequence
@@ -82,11 +90,26 @@ class Uplink:
         # Held by query, not by parent: a re-planned parent gets what the last one lacks.
         if store is not None:
             self._check_held(store)
-        self.sender = PartialSender(address, on_ack=self._acked, on_round_trip=self._round_trip,
-                                    store=store, destination=self.name,
-                                    connect=options.connect, link=self.metrics.link,
-                                    wide_area=not options.worker)
+        self.address, self._connect, self.retain_s = address, options.connect, retain_s
+        self.sender = PartialSender(
+            address, on_ack=lambda b, seconds, backlog: self._acked(
+                b.ByteSize(), seconds, backlog, b.level),
+            on_round_trip=self._round_trip, store=store, destination=self.name,
+            connect=options.connect, link=self.metrics.link, wide_area=not options.worker)
+        # The parent's workers, once it names them (see jetstream.router): sent to directly.
+        self.router: Router | None = None
+        self._routes: list[tuple[str, str]] = []  # its workers as the parent named them
+        self._lock = threading.Lock()  # the router against the route watcher's changes
+        self._closed = threading.Event()
+        if not options.worker:
+            threading.Thread(target=self._watch_routes, daemon=True,
+                             name=f"routes-{self.name}").start()
         self._link_metrics()
+
+    @property
+    def bytes_sent(self) -> int:
+        with self._lock:
+            return self.sender.bytes_sent + (self.router.bytes_sent if self.router else 0)
 
     def send(self, merged: MergedWindow) -> int:
         """Send a merged window at the link's level; the rows sent."""
@@ -103,21 +126,88 @@ class Uplink:
             revision=merged.revision + self.revision_base, slack=merged.slack,
             omitted=merged.omitted,
             complete_rows=merged.complete_rows, warnings=self._warnings(merged)), merged)
-        self.sender.send(encode_batch(batch, self.partial, compress=not self.local))
+        with self._lock:
+            if self.router is not None:
+                self.router.send(batch)
+            else:
+                self.sender.send(encode_batch(batch, self.partial, compress=not self.local))
         return len(batch.rows)
 
     def report(self, watermark: int | None, finished: bool) -> None:
         """Say how far the run has got (after the batches it covers), when that changed."""
         report = (watermark, finished)
         if report != self._reported and watermark is not None:
-            self.sender.send_progress(pb.Progress(
-                query=self.name, origin=self.site, watermark_ms=watermark, ended=finished,
-                sequence=next(self._sequence)))
+            with self._lock:
+                if self.router is not None:
+                    self.router.progress(self.site, watermark, finished)
+                else:
+                    self.sender.send_progress(pb.Progress(
+                        query=self.name, origin=self.site, watermark_ms=watermark,
+                        ended=finished, sequence=next(self._sequence)))
             self._reported = report
 
     def close(self) -> None:
         """Stop sending; what is unacked stays in the store for the next uplink."""
+        self._closed.set()
+        with self._lock:
+            router, self.router = self.router, None
+        if router is not None:
+            router.close()
         self.sender.close()
+
+    # -- the parent's workers ----------------------------------------------------------------
+    def _watch_routes(self) -> None:
+        """Ask the parent where its workers are, every ``ROUTES_POLL_S``, and follow."""
+        stub = None
+        while not self._closed.wait(ROUTES_POLL_S):
+            try:
+                if stub is None:
+                    channel = (self._connect or grpc.insecure_channel)(self.address)
+                    stub = dataplane_rpc.DataPlaneStub(channel)
+                answer = stub.Routes(pb.RoutesRequest(query=self.name),
+                                     timeout=ROUTES_POLL_S)
+            except grpc.RpcError as e:  # the parent is down, or too old to say: as it was
+                log.debug("%s at %s: asking %s for routes: %s", self.name, self.site,
+                          self.parent, e.code().name)
+                continue
+            if len(answer.epochs) == len(answer.workers):
+                self._route(list(zip(answer.workers, answer.epochs, strict=True)))
+
+    def _route(self, routes: list[tuple[str, str]]) -> None:
+        """Send to the workers of ``routes`` (address, epoch) from now on (to the parent
+        itself if there are none)."""
+        workers = [address for address, _ in routes]
+        with self._lock:
+            if self._closed.is_set():
+                return
+            router = self.router
+            if router is not None and workers and len(workers) == router.count:
+                for i, (route, was) in enumerate(zip(routes, self._routes, strict=True)):
+                    if route != was:  # that worker started again: it gets what it lost
+                        router.move(i, route[0])
+                self._routes = routes
+                return
+            if router is None and not workers:
+                return
+            self.router = None if not workers else Router(
+                self.name, self.partial, workers, connect=self._connect,
+                retain_s=self.retain_s, link=lambda i: self.metrics.link, wide_area=True,
+                on_ack=self._acked, on_round_trip=self._round_trip, store=self.store,
+                destination=self.name)
+            self._routes = routes
+            # What the old way has not delivered goes the new way.
+            for batch in router.unacked() if router is not None else ():
+                if self.router is not None:
+                    self.router.send(batch)
+                else:
+                    self.sender.send(encode_batch(batch, self.partial))
+            watermark, finished = self._reported
+            if self.router is not None and watermark is not None:
+                self.router.progress(self.site, watermark, finished)
+        if router is not None:
+            router.close()
+        log.info("%s at %s: sending to %s", self.name, self.site,
+                 f"{self.parent}'s {len(workers)} workers directly" if workers else self.parent)
 
     def set_level(self, level: str) -> LinkLevel:
         """See :meth:`jetstream.runtime.QueryRun.set_level`."""
@@ -187,12 +277,13 @@ class Uplink:
         if self.policy is not None:
             self.metrics.link_state(self.policy.level.index, self.policy.throughput)
 
-    def _acked(self, batch: pb.PartialBatch, seconds: float, backlog: int) -> None:
-        if self.policy is None:
+    def _acked(self, size: int, seconds: float | None, backlog: int, level: int) -> None:
+        """A batch of ``size`` bytes sent at ``level`` was acked after ``seconds`` on the
+        link (None: not known)."""
+        if self.policy is None or seconds is None:
             return
         before = self.policy.level
-        after = self.policy.observe(batch.ByteSize(), max(seconds, 1e-6), backlog,
-                                    level=batch.level)
+        after = self.policy.observe(size, max(seconds, 1e-6), backlog, level=level)
         self._link_metrics()
         if after != before:
             log.info("%s at %s: link to %s now at level %r (%s)", self.name, self.site,

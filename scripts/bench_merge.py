@@ -10,7 +10,9 @@ process merges every partial row; with N it runs N key partitions on N ``jetstre
 processes that it starts (the path ``jetstream site`` takes for a datacenter with several
 servers). The children's partials (``--rows`` keys each, per window, out of 5,000 Zipf-
 distributed domains) are handed to the site's run as its data plane hands them on, and
-the clock runs until the last window's result is published. Prints a Markdown table of
+the clock runs until the last window's result is published; with workers, also as the
+children would send them: each batch cut and encoded beforehand (on the children's machines),
+each part sent straight to its worker. Prints a Markdown table of
 partial rows merged per second (best and median of ``--runs``) for docs/benchmarks.md.
 """
 
@@ -24,6 +26,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from jetstream.aggregator import ENDED
 from jetstream.aggtree.planner import Fragment
@@ -33,11 +36,15 @@ from jetstream.control.server import start_server
 from jetstream.control.servicers import SiteControllerServicer
 from jetstream.control.site_controller import SiteController
 from jetstream.control.workers import WorkerPool
-from jetstream.partials import PartialBatch
+from jetstream.operators import WindowAggregate
+from jetstream.partials import PartialBatch, encode_batch
 from jetstream.queryfile import query_from_source
 from jetstream.rewrite import distributed
+from jetstream.router import split_batch
 from jetstream.runtime import Assignment, SiteOptions, SiteRuntime, partial_aggregate
+from jetstream.transport import PartialSender
 from jetstream.v1 import control_pb2_grpc as rpc
+from jetstream.v1 import dataplane_pb2 as pb
 from jetstream.v1 import dataplane_pb2_grpc as dataplane_rpc
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,8 +75,10 @@ def batches(source: str, children: int, windows: int, rows: int, seed: int
 
 
 def run_once(source: str, inputs: list[PartialBatch], children: int, workers: int,
-             security: Security) -> float:
-    """Seconds from the first batch handed on to the last window's result."""
+             security: Security, direct: bool = False) -> float:
+    """Seconds from the first batch handed on to the last window's result. ``direct``: the
+    children send each worker its part themselves (cut and encoded before the clock runs,
+    as children do on their own machines), not through the site's process."""
     site, servers = "dc", [Server(f"dc-{i + 1}", 1, 1.0) for i in range(max(workers, 1))]
     done = threading.Event()
 
@@ -101,6 +110,9 @@ def run_once(source: str, inputs: list[PartialBatch], children: int, workers: in
                                                   expected=names))
         run = runtime.run("cdn-topk")
         assert run is not None
+        if direct:
+            assert run.router is not None
+            return _direct(run.router.addresses, run.partial, inputs, names, security, done)
         began = time.perf_counter()
         for batch in inputs:
             run.receive(batch)
@@ -113,6 +125,35 @@ def run_once(source: str, inputs: list[PartialBatch], children: int, workers: in
     finally:
         controller.close()
         server.stop(None)
+
+
+def _direct(workers: list[str], partial: WindowAggregate, inputs: list[PartialBatch],
+            names: tuple[str, ...], security: Security, done: threading.Event) -> float:
+    """The children's side of sending to the workers directly: each batch cut by key and
+    encoded as a child's uplink does (compressed, for the wide area) before the clock runs;
+    then every part sent to its worker over one connection per worker."""
+    known: dict[tuple[Any, ...], int] = {}
+    parts = [[encode_batch(part, partial) for part in
+              split_batch(batch, partial.keys, len(workers), known)] for batch in inputs]
+    senders = [PartialSender(address, connect=security.channel, link="bench")
+               for address in workers]
+    try:
+        began = time.perf_counter()
+        for cut in parts:
+            for sender, part in zip(senders, cut, strict=True):
+                sender.send(part)
+        for sequence, name in enumerate(names, start=1):
+            for sender in senders:
+                sender.send_progress(pb.Progress(query="cdn-topk", origin=name,
+                                                 watermark_ms=ENDED, ended=True,
+                                                 sequence=sequence))
+        if not done.wait(600):
+            msg = "the merge did not finish within 600 s"
+            raise SystemExit(msg)
+        return time.perf_counter() - began
+    finally:
+        for sender in senders:
+            sender.close()
 
 
 def main() -> None:
@@ -136,11 +177,14 @@ def main() -> None:
     print("| merged by | rows/s (best) | rows/s (median) | runs |")
     print("|---|---:|---:|---:|")
     for workers in (int(w) for w in args.workers.split(",")):
-        seconds = [run_once(source, inputs, args.children, workers, security)
-                   for _ in range(args.runs)]
-        who = "the site's own process" if workers == 0 else f"{workers} workers"
-        print(f"| {who} | {total / min(seconds):,.0f} | "
-              f"{total / statistics.median(seconds):,.0f} | {args.runs} |", flush=True)
+        for direct in (False, True) if workers else (False,):
+            seconds = [run_once(source, inputs, args.children, workers, security, direct)
+                       for _ in range(args.runs)]
+            who = ("the site's own process" if workers == 0 else
+                   f"{workers} workers, " + ("children sending to them directly" if direct
+                                             else "through the site's process"))
+            print(f"| {who} | {total / min(seconds):,.0f} | "
+                  f"{total / statistics.median(seconds):,.0f} | {args.runs} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -4,22 +4,33 @@ sends each worker its part over gRPC and a worker that starts again gets everyth
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jetstream as js
-from jetstream.aggregator import WindowMerger
+from jetstream import metrics
+from jetstream import uplink as uplink_module
+from jetstream.aggregator import MergedWindow, WindowMerger
+from jetstream.approx.items import to_items
 from jetstream.approx.levels import ranking
+from jetstream.approx.truncate import exact_partial
 from jetstream.control.server import start_server
+from jetstream.cubes import CubeStore
 from jetstream.local import finish_from_partials
 from jetstream.operators import WindowAggregate
-from jetstream.partials import PartialBatch
-from jetstream.router import Router, split_batch, top_k_candidates
-from jetstream.transport import DataPlaneServicer
+from jetstream.partials import PartialBatch, encode_batch
+from jetstream.router import Router, own_rows, split_batch, top_k_candidates
+from jetstream.runtime import SiteOptions
+from jetstream.transport import DataPlaneServicer, PartialSender
+from jetstream.uplink import Uplink
 from jetstream.v1 import dataplane_pb2_grpc as rpc
 from tests.conftest import log
 from tests.test_aggregator import EVENTS, QUERIES, SITES, site_batches, split
@@ -116,14 +127,24 @@ def test_a_window_covers_a_site_only_if_every_partition_does() -> None:
 
 
 class _Worker:
-    """A real data-plane server on a free port, keeping what it is sent."""
+    """A real data-plane server on a free port, keeping what it is sent; given ``part``
+    (index, count), it keeps only its key partition's rows, as a worker's run does; it
+    runs the query once ``ready`` is set (until then it answers NOT_FOUND)."""
 
-    def __init__(self, partial: WindowAggregate) -> None:
+    def __init__(self, partial: WindowAggregate, part: tuple[int, int] = (0, 1),
+                 ready: threading.Event | None = None,
+                 routes: list[str] | None = None) -> None:
         self.batches: list[PartialBatch] = []
         self.progress: dict[str, int] = {}
-        self.servicer = DataPlaneServicer(lambda q: partial, self.batches.append,
-                                          lambda p: self.progress.__setitem__(
-                                              p.origin, p.watermark_ms))
+        known: dict[tuple[Any, ...], int] = {}
+
+        def deliver(batch: PartialBatch) -> None:
+            self.batches.append(own_rows(batch, partial.keys, part, known))
+
+        self.servicer = DataPlaneServicer(
+            lambda q: partial if ready is None or ready.is_set() else None, deliver,
+            lambda p: self.progress.__setitem__(p.origin, p.watermark_ms),
+            routes=lambda q: [(a, "e1") for a in routes or ()])
         self.server, port = start_server([(rpc.add_DataPlaneServicer_to_server, self.servicer,
                                            "jetstream.v1.DataPlane")], 0)
         self.address = f"127.0.0.1:{port}"
@@ -224,3 +245,134 @@ def test_a_restarted_worker_sends_revisions_that_replace_the_dead_ones() -> None
         assert all(len(b.rows) == 2 for b in site.batches)  # both within the top 2
     finally:
         site.stop()
+
+
+def test_a_child_hears_of_a_batch_once_every_worker_has_acked_its_part(tmp_path: Path) -> None:
+    """Sent to its parent's workers over the wide area, a batch stays in the child's store
+    until every part is acked, and the link's policy hears of it once: all the parts' bytes,
+    the slowest part's time."""
+    _, site_query, partial = split(js.Query("q", QUERIES[0]))
+    batches = site_batches(site_query, partial, "sfo",
+                           [log(t * 1_000, f"d{t % 9}.com") for t in range(30)])
+    late = threading.Event()
+    workers = [_Worker(partial, (0, 2)), _Worker(partial, (1, 2), ready=late)]
+    store = CubeStore(tmp_path / "cubes.sqlite")
+    acks: list[tuple[int, float | None, int, int]] = []
+    router = Router("q", partial, [w.address for w in workers], connect=None, retain_s=600,
+                    link=lambda i: "sfo->ams", wide_area=True,
+                    on_ack=lambda *ack: acks.append(ack), store=store, destination="q")
+    try:
+        for batch in batches:
+            router.send(batch)
+        _wait("worker 0 took its parts", lambda: len(workers[0].batches) == len(batches))
+        assert acks == [] and len(store.unacked("q")) == len(batches)
+        assert len(router.unacked()) == len(batches)
+        late.set()  # worker 1 runs the query now: its parts go through
+        _wait("every batch acked", lambda: len(acks) == len(batches))
+        assert store.unacked("q") == [] and router.unacked() == []
+        assert all(size > 0 and seconds is not None and level == 0
+                   for size, seconds, _, level in acks)
+        kept = {(r["domain"]) for w in workers for b in w.batches for r in b.rows}
+        assert kept == {r["domain"] for b in batches for r in b.rows}
+        assert sum(b.wan_bytes > 0 for w in workers for b in w.batches) == 2 * len(batches)
+    finally:
+        router.close()
+        for worker in workers:
+            worker.stop()
+        store.close()
+
+
+def test_a_sketch_goes_whole_to_every_worker_and_each_keeps_its_own_keys() -> None:
+    optimized, site_query, partial = split(js.Query("q", QUERIES[0]))
+    [batch] = site_batches(site_query, partial, "sfo",
+                           [log(1_000, f"d{i % 12}.com") for i in range(60)])
+    rank = ranking(optimized)
+    assert rank is not None
+    sketched = dataclasses.replace(batch, rows=(), items=to_items(
+        exact_partial(batch.rows), partial, rank.by, 4), level=4, events=60)
+    workers = [_Worker(partial, (i, 3)) for i in range(3)]
+    router = Router("q", partial, [w.address for w in workers], connect=None, retain_s=600,
+                    link=lambda i: "sfo->ams", wide_area=True)
+    try:
+        router.send(sketched)
+        _wait("each worker took the sketch", lambda: all(len(w.batches) == 1 for w in workers))
+        keys = [{r["domain"] for r in w.batches[0].rows} for w in workers]
+        assert set().union(*keys) == {r["domain"] for r in batch.rows}
+        assert sum(map(len, keys)) == len(batch.rows)  # disjoint
+        assert [w.batches[0].events for w in workers] == [60, 0, 0]  # counted once
+        assert all(w.batches[0].slack is not None for w in workers)  # bounds, as sketched
+    finally:
+        router.close()
+        for worker in workers:
+            worker.stop()
+
+
+def test_a_worker_refuses_exact_rows_of_another_partition_and_takes_the_others_parts(
+) -> None:
+    _, site_query, partial = split(js.Query("q", QUERIES[0]))
+    [batch] = site_batches(site_query, partial, "sfo",
+                           [log(1_000, f"d{i}.com") for i in range(20)])
+    worker = _Worker(partial, (0, 2))
+    wrong = PartialSender(worker.address)  # the whole batch, not cut: half is not its
+    right = PartialSender(worker.address)
+    try:
+        wrong.send(encode_batch(batch, partial))
+        right.send(encode_batch(dataclasses.replace(
+            split_batch(batch, partial.keys, 2)[0], origin="sin"), partial))
+        _wait("the right part arrived", lambda: [b.origin for b in worker.batches] == ["sin"])
+        _wait("the wrong batch was refused", lambda: worker.servicer.refused["sfo"] >= 1)
+        assert not wrong.flush(0.5)  # never acked: the sender's stream is refused
+        assert right.flush(5)
+    finally:
+        wrong.close()
+        right.close()
+        worker.stop()
+
+
+def test_an_uplink_sends_to_the_workers_its_parent_names_and_follows_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parent names its workers (``Routes``): the child cuts its windows and sends each
+    worker its part; a worker started again elsewhere gets what it lost; a parent that names
+    none gets the windows itself again."""
+    monkeypatch.setattr(uplink_module, "ROUTES_POLL_S", 0.1)
+    query = js.Query("q", QUERIES[0])
+    _, site_query, partial = split(query)
+    batches = site_batches(site_query, partial, "sfo",
+                           [log(t * 1_000, f"d{t % 9}.com") for t in range(35)])
+    routes: list[str] = []
+    parent = _Worker(partial, routes=routes)
+    workers = [_Worker(partial, (0, 2)), _Worker(partial, (1, 2))]
+    link = Uplink("sfo", "ams", parent.address, query=query, partial=partial, ranking=None,
+                  options=SiteOptions(replay=True), store=None,
+                  run_metrics=metrics.RunMetrics("sfo", "q"), sequence=itertools.count(1))
+
+    def window(i: int) -> MergedWindow:
+        b = batches[i]
+        return MergedWindow(b.window, b.rows, frozenset({"sfo"}), frozenset(), b.events, 0.0,
+                            covers=frozenset({"sfo"}))
+
+    try:
+        link.send(window(0))
+        _wait("the parent got the first window", lambda: len(parent.batches) == 1)
+        routes += [w.address for w in workers]
+        _wait("the uplink follows the workers", lambda: link.router is not None)
+        link.send(window(1))
+        link.report(batches[1].window[1], False)
+        for i, worker in enumerate(workers):
+            _wait(f"worker {i} got its part", lambda w=worker: len(w.batches) == 1
+                  and w.progress.get("sfo") == batches[1].window[1])
+        assert len(parent.batches) == 1
+        again = _Worker(partial, (1, 2))
+        routes[1] = again.address  # worker 1 started again elsewhere
+        _wait("the new worker got what the old one had", lambda: len(again.batches) == 1
+              and again.progress.get("sfo") == batches[1].window[1])
+        assert again.batches[0].rows == workers[1].batches[0].rows
+        routes.clear()
+        _wait("the uplink sends to the parent again", lambda: link.router is None)
+        link.send(window(2))
+        _wait("the parent got the third window", lambda: len(parent.batches) == 2)
+        again.stop()
+    finally:
+        link.close()
+        for worker in (parent, *workers):
+            worker.stop()

@@ -268,7 +268,8 @@ def test_a_receiver_slow_to_ack_leaves_a_fast_link_exact() -> None:
     policy = LinkPolicy(degradation_ladder([("exact", 1.0, 0.0), ("top", 0.1, 0.1)]),
                         window_s=0.5, min_interval_s=0.0)
 
-    def acked(batch: pb.PartialBatch, seconds: float, backlog: int) -> None:
+    def acked(batch: pb.PartialBatch, seconds: float | None, backlog: int) -> None:
+        assert seconds is not None  # one stream: every batch was handed over on it
         policy.observe(batch.ByteSize(), max(seconds, 1e-6), backlog, level=batch.level)
 
     sender = PartialSender(f"127.0.0.1:{receiver.port}", on_ack=acked,

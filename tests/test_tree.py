@@ -102,6 +102,12 @@ def test_the_three_level_tree_replays_what_run_local_computes(tmp_path: Path) ->
     assert "merges core/core-1, core/core-2, core/core-3 (its key partitions, on workers)" in log
     for server in ("core-1", "core-2", "core-3"):
         assert f"cdn-topk at core/{server}: version 0 merges eu, us; sends to core" in log
+    # The regions send each worker its part themselves, the PoPs (to regions that merge in
+    # their own process) to their region.
+    for region in ("eu", "us"):
+        assert (f"cdn-topk at {region}: sending to core's 3 workers directly"
+                in (cluster.logs / f"{region}.log").read_text())
+    assert "directly" not in (cluster.logs / "pop1.log").read_text()
 
 
 def test_the_three_level_tree_live_equals_run_local_across_a_killed_worker(

@@ -57,6 +57,8 @@ class Fragment:
     parent: str | None = None  # where its (merged) partials go; None at the root
     partitions: int = 1  # key partitions its merge or final step is spread over
     final: bool = False  # the root: final aggregate and the steps after it
+    #: A worker's share of its site's fragment: key partition (index, count); (0, 1): whole.
+    part: tuple[int, int] = (0, 1)
 
     @property
     def roles(self) -> list[str]:
@@ -338,8 +340,8 @@ class _Tree:
         for a in sorted(set(self._way_up(old)) | set(self._way_up(parent)),
                         key=lambda s: -costing.hops[s]):  # the leaves first
             incoming = [costing.own[a]] if a in costing.own else []
-            incoming += [loads[k] if k in loads else self.loads[k]
-                         for k in kids.get(a, self.kids.get(a, ()))]
+            for k in kids.get(a, self.kids.get(a, ())):  # each sends: its load is not None
+                incoming.append(loads.get(k) or self.loads[k])
             load = Load.merged(incoming) if incoming else None
             loads[a] = load
             if (load is None) != (a not in self.loads):  # starts or stops sending

@@ -307,6 +307,8 @@ def run_site(name: str, controller_address: str, *, security: Security, port: in
     address = advertise or f"{host}:{bound}"  # where the controller and peers reach us
     # Where the site's workers reach it: where it listens, not through a NAT or proxy.
     listening = f"{_dialable(host)}:{bound}"
+    # Peers that reach the site through another address cannot reach its workers.
+    options.offer_routes = address == f"{host}:{bound}"
     exporter = _exporter(host, metrics_port)
     if ready:
         ready(bound)

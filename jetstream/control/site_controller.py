@@ -207,11 +207,11 @@ class SiteController:
         inputs = tuple(sorted(set(fragment.children)
                               | ({self.site} if fragment.sources else set())))
         workers = []
-        for server in self.servers[:fragment.partitions]:
+        for i, server in enumerate(self.servers[:fragment.partitions]):
             address = self.workers.address(server.name)
             name = f"{self.site}/{server.name}"
             part = Fragment(fragment.query, name, children=inputs, parent=self.site,
-                            final=fragment.final)
+                            final=fragment.final, part=(i, fragment.partitions))
             self._call(address, "DeployFragment", pb.DeployFragmentRequest(
                 fragment=fragment_to_proto(part, assignment.source, assignment.version,
                                            self.address, assignment.covers,

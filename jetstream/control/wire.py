@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from jetstream.aggtree.planner import Fragment
 from jetstream.aggtree.topology import Server
+from jetstream.errors import ControlPlaneError
 from jetstream.runtime import Assignment
 
 if TYPE_CHECKING:
@@ -25,13 +26,18 @@ def fragment_to_proto(fragment: Fragment, source: str, version: int,
                        sources=fragment.sources, children=fragment.children,
                        parent=fragment.parent or "", parent_address=parent_address,
                        partitions=fragment.partitions, final=fragment.final, version=version,
-                       covers=covers, expected=expected)
+                       covers=covers, expected=expected, part=fragment.part[0],
+                       parts=fragment.part[1])
 
 
 def fragment_from_proto(msg: pb.Fragment, site: str) -> Fragment:
+    parts = max(msg.parts, 1)
+    if not 0 <= msg.part < parts:
+        why = f"fragment of {msg.query} for {site}: key partition {msg.part} of {parts}"
+        raise ControlPlaneError(why)
     return Fragment(query=msg.query, site=site, sources=tuple(msg.sources),
                     children=tuple(msg.children), parent=msg.parent or None,
-                    partitions=max(msg.partitions, 1), final=msg.final)
+                    partitions=max(msg.partitions, 1), final=msg.final, part=(msg.part, parts))
 
 
 def assignment_from_proto(msg: pb.Fragment, site: str) -> Assignment:

@@ -22,6 +22,20 @@ SUMMARY_KIND_FREQUENT_ITEMS: SummaryKind
 SUMMARY_KIND_HLL: SummaryKind
 SUMMARY_KIND_KLL: SummaryKind
 
+class RoutesRequest(_message.Message):
+    __slots__ = ("query",)
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    query: str
+    def __init__(self, query: _Optional[str] = ...) -> None: ...
+
+class RoutesResponse(_message.Message):
+    __slots__ = ("workers", "epochs")
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    EPOCHS_FIELD_NUMBER: _ClassVar[int]
+    workers: _containers.RepeatedScalarFieldContainer[str]
+    epochs: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, workers: _Optional[_Iterable[str]] = ..., epochs: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class PushMessage(_message.Message):
     __slots__ = ("batch", "progress")
     BATCH_FIELD_NUMBER: _ClassVar[int]

@@ -39,6 +39,11 @@ class DataPlaneStub:
                 request_serializer=jetstream_dot_v1_dot_dataplane__pb2.PushMessage.SerializeToString,
                 response_deserializer=jetstream_dot_v1_dot_dataplane__pb2.Ack.FromString,
                 _registered_method=True)
+        self.Routes = channel.unary_unary(
+                '/jetstream.v1.DataPlane/Routes',
+                request_serializer=jetstream_dot_v1_dot_dataplane__pb2.RoutesRequest.SerializeToString,
+                response_deserializer=jetstream_dot_v1_dot_dataplane__pb2.RoutesResponse.FromString,
+                _registered_method=True)
 
 
 class DataPlaneServicer:
@@ -52,6 +57,15 @@ class DataPlaneServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Routes(self, request, context):
+        """Where a query's inputs go at this site: when its merge runs on key-partitioned workers
+        that senders can reach, their addresses in partition order; a child then cuts each
+        batch by key and sends each part to its worker itself. Empty: send to this site.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DataPlaneServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -59,6 +73,11 @@ def add_DataPlaneServicer_to_server(servicer, server):
                     servicer.Push,
                     request_deserializer=jetstream_dot_v1_dot_dataplane__pb2.PushMessage.FromString,
                     response_serializer=jetstream_dot_v1_dot_dataplane__pb2.Ack.SerializeToString,
+            ),
+            'Routes': grpc.unary_unary_rpc_method_handler(
+                    servicer.Routes,
+                    request_deserializer=jetstream_dot_v1_dot_dataplane__pb2.RoutesRequest.FromString,
+                    response_serializer=jetstream_dot_v1_dot_dataplane__pb2.RoutesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -88,6 +107,33 @@ class DataPlane:
             '/jetstream.v1.DataPlane/Push',
             jetstream_dot_v1_dot_dataplane__pb2.PushMessage.SerializeToString,
             jetstream_dot_v1_dot_dataplane__pb2.Ack.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Routes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/jetstream.v1.DataPlane/Routes',
+            jetstream_dot_v1_dot_dataplane__pb2.RoutesRequest.SerializeToString,
+            jetstream_dot_v1_dot_dataplane__pb2.RoutesResponse.FromString,
             options,
             channel_credentials,
             insecure,
