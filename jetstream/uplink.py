@@ -2,7 +2,9 @@
 
 :class:`Uplink` owns the :class:`~jetstream.transport.PartialSender` to the parent (which, with
 a cube store, keeps each batch until it is acked), the link's degradation policy and its
-levels (:mod:`jetstream.approx`), and the progress reports that follow the batches. The run
+levels (:mod:`jetstream.approx`), and the progress reports that follow the batches. When the
+parent's merge runs on key-partitioned workers, it asks the parent where they are and sends
+each its part through a :class:`~jetstream.router.Router` instead (see that module). The run
 (:class:`~jetstream.runtime.QueryRun`) hands it each merged window and its watermark; a
 re-plan that moves the parent gives the run a new uplink, and the old one's unacked batches
 go to the new one through the store.
@@ -158,20 +160,18 @@ class Uplink:
     # -- the parent's workers ----------------------------------------------------------------
     def _watch_routes(self) -> None:
         """Ask the parent where its workers are, every ``ROUTES_POLL_S``, and follow."""
-        stub = None
-        while not self._closed.wait(ROUTES_POLL_S):
-            try:
-                if stub is None:
-                    channel = (self._connect or grpc.insecure_channel)(self.address)
-                    stub = dataplane_rpc.DataPlaneStub(channel)
-                answer = stub.Routes(pb.RoutesRequest(query=self.name),
-                                     timeout=ROUTES_POLL_S)
-            except grpc.RpcError as e:  # the parent is down, or too old to say: as it was
-                log.debug("%s at %s: asking %s for routes: %s", self.name, self.site,
-                          self.parent, e.code().name)
-                continue
-            if len(answer.epochs) == len(answer.workers):
-                self._route(list(zip(answer.workers, answer.epochs, strict=True)))
+        with (self._connect or grpc.insecure_channel)(self.address) as channel:
+            stub = dataplane_rpc.DataPlaneStub(channel)
+            while not self._closed.wait(ROUTES_POLL_S):
+                try:
+                    answer = stub.Routes(pb.RoutesRequest(query=self.name),
+                                         timeout=ROUTES_POLL_S)
+                except grpc.RpcError as e:  # the parent is down, or too old to say: as it was
+                    log.debug("%s at %s: asking %s for routes: %s", self.name, self.site,
+                              self.parent, e.code().name)
+                    continue
+                if len(answer.epochs) == len(answer.workers):
+                    self._route(list(zip(answer.workers, answer.epochs, strict=True)))
 
     def _route(self, routes: list[tuple[str, str]]) -> None:
         """Send to the workers of ``routes`` (address, epoch) from now on (to the parent
