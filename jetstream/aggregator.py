@@ -193,9 +193,9 @@ class WindowMerger:
         slack: tuple[float, ...] | None = None
         omitted, complete = 0.0, None
         if any(b.slack is not None for b in batches):
-            merged = merge_bounded(
-                [_bounded(b.rows, b.slack, b.omitted, b.complete_rows) for b in batches],
-                self.aggregate)
+            bounded = [_bounded(b.rows, b.slack, b.omitted, b.complete_rows) for b in batches]
+            merged = (_disjoint(bounded) if self.key_partitions
+                      else merge_bounded(bounded, self.aggregate))
             rows, slack, omitted = merged.rows, merged.slack, merged.omitted
             complete = merged.complete
         else:
@@ -231,6 +231,18 @@ class WindowMerger:
                 for name, agg in aggregates:
                     merged[name] = agg.merge(merged[name], row[name])
         return tuple(groups.values())
+
+
+def _disjoint(parts: list[BoundedPartial]) -> BoundedPartial:
+    """Key partitions' bounded partials put together: each key is in one partition only, so
+    its row and slack are that partition's, and a key in no row is bounded by its own
+    partition's ``omitted``, at most the largest (merging them as if they could share keys
+    would add up every partition's)."""
+    return BoundedPartial(tuple(row for p in parts for row in p.rows),
+                          tuple(s for p in parts for s in p.slack),
+                          max((p.omitted for p in parts), default=0.0),
+                          tuple(c for p in parts for c in p.complete),
+                          any(p.truncated for p in parts))
 
 
 def _bounded(rows: Iterable[Mapping[str, Any]], slack: tuple[float, ...] | None,

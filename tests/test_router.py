@@ -126,6 +126,25 @@ def test_a_window_covers_a_site_only_if_every_partition_does() -> None:
     assert partial_window.missing == {"w1"} and partial_window.covers == frozenset()
 
 
+def test_truncated_partitions_keep_their_own_bounds_when_put_together() -> None:
+    """A key is in one partition only: its slack is that partition's, and a key in no row
+    is bounded by the largest partition's omitted, not by their sum."""
+    _, site_query, partial = split(js.Query("q", QUERIES[0]))
+    [batch] = site_batches(site_query, partial, "ams",
+                           [log(1_000, f"d{i}.com") for i in range(12)])
+    parts = split_batch(batch, partial.keys, 2)
+    merger = WindowMerger(partial, ["w0", "w1"], deadline_s=5, clock=lambda: 0.0,
+                          key_partitions=True)
+    for i, (part, omitted) in enumerate(zip(parts, (5.0, 7.0), strict=True)):
+        merger.add(dataclasses.replace(part, origin=f"w{i}", slack=(1.0,) * len(part.rows),
+                                       omitted=omitted,
+                                       complete_rows=(False,) * len(part.rows)))
+    [merged] = merger.ready()
+    assert merged.omitted == 7.0
+    assert sorted(r["domain"] for r in merged.rows) == sorted(r["domain"] for r in batch.rows)
+    assert merged.slack == (1.0,) * len(batch.rows)
+
+
 class _Worker:
     """A real data-plane server on a free port, keeping what it is sent; given ``part``
     (index, count), it keeps only its key partition's rows, as a worker's run does; it
