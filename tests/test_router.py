@@ -24,7 +24,6 @@ from jetstream.approx.levels import ranking
 from jetstream.approx.truncate import exact_partial
 from jetstream.control.server import start_server
 from jetstream.cubes import CubeStore
-from jetstream.local import finish_from_partials
 from jetstream.operators import WindowAggregate
 from jetstream.partials import PartialBatch, encode_batch
 from jetstream.router import Router, own_rows, split_batch, top_k_candidates
@@ -33,7 +32,14 @@ from jetstream.transport import DataPlaneServicer, PartialSender
 from jetstream.uplink import Uplink
 from jetstream.v1 import dataplane_pb2_grpc as rpc
 from tests.conftest import log
-from tests.test_aggregator import EVENTS, QUERIES, SITES, site_batches, split
+from tests.test_aggregator import (
+    EVENTS,
+    QUERIES,
+    SITES,
+    assert_reference_results,
+    site_batches,
+    split,
+)
 
 
 def _partitioned(partial: WindowAggregate, sent: dict[str, list[PartialBatch]], count: int,
@@ -80,13 +86,7 @@ def test_a_merge_over_key_partitions_gives_the_reference_results(
         assert m.covers >= {s for s in sites_with_data if any(
             b.window == m.window for b in sent[s])}
         assert m.events == sum(b.events for s in SITES for b in sent[s] if b.window == m.window)
-    got = finish_from_partials(optimized, {m.window: list(m.rows) for m in merged})
-    want = js.run_local(query, events)
-    assert [(r.window_start, r.exact) for r in got] == [(r.window_start, r.exact) for r in want]
-    for g, w in zip(got, want, strict=True):
-        key = repr if which != 0 else None  # top_k rows keep their rank order
-        assert (sorted(map(key, g.rows)) if key else g.rows) == (
-            sorted(map(key, w.rows)) if key else w.rows)
+    assert_reference_results(query, optimized, merged, events)
 
 
 def test_a_batch_splits_into_disjoint_parts_that_keep_its_bounds_and_count_it_once() -> None:
