@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -43,6 +45,10 @@ log = logging.getLogger(__name__)
 
 #: How often an uplink asks its parent where the parent's workers are.
 ROUTES_POLL_S = 2.0
+#: When the parent names its workers, what the uplink sent the parent itself in this many
+#: seconds before goes to the workers again: a batch the parent had not passed on yet must
+#: reach them before the progress the uplink now sends them directly.
+RESEND_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -101,6 +107,8 @@ class Uplink:
         # The parent's workers, once it names them (see jetstream.router): sent to directly.
         self.router: Router | None = None
         self._routes: list[tuple[str, str]] = []  # its workers as the parent named them
+        # What went to the parent itself lately: sent again to its workers when it names them.
+        self._via_parent: deque[tuple[float, PartialBatch]] = deque()
         self._lock = threading.Lock()  # the router against the route watcher's changes
         self._closed = threading.Event()
         if not options.worker:
@@ -133,6 +141,10 @@ class Uplink:
                 self.router.send(batch)
             else:
                 self.sender.send(encode_batch(batch, self.partial, compress=not self.local))
+                if not self.local:
+                    self._via_parent.append((time.monotonic(), batch))
+                    while self._via_parent[0][0] < time.monotonic() - RESEND_S:
+                        self._via_parent.popleft()
         return len(batch.rows)
 
     def report(self, watermark: int | None, finished: bool) -> None:
@@ -162,7 +174,9 @@ class Uplink:
         """Ask the parent where its workers are, every ``ROUTES_POLL_S``, and follow."""
         with (self._connect or grpc.insecure_channel)(self.address) as channel:
             stub = dataplane_rpc.DataPlaneStub(channel)
-            while not self._closed.wait(ROUTES_POLL_S):
+            wait = 0.0  # the first answer comes before the first window, as a rule
+            while not self._closed.wait(wait):
+                wait = ROUTES_POLL_S
                 try:
                     answer = stub.Routes(pb.RoutesRequest(query=self.name),
                                          timeout=ROUTES_POLL_S)
@@ -195,12 +209,20 @@ class Uplink:
                 on_ack=self._acked, on_round_trip=self._round_trip, store=self.store,
                 destination=self.name)
             self._routes = routes
-            # What the old way has not delivered goes the new way.
-            for batch in router.unacked() if router is not None else ():
+            # What the old way may not have delivered goes the new way too (the workers drop
+            # what they have): the parent may not have passed a batch on to its workers yet,
+            # and progress sent to them directly must not overtake it.
+            if router is None:
+                again = [batch for _, batch in self._via_parent]
+                self._via_parent.clear()
+            else:
+                again = router.unacked()
+            for batch in again:
                 if self.router is not None:
                     self.router.send(batch)
                 else:
                     self.sender.send(encode_batch(batch, self.partial))
+                    self._via_parent.append((time.monotonic(), batch))
             watermark, finished = self._reported
             if self.router is not None and watermark is not None:
                 self.router.progress(self.site, watermark, finished)
