@@ -21,6 +21,7 @@ latest progress, as soon as its new address is known (:meth:`Router.move`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import logging
 import secrets
@@ -28,6 +29,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from jetstream.approx.levels import Ranking
@@ -137,6 +139,16 @@ def top_k_candidates(rows: Sequence[dict[str, Any]], aggregate: WindowAggregate,
     return truncate(rows, aggregate, ranking.by, ranking.k).rows
 
 
+@dataclass
+class _Waiting:
+    """A batch some worker has not acked its part of yet."""
+
+    batch: PartialBatch
+    workers: set[int]  # the partitions whose worker has not acked
+    size: int = 0  # bytes of the parts acked so far
+    seconds: float | None = None  # the slowest part's time on the link, where known
+
+
 class Router:
     """Sends one query's batches to the workers of its key partitions.
 
@@ -145,9 +157,9 @@ class Router:
     parts go uncompressed and count no wide-area bytes. A child's uplink sends over its
     wide-area link: compressed, each batch ``store``-kept for ``destination`` until every
     worker has acked its part, and ``on_ack(bytes, seconds, backlog, level)`` hears of each
-    batch once all its parts are acked (the sum of their bytes, the slowest part's
-    seconds), as from one sender, so that the link's policy measures the link and not the
-    number of workers.
+    batch once all its parts are acked (the sum of their bytes, the slowest part's seconds,
+    the batches still waiting), one call at a time, as from one sender: the link's policy
+    measures the link, not the number of workers.
     """
 
     def __init__(self, query: str, aggregate: WindowAggregate, workers: Sequence[str], *,
@@ -163,16 +175,18 @@ class Router:
         self._store, self._destination = store, destination
         self.retain_s = retain_s
         self._lock = threading.Lock()
+        self._callbacks = threading.Lock()  # one ack or round trip at a time for the policy
         self._sequence = itertools.count(1)
         # What went out, in order, for a worker that starts again: (when, the batch).
         self._sent: deque[tuple[float, PartialBatch]] = deque()
         self._progress: dict[str, pb.Progress] = {}  # input -> its latest report
         self._known: dict[tuple[Any, ...], int] = {}  # key -> its partition
-        # A batch's parts not acked yet: identity -> [parts left, bytes, slowest s, backlog].
-        self._acks: dict[tuple[int, str, int, int], list[Any]] = {}
+        # The batches not every worker has acked its part of, oldest first, however old.
+        self._waiting: dict[tuple[int, str, int, int], _Waiting] = {}
         self.addresses = list(workers)
         # Changes when a partition's worker starts again (as the router does with its site).
         self.epochs = [secrets.token_hex(4)] * len(self.addresses)
+        self._generation = [0] * len(self.addresses)  # which sender of a partition is current
         self._senders = [self._sender(i, a) for i, a in enumerate(self.addresses)]
 
     @property
@@ -181,14 +195,21 @@ class Router:
 
     @property
     def bytes_sent(self) -> int:
-        return sum(sender.bytes_sent for sender in self._senders)
+        return sum(sender.bytes_sent for sender in list(self._senders))
+
+    def routes(self) -> list[tuple[str, str]]:
+        """Each partition's worker: (address, epoch)."""
+        with self._lock:
+            return list(zip(self.addresses, self.epochs, strict=True))
 
     def _sender(self, index: int, address: str) -> PartialSender:
-        return PartialSender(address, connect=self._connect,
-                             max_backoff_s=WIDE_AREA_BACKOFF_S if self._wide_area
-                             else WORKER_BACKOFF_S,
-                             link=self._link(index), wide_area=self._wide_area,
-                             on_ack=self._part_acked, on_round_trip=self._on_round_trip)
+        return PartialSender(
+            address, connect=self._connect,
+            max_backoff_s=WIDE_AREA_BACKOFF_S if self._wide_area else WORKER_BACKOFF_S,
+            link=self._link(index), destination=f"{self.query} part {index + 1}",
+            wide_area=self._wide_area,
+            on_ack=functools.partial(self._part_acked, index, self._generation[index]),
+            on_round_trip=self._round_trip)
 
     def send(self, batch: PartialBatch) -> None:
         """Send each worker its part of a batch."""
@@ -197,12 +218,12 @@ class Router:
             now = self._clock()
             self._sent.append((now, batch))
             while self._sent and now - self._sent[0][0] > self.retain_s:
-                self._acks.pop(_batch_ack_key(self._sent.popleft()[1]), None)
+                self._sent.popleft()
             encoded = [encode_batch(part, self.aggregate, compress=self._wide_area)
                        for part in parts]
             if self._store is not None:
                 self._keep(batch)
-            self._acks[_ack_key(encoded[0])] = [self.count, 0, None, 0]
+            self._waiting[_batch_key(batch)] = _Waiting(batch, set(range(self.count)))
             for sender, part in zip(self._senders, encoded, strict=True):
                 sender.send(part)
 
@@ -217,23 +238,27 @@ class Router:
 
     def move(self, index: int, address: str) -> None:
         """Partition ``index`` now runs at ``address`` (its worker started again): send it
-        everything kept, then every input's latest progress."""
+        everything kept, and every batch it has not acked, then every input's latest
+        progress."""
         with self._lock:
             old = self._senders[index]
             self.addresses[index] = address
             self.epochs[index] = secrets.token_hex(4)
+            self._generation[index] += 1
             self._senders[index] = sender = self._sender(index, address)
-            for _, batch in self._sent:
+            kept = {_batch_key(b): b for _, b in self._sent}
+            kept.update((k, w.batch) for k, w in self._waiting.items() if index in w.workers)
+            for batch in kept.values():
                 part = split_batch(batch, self.aggregate.keys, self.count, self._known)[index]
                 sender.send(encode_batch(part, self.aggregate, compress=self._wide_area))
             for report in self._progress.values():
                 sender.send_progress(report)
-        old.close()
+        threading.Thread(target=old.close, daemon=True, name="close-sender").start()
 
     def unacked(self) -> list[PartialBatch]:
-        """The batches kept that some worker has not acked its part of, oldest first."""
+        """The batches some worker has not acked its part of, oldest first."""
         with self._lock:
-            return [b for _, b in self._sent if _batch_ack_key(b) in self._acks]
+            return [w.batch for w in self._waiting.values()]
 
     def close(self) -> None:
         for sender in self._senders:
@@ -246,20 +271,28 @@ class Router:
         except DataError:  # sent all the same: without a backup beats not at all
             log.exception("%s: keeping a batch for %s failed", self.query, self._destination)
 
-    def _part_acked(self, part: pb.PartialBatch, seconds: float | None, backlog: int) -> None:
-        key = _ack_key(part)
+    def _round_trip(self, seconds: float) -> None:
+        if self._on_round_trip is not None:
+            with self._callbacks:
+                self._on_round_trip(seconds)
+
+    def _part_acked(self, index: int, generation: int, part: pb.PartialBatch,
+                    seconds: float | None, backlog: int) -> None:
+        key = (part.window_start_ms, part.origin, part.revision, part.sequence)
         with self._lock:
-            waiting = self._acks.get(key)
-            if waiting is None:  # sent again to a moved worker: counted the first time
-                return
-            waiting[0] -= 1
-            waiting[1] += part.ByteSize()
+            waiting = self._waiting.get(key)
+            if (waiting is None or index not in waiting.workers
+                    or generation != self._generation[index]):
+                return  # acked before, or by a worker's sender that was replaced since
+            waiting.workers.discard(index)
+            waiting.size += part.ByteSize()
             if seconds is not None:  # (unknown for a part handed over on an earlier stream)
-                waiting[2] = seconds if waiting[2] is None else max(waiting[2], seconds)
-            waiting[3] = max(waiting[3], backlog)
-            if waiting[0] > 0:
+                waiting.seconds = seconds if waiting.seconds is None else max(
+                    waiting.seconds, seconds)
+            if waiting.workers:
                 return
-            del self._acks[key]
+            del self._waiting[key]
+            backlog = len(self._waiting)
         if self._store is not None:
             try:
                 self._store.acked(pb.Ack(query=part.query, window_start_ms=part.window_start_ms,
@@ -270,12 +303,9 @@ class Router:
                 log.exception("%s: marking an ack for %s failed", self.query,
                               self._destination)
         if self._on_ack is not None:
-            self._on_ack(waiting[1], waiting[2], waiting[3], part.level)
+            with self._callbacks:
+                self._on_ack(waiting.size, waiting.seconds, backlog, part.level)
 
 
-def _ack_key(batch: pb.PartialBatch) -> tuple[int, str, int, int]:
-    return (batch.window_start_ms, batch.origin, batch.revision, batch.sequence)
-
-
-def _batch_ack_key(batch: PartialBatch) -> tuple[int, str, int, int]:
+def _batch_key(batch: PartialBatch) -> tuple[int, str, int, int]:
     return (batch.window[0], batch.origin, batch.revision, batch.sequence)

@@ -665,7 +665,7 @@ class SiteRuntime:
         run = self.run(query)
         if run is None or run.router is None or not self.options.offer_routes:
             return []
-        return list(zip(run.router.addresses, run.router.epochs, strict=True))
+        return run.router.routes()
 
     def _progress(self, report: pb.Progress) -> None:
         run = self.run(report.query)

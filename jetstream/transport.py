@@ -142,6 +142,11 @@ class PartialSender:
             self._unacked[key] = message
             self._unacked_metric.set(len(self._unacked))
 
+    def pending(self) -> list[pb.PartialBatch]:
+        """The batches not acknowledged yet, in the order they were sent."""
+        with self._lock:
+            return [m.batch for m in self._unacked.values() if m.HasField("batch")]
+
     @property
     def unacked(self) -> int:
         with self._lock:
@@ -281,6 +286,8 @@ class DataPlaneServicer(rpc.DataPlaneServicer):
 
     def Routes(self, request: pb.RoutesRequest,
                context: grpc.ServicerContext) -> pb.RoutesResponse:
+        if self._aggregate_of(request.query) is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no query named {request.query!r} runs here")
         routes = self._routes(request.query)
         return pb.RoutesResponse(workers=[a for a, _ in routes], epochs=[e for _, e in routes])
 

@@ -110,6 +110,7 @@ class Uplink:
         # What went to the parent itself lately: sent again to its workers when it names them.
         self._via_parent: deque[tuple[float, PartialBatch]] = deque()
         self._lock = threading.Lock()  # the router against the route watcher's changes
+        self._routers_bytes = 0  # what routers replaced since sent
         self._closed = threading.Event()
         if not options.worker:
             threading.Thread(target=self._watch_routes, daemon=True,
@@ -118,8 +119,10 @@ class Uplink:
 
     @property
     def bytes_sent(self) -> int:
-        with self._lock:
-            return self.sender.bytes_sent + (self.router.bytes_sent if self.router else 0)
+        """Bytes sent up the link, to the parent and to its workers (read without waiting)."""
+        router = self.router
+        return (self.sender.bytes_sent + self._routers_bytes
+                + (router.bytes_sent if router is not None else 0))
 
     def send(self, merged: MergedWindow) -> int:
         """Send a merged window at the link's level; the rows sent."""
@@ -158,7 +161,7 @@ class Uplink:
                     self.sender.send_progress(pb.Progress(
                         query=self.name, origin=self.site, watermark_ms=watermark,
                         ended=finished, sequence=next(self._sequence)))
-            self._reported = report
+                self._reported = report
 
     def close(self) -> None:
         """Stop sending; what is unacked stays in the store for the next uplink."""
@@ -180,12 +183,19 @@ class Uplink:
                 try:
                     answer = stub.Routes(pb.RoutesRequest(query=self.name),
                                          timeout=ROUTES_POLL_S)
-                except grpc.RpcError as e:  # the parent is down, or too old to say: as it was
+                except grpc.RpcError as e:
+                    # Down, too old to say, or not running the query yet (a restart or a
+                    # re-plan under way): the way stays as it was.
                     log.debug("%s at %s: asking %s for routes: %s", self.name, self.site,
                               self.parent, e.code().name)
                     continue
-                if len(answer.epochs) == len(answer.workers):
+                if len(answer.epochs) != len(answer.workers):
+                    continue
+                try:
                     self._route(list(zip(answer.workers, answer.epochs, strict=True)))
+                except Exception:  # the watcher goes on: the next answer may do
+                    log.exception("%s at %s: following %s's workers failed", self.name,
+                                  self.site, self.parent)
 
     def _route(self, routes: list[tuple[str, str]]) -> None:
         """Send to the workers of ``routes`` (address, epoch) from now on (to the parent
@@ -210,13 +220,14 @@ class Uplink:
                 destination=self.name)
             self._routes = routes
             # What the old way may not have delivered goes the new way too (the workers drop
-            # what they have): the parent may not have passed a batch on to its workers yet,
-            # and progress sent to them directly must not overtake it.
+            # what they have): the parent may not have passed a batch on to its workers yet
+            # (or not even have it), and progress sent to them directly must not overtake it.
             if router is None:
-                again = [batch for _, batch in self._via_parent]
+                again = [batch for _, batch in self._via_parent] + self._pending()
                 self._via_parent.clear()
             else:
                 again = router.unacked()
+                self._routers_bytes += router.bytes_sent
             for batch in again:
                 if self.router is not None:
                     self.router.send(batch)
@@ -224,12 +235,29 @@ class Uplink:
                     self.sender.send(encode_batch(batch, self.partial))
                     self._via_parent.append((time.monotonic(), batch))
             watermark, finished = self._reported
-            if self.router is not None and watermark is not None:
-                self.router.progress(self.site, watermark, finished)
+            if watermark is not None:  # the new way hears how far this site has got
+                if self.router is not None:
+                    self.router.progress(self.site, watermark, finished)
+                else:
+                    self.sender.send_progress(pb.Progress(
+                        query=self.name, origin=self.site, watermark_ms=watermark,
+                        ended=finished, sequence=next(self._sequence)))
         if router is not None:
             router.close()
         log.info("%s at %s: sending to %s", self.name, self.site,
                  f"{self.parent}'s {len(workers)} workers directly" if workers else self.parent)
+
+    def _pending(self) -> list[PartialBatch]:
+        """What the sender to the parent holds unacked (e.g. what the store gave it at the
+        start), decoded; what does not decode stays with the parent's sender."""
+        out = []
+        for message in self.sender.pending():
+            try:
+                out.append(decode_batch(message, self.partial))
+            except DataError as e:
+                log.warning("%s at %s: not sending a held batch to the workers: %s",
+                            self.name, self.site, e)
+        return out
 
     def set_level(self, level: str) -> LinkLevel:
         """See :meth:`jetstream.runtime.QueryRun.set_level`."""

@@ -286,6 +286,12 @@ def test_a_child_hears_of_a_batch_once_every_worker_has_acked_its_part(tmp_path:
         _wait("worker 0 took its parts", lambda: len(workers[0].batches) == len(batches))
         assert acks == [] and len(store.unacked("q")) == len(batches)
         assert len(router.unacked()) == len(batches)
+        moved = _Worker(partial, (0, 2))  # worker 0 starts again: acks its parts again
+        router.move(0, moved.address)
+        _wait("the new worker 0 took the parts", lambda: len(moved.batches) == len(batches))
+        time.sleep(0.3)
+        assert acks == [] and len(router.unacked()) == len(batches)  # worker 1 has not
+        moved.stop()
         late.set()  # worker 1 runs the query now: its parts go through
         _wait("every batch acked", lambda: len(acks) == len(batches))
         assert store.unacked("q") == [] and router.unacked() == []

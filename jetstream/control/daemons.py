@@ -307,8 +307,9 @@ def run_site(name: str, controller_address: str, *, security: Security, port: in
     address = advertise or f"{host}:{bound}"  # where the controller and peers reach us
     # Where the site's workers reach it: where it listens, not through a NAT or proxy.
     listening = f"{_dialable(host)}:{bound}"
-    # Peers that reach the site through another address cannot reach its workers.
-    options.offer_routes = address == f"{host}:{bound}"
+    # Peers that reach the site through another address cannot reach its workers, nor
+    # those on other machines workers that listen on a wildcard (dialled as 127.0.0.1).
+    options.offer_routes = address == f"{host}:{bound}" and _dialable(host) == host
     exporter = _exporter(host, metrics_port)
     if ready:
         ready(bound)
