@@ -83,6 +83,7 @@ class Uplink:
         self.store, self.metrics, self._sequence = store, run_metrics, sequence
         self.metrics.link = metrics.link_name(site, parent)
         self._reported: tuple[int | None, bool] = (None, False)
+        self._measuring = threading.Lock()  # the policy hears one ack at a time
         self.policy: LinkPolicy | None = None
         self._top_k = ranking if top_k_only else None
         self.local = options.worker  # to its own site: no policy, no compression
@@ -332,9 +333,10 @@ class Uplink:
         link (None: not known)."""
         if self.policy is None or seconds is None:
             return
-        before = self.policy.level
-        after = self.policy.observe(size, max(seconds, 1e-6), backlog, level=level)
-        self._link_metrics()
+        with self._measuring:  # the parent's sender and the router's both call this
+            before = self.policy.level
+            after = self.policy.observe(size, max(seconds, 1e-6), backlog, level=level)
+            self._link_metrics()
         if after != before:
             log.info("%s at %s: link to %s now at level %r (%s)", self.name, self.site,
                      self.parent, after.name,
@@ -342,4 +344,5 @@ class Uplink:
 
     def _round_trip(self, seconds: float) -> None:
         if self.policy is not None:
-            self.policy.observe_round_trip(seconds)
+            with self._measuring:
+                self.policy.observe_round_trip(seconds)

@@ -229,9 +229,15 @@ class SiteController:
             for deployment in deployments:
                 assert deployment.assignment is not None and self.runtime is not None
                 try:
+                    before = deployment.assignment.workers
                     assignment = self._on_workers(deployment.assignment)
-                    self.runtime.deploy(assignment)
+                    self.runtime.deploy(assignment)  # a new address: the run moves the part
                     deployment.assignment = assignment
+                    run = self.runtime.run(assignment.fragment.query)
+                    for i, (worker, was) in enumerate(zip(assignment.workers, before,
+                                                          strict=True)):
+                        if worker[0] == name and worker == was and run and run.router:
+                            run.router.move(i, worker[1])  # started again on the same port
                 except Exception:
                     log.exception("site %s: deploying %s again to the worker of %s failed",
                                   self.site, deployment.fragment.query, server)
