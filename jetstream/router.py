@@ -255,6 +255,13 @@ class Router:
                 sender.send_progress(report)
         threading.Thread(target=old.close, daemon=True, name="close-sender").start()
 
+    def kept(self) -> list[PartialBatch]:
+        """The batches sent in the last ``retain_s``, and those some worker has not acked."""
+        with self._lock:
+            kept = {_batch_key(b): b for _, b in self._sent}
+            kept.update((k, w.batch) for k, w in self._waiting.items())
+        return list(kept.values())
+
     def unacked(self) -> list[PartialBatch]:
         """The batches some worker has not acked its part of, oldest first."""
         with self._lock:

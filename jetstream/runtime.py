@@ -32,7 +32,7 @@ import tempfile
 import threading
 import time
 import zipfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -165,6 +165,9 @@ class SiteOptions:
     #: not when peers reach the site through an address of another machine (``--advertise``:
     #: a NAT or proxy), which its workers do not have.
     offer_routes: bool = True
+    #: A worker's wide-area bytes received so far, per link (its data plane's count): its
+    #: progress reports carry them to its site, which counts them in its metrics.
+    received: Callable[[], Mapping[str, int]] | None = None
     #: How the site dials its parent's data plane: ``jetstream site`` sets its
     #: ``Security.channel`` (mutual TLS, token); None, plaintext, is for in-process tests.
     connect: Connect | None = None
@@ -256,8 +259,9 @@ class QueryRun:
         fragment = assignment.fragment
         return set(fragment.children) | ({self.site} if fragment.sources else set())
 
-    def _link(self, assignment: Assignment) -> None:
-        """The uplink to the assignment's parent (none at the root)."""
+    def _link(self, assignment: Assignment, carried: Sequence[PartialBatch] = ()) -> None:
+        """The uplink to the assignment's parent (none at the root); ``carried``: what the
+        last uplink kept of what it sent the parent's workers (see ``Uplink.kept``)."""
         parent = assignment.fragment.parent
         self.metrics.link = ""
         self.uplink = None if not (parent and assignment.parent_address) else Uplink(
@@ -265,7 +269,8 @@ class QueryRun:
             partial=self.partial, ranking=self.ranking, options=self.options,
             store=self._store, run_metrics=self.metrics, sequence=self._sequence,
             top_k_only=self.options.worker and assignment.fragment.final,
-            retain_s=self.merger.retain_s)
+            retain_s=self.merger.retain_s, carried=carried,
+            received=self.options.received)
 
     @property
     def sender(self) -> PartialSender | None:
@@ -297,10 +302,12 @@ class QueryRun:
                 if address != was:  # the partition's worker started again
                     self.router.move(i, address)
         if assignment.parent_address != before.parent_address:
+            carried: list[PartialBatch] = []
             if self.uplink is not None:
+                carried = self.uplink.kept()
                 self.uplink.close()  # what it holds unacked, the store gives the next one
             self.metrics.remove_link()  # the old link's
-            self._link(assignment)
+            self._link(assignment, carried)
         log.info("%s at %s: now version %d (inputs %s, parent %s)", self.name, self.site,
                  assignment.version, ", ".join(sorted(self.merger.inputs)),
                  assignment.fragment.parent or "none")
@@ -524,8 +531,9 @@ class SiteRuntime:
         self._runs: dict[str, QueryRun] = {}
         self._spark: Any = None
         self._cubes: CubeStore | None = None
+        # A worker ("site/server") names the links it receives over by its site.
         self.servicer = DataPlaneServicer(self._aggregate_of, self._deliver, self._progress,
-                                          site=site, routes=self._routes)
+                                          site=site.partition("/")[0], routes=self._routes)
 
     def deploy(self, assignment: Assignment) -> None:
         """Start a query's run here; a new version of a running one is taken in place when

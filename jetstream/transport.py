@@ -23,7 +23,7 @@ import queue
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 import grpc
 
@@ -276,6 +276,10 @@ class DataPlaneServicer(rpc.DataPlaneServicer):
         bytes. A ``deliver`` that raises ``DataError`` refuses the batch like garbage."""
         self._aggregate_of, self._deliver, self._progress = aggregate_of, deliver, progress
         self._site, self._routes = site or "?", routes
+        # Wide-area bytes received, per link; and, at a site, what its workers last said they
+        # had received: (worker, link) -> bytes.
+        self.received_by_link: Counter[str] = Counter()
+        self._workers_received: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()
         # The identities delivered, oldest first; bounded: a duplicate older than SEEN_MAX
         # batches reaches the merger, which keeps one batch per origin and revision anyway.
@@ -299,9 +303,14 @@ class DataPlaneServicer(rpc.DataPlaneServicer):
             self.bytes_received += size
             origin = (message.progress if message.HasField("progress") else message.batch).origin
             if not local:
-                metrics.WAN_BYTES_RECEIVED.labels(self._link(origin)).inc(size)
+                link = self._link(origin)
+                metrics.WAN_BYTES_RECEIVED.labels(link).inc(size)
+                with self._lock:
+                    self.received_by_link[link] += size
             if message.HasField("progress"):
                 report = message.progress
+                if local and report.received_bytes:
+                    self._count_workers_bytes(report.origin, report.received_bytes)
                 if self._aggregate_of(report.query) is None:
                     context.abort(grpc.StatusCode.NOT_FOUND,
                                   f"no query named {report.query!r} runs here")
@@ -330,6 +339,23 @@ class DataPlaneServicer(rpc.DataPlaneServicer):
             b = message.batch
             yield pb.Ack(query=b.query, window_start_ms=b.window_start_ms, origin=b.origin,
                          partition=b.partition, sequence=b.sequence, revision=b.revision)
+
+    def received(self) -> dict[str, int]:
+        """Wide-area bytes received so far, per link."""
+        with self._lock:
+            return dict(self.received_by_link)
+
+    def _count_workers_bytes(self, worker: str, received: Mapping[str, int]) -> None:
+        """What a worker of this site says it has received over the wide area (its children
+        send to it directly), counted as this site's: the growth since its last report
+        (all of it after the worker started again, its count from zero)."""
+        for link, total in received.items():
+            with self._lock:
+                last = self._workers_received.get((worker, link), 0)
+                self._workers_received[(worker, link)] = total
+            grown = total - last if total >= last else total
+            if grown > 0:
+                metrics.WAN_BYTES_RECEIVED.labels(link).inc(grown)
 
     def _link(self, origin: str) -> str:
         """The link a message came over: every site sends its own partials and progress."""

@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -77,7 +77,8 @@ class Uplink:
                  partial: WindowAggregate, ranking: Ranking | None, options: SiteOptions,
                  store: CubeStore | None, run_metrics: metrics.RunMetrics,
                  sequence: Iterator[int], top_k_only: bool = False,
-                 retain_s: float = 600.0) -> None:
+                 retain_s: float = 600.0, carried: Sequence[PartialBatch] = (),
+                 received: Callable[[], Mapping[str, int]] | None = None) -> None:
         self.site, self.parent, self.name = site, parent, query.name
         self.partial, self.ranking, self.replay = partial, ranking, options.replay
         self.store, self.metrics, self._sequence = store, run_metrics, sequence
@@ -110,6 +111,10 @@ class Uplink:
         self._routes: list[tuple[str, str]] = []  # its workers as the parent named them
         # What went to the parent itself lately: sent again to its workers when it names them.
         self._via_parent: deque[tuple[float, PartialBatch]] = deque()
+        # What the last uplink had sent the parent's workers: the parent started again (at a
+        # new address) lost it with them, so its new workers get it again.
+        self._carried = list(carried)
+        self._received = received
         self._lock = threading.Lock()  # the router against the route watcher's changes
         self._routers_bytes = 0  # what routers replaced since sent
         self._closed = threading.Event()
@@ -161,7 +166,8 @@ class Uplink:
                 else:
                     self.sender.send_progress(pb.Progress(
                         query=self.name, origin=self.site, watermark_ms=watermark,
-                        ended=finished, sequence=next(self._sequence)))
+                        ended=finished, sequence=next(self._sequence),
+                        received_bytes=self._received() if self._received else None))
                 self._reported = report
 
     def close(self) -> None:
@@ -224,11 +230,16 @@ class Uplink:
             # what they have): the parent may not have passed a batch on to its workers yet
             # (or not even have it), and progress sent to them directly must not overtake it.
             if router is None:
-                again = [batch for _, batch in self._via_parent] + self._pending()
+                again = (self._carried + [batch for _, batch in self._via_parent]
+                         + self._pending())
                 self._via_parent.clear()
+                self._carried = []
             else:
                 again = router.unacked()
                 self._routers_bytes += router.bytes_sent
+            if again:
+                log.info("%s at %s: sending %d batches again the new way", self.name,
+                         self.site, len(again))
             for batch in again:
                 if self.router is not None:
                     self.router.send(batch)
@@ -247,6 +258,16 @@ class Uplink:
             router.close()
         log.info("%s at %s: sending to %s", self.name, self.site,
                  f"{self.parent}'s {len(workers)} workers directly" if workers else self.parent)
+
+    def kept(self) -> list[PartialBatch]:
+        """What this uplink keeps of what it sent its parent's workers (the last
+        ``retain_s``, and what they have not all acked), for the next uplink: if the parent
+        started again at a new address, its workers lost it."""
+        with self._lock:
+            batches = list(self._carried)
+            if self.router is not None:
+                batches += self.router.kept()
+        return list({(b.window, b.origin, b.revision, b.sequence): b for b in batches}.values())
 
     def _pending(self) -> list[PartialBatch]:
         """What the sender to the parent holds unacked (e.g. what the store gave it at the

@@ -404,3 +404,45 @@ def test_an_uplink_sends_to_the_workers_its_parent_names_and_follows_them(
         link.close()
         for worker in (parent, *workers):
             worker.stop()
+
+
+def test_a_new_uplink_sends_the_new_workers_what_the_last_one_had_sent_the_old_ones(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parent started again at a new address (a new uplink, new workers): what its old
+    workers had acked is gone with them, and the new ones get it from the child again."""
+    monkeypatch.setattr(uplink_module, "ROUTES_POLL_S", 0.1)
+    query = js.Query("q", QUERIES[0])
+    _, site_query, partial = split(query)
+    batches = site_batches(site_query, partial, "sfo",
+                           [log(t * 1_000, f"d{t % 9}.com") for t in range(25)])
+    old = [_Worker(partial, (i, 2)) for i in range(2)]
+    new = [_Worker(partial, (i, 2)) for i in range(2)]
+    parents = [_Worker(partial, routes=[w.address for w in ws]) for ws in (old, new)]
+
+    def uplink(parent: _Worker, carried: list[PartialBatch]) -> Uplink:
+        return Uplink("sfo", "ams", parent.address, query=query, partial=partial,
+                      ranking=None, options=SiteOptions(replay=True), store=None,
+                      run_metrics=metrics.RunMetrics("sfo", "q"),
+                      sequence=itertools.count(1), carried=carried)
+
+    first = uplink(parents[0], [])
+    second = None
+    try:
+        _wait("the first uplink follows the old workers", lambda: first.router is not None)
+        for b in batches:
+            first.send(MergedWindow(b.window, tuple(dict(r) for r in b.rows), frozenset({"sfo"}),
+                                    frozenset(), b.events, 0.0, covers=frozenset({"sfo"})))
+        _wait("the old workers took it all", lambda: all(
+            len(w.batches) == len(batches) for w in old))
+        kept = first.kept()
+        first.close()
+        second = uplink(parents[1], kept)
+        _wait("the new workers got it all again", lambda: all(
+            len(w.batches) == len(batches) for w in new))
+        assert [[b.rows for b in w.batches] for w in new] == [
+            [b.rows for b in w.batches] for w in old]
+    finally:
+        if second is not None:
+            second.close()
+        for worker in (*old, *new, *parents):
+            worker.stop()

@@ -407,6 +407,7 @@ def run_worker(site: str, server: str, register_at: str, *, security: Security,
     options = SiteOptions(worker=True, connect=security.channel, deadline_s=deadline_s,
                           revision_base=epoch * REVISION_EPOCH)
     runtime = SiteRuntime(name, options, lambda *_: None)
+    options.received = runtime.servicer.received  # its progress reports carry them home
     servicer = SiteControllerServicer()
     servicer.controller = SiteController(name, [Server(server, 1, 1.0)], runtime)
     grpc_server, bound = start_server([

@@ -45,18 +45,27 @@ class PushMessage(_message.Message):
     def __init__(self, batch: _Optional[_Union[PartialBatch, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ...) -> None: ...
 
 class Progress(_message.Message):
-    __slots__ = ("query", "origin", "watermark_ms", "ended", "sequence")
+    __slots__ = ("query", "origin", "watermark_ms", "ended", "sequence", "received_bytes")
+    class ReceivedBytesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     QUERY_FIELD_NUMBER: _ClassVar[int]
     ORIGIN_FIELD_NUMBER: _ClassVar[int]
     WATERMARK_MS_FIELD_NUMBER: _ClassVar[int]
     ENDED_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    RECEIVED_BYTES_FIELD_NUMBER: _ClassVar[int]
     query: str
     origin: str
     watermark_ms: int
     ended: bool
     sequence: int
-    def __init__(self, query: _Optional[str] = ..., origin: _Optional[str] = ..., watermark_ms: _Optional[int] = ..., ended: _Optional[bool] = ..., sequence: _Optional[int] = ...) -> None: ...
+    received_bytes: _containers.ScalarMap[str, int]
+    def __init__(self, query: _Optional[str] = ..., origin: _Optional[str] = ..., watermark_ms: _Optional[int] = ..., ended: _Optional[bool] = ..., sequence: _Optional[int] = ..., received_bytes: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class PartialBatch(_message.Message):
     __slots__ = ("query", "window_start_ms", "window_end_ms", "origin", "partition", "attempt", "sequence", "kind", "level", "payload", "compressed", "events", "error_bound", "complete", "covers", "wan_bytes", "closed_at_ms", "revision", "ranked_by", "items_extra", "warnings")
