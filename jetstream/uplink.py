@@ -219,6 +219,7 @@ class Uplink:
                 self._routes = routes
                 return
             if router is None and not workers:
+                self._carried = []  # a parent without workers: nothing of theirs to give
                 return
             self.router = None if not workers else Router(
                 self.name, self.partial, workers, connect=self._connect,

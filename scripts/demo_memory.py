@@ -5,9 +5,12 @@ Usage: python scripts/demo_memory.py [--duration 60] [-- more jetstream demo opt
 
 Runs ``jetstream demo --no-dashboard --duration D`` and, while it runs, sums the resident set
 (VmRSS in /proc) of the demo and every process under it (the controller, the sites, their
-Spark JVMs); prints the peak of that sum, the peak per kind of process, and when it was reached,
-and the latency after close (``latency_s``) of each complete window the demo showed. Shared
-pages count once per process, so the sum is an upper bound of what the machine used.
+Spark JVMs, the workers); prints the peak of that sum, the peak per kind of process, and when
+it was reached, and the latency after close (``latency_s``) of each complete window the demo
+showed. Shared pages (the JVM's and Python's libraries, the JDK's class data archive) count
+once per process in that sum, an upper bound of what the machine used; so it also sums the
+proportional set size (Pss in smaps_rollup: each shared page split between the processes
+that map it), which adds up to the memory the demo's processes take from the machine.
 """
 
 from __future__ import annotations
@@ -36,14 +39,23 @@ def _children() -> dict[int, list[int]]:
     return tree
 
 
-def _rss_mb(pid: int) -> float:
+def _field_mb(path: str, name: str) -> float:
+    """A "Name:  N kB" line of a /proc file, in MB (0 if the process is gone)."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(name):
                 return int(line.split()[1]) / 1024
     except OSError:
         pass
     return 0.0
+
+
+def _rss_mb(pid: int) -> float:
+    return _field_mb(f"/proc/{pid}/status", "VmRSS:")
+
+
+def _pss_mb(pid: int) -> float:
+    return _field_mb(f"/proc/{pid}/smaps_rollup", "Pss:")
 
 
 def _kind(pid: int) -> str:
@@ -63,13 +75,15 @@ def _kind(pid: int) -> str:
     return "demo (CLI)"
 
 
-def sample(root: int) -> Counter[str]:
-    tree, todo, seen = _children(), [root], Counter[str]()
+def sample(root: int) -> tuple[Counter[str], float]:
+    """Resident MB per kind of process under ``root``, and the sum of their Pss."""
+    tree, todo, seen, pss = _children(), [root], Counter[str](), 0.0
     while todo:
         pid = todo.pop()
         seen[_kind(pid)] += _rss_mb(pid)
+        pss += _pss_mb(pid)
         todo += tree.get(pid, [])
-    return seen
+    return seen, pss
 
 
 def main() -> None:
@@ -82,17 +96,20 @@ def main() -> None:
     view = tempfile.TemporaryFile("w+")  # noqa: SIM115 (read back after the demo ends)
     demo = subprocess.Popen(command, stdout=view, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "COLUMNS": "160"})
-    peak, peak_at, peak_kinds = 0.0, 0.0, Counter[str]()
+    peak, peak_at, peak_kinds, peak_pss = 0.0, 0.0, Counter[str](), 0.0
     while demo.poll() is None:
-        kinds = sample(demo.pid)
+        kinds, pss = sample(demo.pid)
         if sum(kinds.values()) > peak:
             peak, peak_at, peak_kinds = sum(kinds.values()), time.monotonic() - started, kinds
+        peak_pss = max(peak_pss, pss)
         time.sleep(1.0)
     print(demo.stderr.read() if demo.stderr else "", end="", file=sys.stderr)
     print(f"peak resident memory of the demo, every process: {peak:,.0f} MB "
           f"({peak / 1024:.2f} GiB), {peak_at:.0f} s in")
     for kind, mb in sorted(peak_kinds.items()):
         print(f"  {kind}: {mb:,.0f} MB")
+    print(f"peak proportional set size (Pss) of the demo, every process: {peak_pss:,.0f} MB "
+          f"({peak_pss / 1024:.2f} GiB): shared pages counted once")
     view.seek(0)
     latencies: dict[str, float] = {}
     for window, seconds in re.findall(r"cdn-topk \[(\d\d:\d\d:\d\d), [^)]*\) UTC — \d/\d "
