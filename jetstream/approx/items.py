@@ -22,15 +22,16 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import datasketches as ds
+from typing import TYPE_CHECKING, Any
 
 from jetstream.aggregates import Aggregate, Count, Sum, check_int
-from jetstream.approx.sketches import MAX_LG_MAX_K, check_frequent_strings
+from jetstream.approx.sketches import MAX_LG_MAX_K, check_frequent_strings, datasketches
 from jetstream.approx.truncate import BoundedPartial, bounds
 from jetstream.errors import DataError
 from jetstream.operators import WindowAggregate
+
+if TYPE_CHECKING:
+    import datasketches as ds
 
 __all__ = ["ItemsSketch", "from_items", "to_items"]
 
@@ -67,7 +68,7 @@ def to_items(partial: BoundedPartial, aggregate: WindowAggregate, rank: str,
     """
     check_int(lg_max_k, MIN_LG_MAX_K, MAX_LG_MAX_K, "frequent items: lg_max_k")
     ranked = bounds(partial, aggregate, rank)
-    sketch = ds.frequent_strings_sketch(lg_max_k)
+    sketch = datasketches().frequent_strings_sketch(lg_max_k)
     # Lightest first: a purge takes from every counter held, so the heavy keys, which the
     # top-k needs, keep their counts whole if they come last.
     order = sorted(range(len(partial.rows)), key=lambda i: ranked.lb[i])
@@ -106,8 +107,9 @@ def from_items(data: bytes, extra: float, aggregate: WindowAggregate,
     except ValueError as e:
         raise DataError(f"{where}: {e}") from None
     try:
-        sketch = ds.frequent_strings_sketch.deserialize(data)
-        items = sketch.get_frequent_items(ds.frequent_items_error_type.NO_FALSE_NEGATIVES, 0)
+        sketch = datasketches().frequent_strings_sketch.deserialize(data)
+        items = sketch.get_frequent_items(
+            datasketches().frequent_items_error_type.NO_FALSE_NEGATIVES, 0)
     except (RuntimeError, ValueError, TypeError, IndexError, MemoryError) as e:
         msg = f"{where}: not a frequent-items sketch: {e}"
         raise DataError(msg) from None

@@ -14,11 +14,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import datasketches as ds
-
 from jetstream.aggregates import Avg, Count, Sum
 from jetstream.approx.items import MIN_LG_MAX_K, ItemsSketch, to_items
 from jetstream.approx.policy import DegradationLevel, degradation_ladder
+from jetstream.approx.sketches import datasketches
 from jetstream.approx.truncate import BoundedPartial, truncate
 from jetstream.dsl import Query
 from jetstream.operators import Phase, TopK, WindowAggregate
@@ -91,8 +90,9 @@ def levels_for(rank: Ranking | None) -> tuple[DegradationLevel, ...]:
     if rank is None:
         return degradation_ladder([("exact", 1.0, 0.0)])
     exact = max(EXACT_ROWS_GUESS * rank.k, TRUNCATION_FACTORS[0] * rank.k * 2)
+    epsilon = datasketches().frequent_strings_sketch.get_epsilon_for_lg_size
     sketches = [(f"sketch of {_capacity(lg)}", SKETCH_ITEM_WEIGHT * _capacity(lg),
-                 max(NOMINAL_ERRORS[-1], ds.frequent_strings_sketch.get_epsilon_for_lg_size(lg)))
+                 max(NOMINAL_ERRORS[-1], epsilon(lg)))
                 for lg in _sketch_sizes(rank)]
     return degradation_ladder([("exact", float(exact), 0.0)] + [
         (f"top {factor * rank.k}", float(factor * rank.k), error)

@@ -14,9 +14,7 @@ import math
 import struct
 from array import array
 from dataclasses import dataclass
-from typing import Any, ClassVar
-
-import datasketches as ds
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from jetstream.aggregates import (
     Aggregate,
@@ -28,8 +26,20 @@ from jetstream.aggregates import (
 from jetstream.errors import PlanError
 from jetstream.schema import DataType
 
+if TYPE_CHECKING:
+    import datasketches as ds
+
 __all__ = ["ApproxCountDistinct", "ApproxQuantile", "TopKItems", "check_frequent_strings",
            "check_hll", "check_kll_doubles"]
+
+def datasketches() -> Any:
+    """The datasketches module, imported when a sketch is first needed: it loads numpy
+    (about 17 MB a process), which processes that build no sketch (the controller, the CLI,
+    a worker merging exact rows) do without."""
+    import datasketches as module
+
+    return module
+
 
 #: The largest frequent-items sketch accepted from a peer (as ``to_items`` and ``top_k`` offer).
 MAX_LG_MAX_K = 26
@@ -38,7 +48,7 @@ MAX_LG_MAX_K = 26
 class _Sketch(Aggregate):
     """A DataSketches accumulator crosses the wire as its own serialized bytes (base64)."""
 
-    sketch_type: ClassVar[Any]
+    sketch_type: ClassVar[str]  # the name of its class in datasketches
 
     def encode(self, acc: Any) -> str:
         data = acc.serialize_compact() if hasattr(acc, "serialize_compact") else acc.serialize()
@@ -55,7 +65,7 @@ class _Sketch(Aggregate):
         except ValueError as e:
             raise ValueError(f"{self.name}: {e}") from None
         try:
-            return type(self).sketch_type.deserialize(raw)
+            return getattr(datasketches(), type(self).sketch_type).deserialize(raw)
         except (TypeError, ValueError, RuntimeError, IndexError, MemoryError) as e:
             msg = f"{self.name}: not a serialized sketch: {e}"
             raise ValueError(msg) from None
@@ -74,7 +84,7 @@ class ApproxCountDistinct(_Sketch):
 
     lg_k: int = 12
     name: ClassVar[str] = "approx_count_distinct"
-    sketch_type: ClassVar[Any] = ds.hll_sketch
+    sketch_type: ClassVar[str] = "hll_sketch"
     partial: ClassVar[str] = "an HLL sketch"
     kind: ClassVar[AggregateKind] = AggregateKind.APPROXIMATE
 
@@ -91,14 +101,14 @@ class ApproxCountDistinct(_Sketch):
         return DataType.INT
 
     def create(self) -> ds.hll_sketch:
-        return ds.hll_sketch(self.lg_k)
+        return datasketches().hll_sketch(self.lg_k)
 
     def add(self, acc: ds.hll_sketch, value: Any) -> ds.hll_sketch:
         acc.update(value)
         return acc
 
     def merge(self, acc: ds.hll_sketch, other: ds.hll_sketch) -> ds.hll_sketch:
-        union = ds.hll_union(self.lg_k)
+        union = datasketches().hll_union(self.lg_k)
         union.update(acc)
         union.update(other)
         return union.get_result()
@@ -122,7 +132,7 @@ class ApproxQuantile(_Sketch):
     q: float = 0.5
     k: int = 200
     name: ClassVar[str] = "approx_quantile"
-    sketch_type: ClassVar[Any] = ds.kll_doubles_sketch
+    sketch_type: ClassVar[str] = "kll_doubles_sketch"
     partial: ClassVar[str] = "a KLL sketch"
     kind: ClassVar[AggregateKind] = AggregateKind.APPROXIMATE
 
@@ -138,7 +148,7 @@ class ApproxQuantile(_Sketch):
         return DataType.FLOAT
 
     def create(self) -> ds.kll_doubles_sketch:
-        return ds.kll_doubles_sketch(self.k)
+        return datasketches().kll_doubles_sketch(self.k)
 
     def add(self, acc: ds.kll_doubles_sketch, value: Any) -> ds.kll_doubles_sketch:
         acc.update(float(value))
@@ -171,7 +181,7 @@ class TopKItems(_Sketch):
     k: int = 10
     lg_max_k: int = 10
     name: ClassVar[str] = "top_k"
-    sketch_type: ClassVar[Any] = ds.frequent_strings_sketch
+    sketch_type: ClassVar[str] = "frequent_strings_sketch"
     partial: ClassVar[str] = "a frequent-items sketch"
     kind: ClassVar[AggregateKind] = AggregateKind.APPROXIMATE
 
@@ -191,7 +201,7 @@ class TopKItems(_Sketch):
         return DataType.LIST
 
     def create(self) -> ds.frequent_strings_sketch:
-        return ds.frequent_strings_sketch(self.lg_max_k)
+        return datasketches().frequent_strings_sketch(self.lg_max_k)
 
     def add(self, acc: ds.frequent_strings_sketch, value: Any) -> ds.frequent_strings_sketch:
         acc.update(str(value))
@@ -203,7 +213,8 @@ class TopKItems(_Sketch):
         return acc
 
     def _items(self, acc: ds.frequent_strings_sketch) -> list[tuple[str, int, int, int]]:
-        items = acc.get_frequent_items(ds.frequent_items_error_type.NO_FALSE_NEGATIVES)
+        items = acc.get_frequent_items(
+            datasketches().frequent_items_error_type.NO_FALSE_NEGATIVES)
         return sorted(items, key=lambda it: (-it[1], it[0]))
 
     def extract(self, acc: ds.frequent_strings_sketch) -> list[dict[str, Any]]:
