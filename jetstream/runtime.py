@@ -221,7 +221,8 @@ class QueryRun:
             connect=options.connect, retain_s=self.merger.retain_s,
             link=lambda i: metrics.link_name(site, self.assignment.workers[i][0]))
         self.ranking = ranking(self.query)
-        self._known: dict[tuple[Any, ...], int] = {}  # key -> its partition, for own_rows
+        # Per partition count (a re-plan may change it), key -> its partition, for own_rows.
+        self._known: dict[int, dict[tuple[Any, ...], int]] = {}
         self._store = store
         # A replay starts over from its input after a crash: it keeps no inbox.
         self._inbox = None if options.replay else store
@@ -394,7 +395,8 @@ class QueryRun:
                      self.name, self.site, batch.origin)
             return  # a partition this run does not have (a replaced plan's): never an input
         # A worker merges its key partition only; raises DataError for a row cut wrongly.
-        batch = own_rows(batch, self.partial.keys, self.assignment.fragment.part, self._known)
+        part = self.assignment.fragment.part
+        batch = own_rows(batch, self.partial.keys, part, self._known.setdefault(part[1], {}))
         if self._inbox is not None:
             self._inbox.receive(encode_batch(batch, self.partial))
         self._take(batch)
