@@ -221,8 +221,7 @@ class QueryRun:
             connect=options.connect, retain_s=self.merger.retain_s,
             link=lambda i: metrics.link_name(site, self.assignment.workers[i][0]))
         self.ranking = ranking(self.query)
-        # Per partition count (a re-plan may change it), key -> its partition, for own_rows.
-        self._known: dict[int, dict[tuple[Any, ...], int]] = {}
+        self._known: dict[tuple[Any, ...], int] = {}  # key -> its partition, for own_rows
         self._store = store
         # A replay starts over from its input after a crash: it keeps no inbox.
         self._inbox = None if options.replay else store
@@ -293,7 +292,8 @@ class QueryRun:
         before = self.assignment
         if (assignment.source != before.source or assignment.fragment.query != self.name
                 or bool(assignment.fragment.sources) != bool(before.fragment.sources)
-                or [n for n, _ in assignment.workers] != [n for n, _ in before.workers]):
+                or [n for n, _ in assignment.workers] != [n for n, _ in before.workers]
+                or assignment.fragment.part != before.fragment.part):  # other keys: anew
             return False
         self.assignment = assignment
         self.merger.set_inputs(self._inputs(assignment))
@@ -395,8 +395,7 @@ class QueryRun:
                      self.name, self.site, batch.origin)
             return  # a partition this run does not have (a replaced plan's): never an input
         # A worker merges its key partition only; raises DataError for a row cut wrongly.
-        part = self.assignment.fragment.part
-        batch = own_rows(batch, self.partial.keys, part, self._known.setdefault(part[1], {}))
+        batch = own_rows(batch, self.partial.keys, self.assignment.fragment.part, self._known)
         if self._inbox is not None:
             self._inbox.receive(encode_batch(batch, self.partial))
         self._take(batch)
