@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
+from collections import defaultdict
 from pathlib import Path
 
 
@@ -58,14 +58,11 @@ def _pss_mb(pid: int) -> float:
     return _field_mb(f"/proc/{pid}/smaps_rollup", "Pss:")
 
 
-def _kind(pid: int) -> str:
-    try:
-        command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return "gone"
-    text = b" ".join(command).decode(errors="replace")
-    if "java" in command[0].decode(errors="replace"):
+def _kind(cmdline: bytes) -> str:
+    command = cmdline.split(b"\0")
+    if b"java" in command[0]:
         return "Spark JVMs"
+    text = b" ".join(command).decode(errors="replace")
     if " worker " in text:
         return "workers"
     if " site " in text:
@@ -75,14 +72,30 @@ def _kind(pid: int) -> str:
     return "demo (CLI)"
 
 
-def sample(root: int) -> tuple[Counter[str], float]:
-    """Resident MB per kind of process under ``root``, and the sum of their Pss."""
-    tree, todo, seen, pss = _children(), [root], Counter[str](), 0.0
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def sample(root: int) -> tuple[dict[str, float], float]:
+    """Resident MB per kind of process under ``root``, and the sum of their Pss.
+
+    A child that still runs its parent's command is a fork that has not yet exec'd: a JVM
+    starting a command (Hadoop runs ``chmod`` for each checkpoint file it writes) forks with
+    CLONE_VM, so until the exec its RSS and Pss are its parent's own pages, read twice. It is
+    left out; so is its memory, which it shares with its parent until it writes to it.
+    """
+    tree, todo, seen, pss = _children(), [(root, b"")], defaultdict[str, float](float), 0.0
     while todo:
-        pid = todo.pop()
-        seen[_kind(pid)] += _rss_mb(pid)
+        pid, parent_command = todo.pop()
+        command = _cmdline(pid)
+        if command and command == parent_command:
+            continue
+        seen[_kind(command)] += _rss_mb(pid)
         pss += _pss_mb(pid)
-        todo += tree.get(pid, [])
+        todo += [(child, command) for child in tree.get(pid, [])]
     return seen, pss
 
 
@@ -90,13 +103,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=60.0)
     args, rest = parser.parse_known_args()
+    if rest[:1] == ["--"]:  # the usage's separator before the demo's own options
+        rest = rest[1:]
     command = [sys.executable, "-m", "jetstream", "demo", "--no-dashboard",
                "--duration", str(args.duration), *rest]
     started = time.monotonic()
     view = tempfile.TemporaryFile("w+")  # noqa: SIM115 (read back after the demo ends)
     demo = subprocess.Popen(command, stdout=view, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "COLUMNS": "160"})
-    peak, peak_at, peak_kinds, peak_pss = 0.0, 0.0, Counter[str](), 0.0
+    peak, peak_at, peak_pss = 0.0, 0.0, 0.0
+    peak_kinds: dict[str, float] = {}
     while demo.poll() is None:
         kinds, pss = sample(demo.pid)
         if sum(kinds.values()) > peak:
