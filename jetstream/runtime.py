@@ -118,6 +118,11 @@ DEFAULT_SPARK_CONF: Mapping[str, str] = MappingProxyType({
     # (pyspark ships no native Hadoop library): a live micro-batch's writes of its offset and
     # commit logs took about 70 ms, now about 20 ms (docs/benchmarks.md).
     **_checkpoint_file_manager(),
+    # Local files without Hadoop's checksum files: without a native Hadoop library, every file
+    # Hadoop creates on the local file system has its mode set by a `chmod` child process
+    # (about 5 ms), the checksum file its own. A micro-batch writes three checkpoint files;
+    # this takes three `chmod`s off each, about 15 ms (scripts/bench_live_batch.py).
+    "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
 })
 
 

@@ -51,6 +51,12 @@ def thread_ticks(pid: int) -> Counter[str]:
     return ticks
 
 
+def compilations(spark: SparkSession) -> int:
+    """How many classes Spark's code generation has compiled in this JVM so far."""
+    metrics = spark.sparkContext._jvm.org.apache.spark.metrics.source.CodegenMetrics  # type: ignore[union-attr]
+    return int(metrics.METRIC_COMPILATION_TIME().getCount())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=int, default=80)
@@ -84,15 +90,17 @@ def main() -> None:
                            snapshot=work / "stage.json",
                            on_batch=lambda _, s: seconds.append(s))
         stream = stage.start()
-        jvm_before, ours_before = Counter[str](), 0.0
+        jvm_before, ours_before, compiled_before = Counter[str](), 0.0, 0
         for i in range(args.files):
             if i == args.skip:
                 jvm_before, ours_before = thread_ticks(jvm), sum(os.times()[:2])
+                compiled_before = compilations(spark)
             staged = work / f"f{i}.csv"
             staged.write_text(header + "".join(lines[i * args.lines:(i + 1) * args.lines]))
             staged.rename(folder / staged.name)
             time.sleep(args.every)
         jvm_after, ours_after = thread_ticks(jvm), sum(os.times()[:2])
+        compiled = compilations(spark) - compiled_before
         counted = args.files - args.skip
         progress = [json.loads(p.json) if hasattr(p, "json") else p
                     for p in stream.recentProgress]
@@ -107,6 +115,7 @@ def main() -> None:
                 for name, ticks in jvm_after.items()}
     print(f"CPU per file after the first {args.skip}: JVM {sum(per_file.values()):.0f} ms, "
           f"this process {(ours_after - ours_before) * 1000 / counted:.0f} ms")
+    print(f"code generation: {compiled} classes compiled by Janino over the last {counted} files")
     print("JVM threads, ms per file:", {name: round(ms) for name, ms in
                                         sorted(per_file.items(), key=lambda kv: -kv[1])[:8]})
     spark.stop()

@@ -30,11 +30,14 @@ def spark():  # type: ignore[no-untyped-def]
     """One local SparkSession for the whole test session (a session takes seconds to start)."""
     from pyspark.sql import SparkSession
 
-    session = (SparkSession.builder.master("local[2]").appName("jetstream-tests")
-               .config("spark.ui.enabled", "false")
-               .config("spark.sql.shuffle.partitions", "2")
-               .config("spark.driver.memory", "1g")
-               .getOrCreate())
+    from jetstream.runtime import DEFAULT_SPARK_CONF
+
+    # A site's own settings, so that the stage is tested as sites run it; a larger heap, as
+    # this one session serves every test.
+    builder = SparkSession.builder.master("local[2]").appName("jetstream-tests")
+    for key, value in {**DEFAULT_SPARK_CONF, "spark.driver.memory": "1g"}.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
