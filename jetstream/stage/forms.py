@@ -15,7 +15,7 @@ is summed as its high and low 32 bits, two bigint sums that cannot overflow; a d
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +38,7 @@ _LIMB_BITS = 29
 #: The limbs of a double's integer part, most significant first.
 LIMBS = 3
 _NON_FINITE = (math.inf, -math.inf, math.nan)  # Spark, unlike Python, has NaN = NaN
+_ONE_CHUNK = 1 << _MANTISSA_BITS
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ class SparkForm:
     (None but for a sum of doubles), a new object that the caller owns."""
 
     columns: Callable[[Any, Input], list[Column]]
-    accumulator: Callable[[Any, list[Any], int | None], Any]
+    accumulator: Callable[[Any, Sequence[Any], int | None], Any]
     #: Its input, when a double, comes in bands of exponents and limbs (a sum's).
     banded: bool = False
 
@@ -75,33 +76,34 @@ def _sum(agg: Sum, x: Input) -> list[Column]:
             F.sum(x.value.bitwiseAND(F.lit(0xFFFFFFFF)))]
 
 
-def _sum_accumulator(agg: Sum, values: list[Any], band: int | None) -> list[Any]:
-    if not values[0]:
+def _sum_accumulator(agg: Sum, values: Sequence[Any], band: int | None) -> list[Any]:
+    # Called once per collected row, so plain indexing: ``values`` is what ``_sum`` made, the
+    # count, then the limbs (or the high and low halves), then the counts of inf, -inf, NaN.
+    count = values[0]
+    if not count:
         return agg.create()
     if len(values) == 3:  # integers: the count, the high and the low halves
-        return [int(values[0]), (int(values[1]) << 32) + int(values[2]), []]
-    count, limbs, non_finite = values[0], values[1:1 + LIMBS], values[1 + LIMBS:]
+        return [count, (values[1] << 32) + values[2], []]
     chunks = []
     if band is not None:  # a NULL band: this row's values are not finite
-        high, middle, low = limbs
-        chunks = exact_floats((((int(high) << _LIMB_BITS) + int(middle)) << _LIMB_BITS)
-                              + int(low), int(band))
-    if not any(non_finite):  # the usual row: the chunks are already exact partials
-        return [int(count), 0, chunks]
-    floats = [value for value, times in zip(_NON_FINITE, non_finite, strict=True)
+        chunks = exact_floats((((values[1] << _LIMB_BITS) + values[2]) << _LIMB_BITS)
+                              + values[3], band)
+    if not (values[4] or values[5] or values[6]):  # the usual row: no infinity or NaN;
+        return [count, 0, chunks]  # the chunks are already exact partials
+    floats = [value for value, times in zip(_NON_FINITE, values[1 + LIMBS:], strict=True)
               for _ in range(times)]
-    return agg.merge([int(count), 0, []], [0, 0, [*floats, *chunks]])
+    return agg.merge([count, 0, []], [0, 0, [*floats, *chunks]])
 
 
-def _first(agg: Aggregate, values: list[Any], band: int | None) -> Any:
+def _first(agg: Aggregate, values: Sequence[Any], band: int | None) -> Any:
     return values[0]
 
 
-def _hll(agg: ApproxCountDistinct, values: list[Any], band: int | None) -> Any:
+def _hll(agg: ApproxCountDistinct, values: Sequence[Any], band: int | None) -> Any:
     return agg.create() if values[0] is None else ds.hll_sketch.deserialize(bytes(values[0]))
 
 
-def _kll(agg: ApproxQuantile, values: list[Any], band: int | None) -> Any:
+def _kll(agg: ApproxQuantile, values: Sequence[Any], band: int | None) -> Any:
     return (agg.create() if values[0] is None
             else ds.kll_doubles_sketch.deserialize(bytes(values[0])))
 
@@ -176,6 +178,8 @@ def exact_floats(total: int, e: int) -> list[float]:
     one site, in one micro-batch, window and key add up to less than 2**1024); the reference's
     exact partials overflow there too, to infinities that depend on the order of the values.
     """
+    if -_ONE_CHUNK < total < _ONE_CHUNK:  # the usual total: one chunk, zero included
+        return [math.ldexp(total, e)]
     sign, rest, shift = -1.0 if total < 0 else 1.0, abs(total), 0
     chunks = []
     try:
