@@ -26,6 +26,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 import jetstream as js
+from jetstream.operators import WindowAggregate
 from jetstream.partials import PartialBatch, encode_batch
 from jetstream.queryfile import load_query
 from jetstream.runtime import DEFAULT_SPARK_CONF
@@ -98,6 +99,7 @@ def main() -> None:
     query = js.optimize(load_query(ROOT / "examples" / "cdn_topk.py"))
     plan = query.plan()
     partial = plan.op(plan.partial_aggregates()[0])
+    assert isinstance(partial, WindowAggregate)
     ratios, rows = [], []
     with tempfile.TemporaryDirectory() as tmp:
         logs = Path(tmp) / "logs"
