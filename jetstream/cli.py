@@ -252,7 +252,7 @@ def _gen_logs(args: argparse.Namespace) -> int:
     import threading
     import time
 
-    from jetstream.loggen import FlashCrowd, LogSpec, write_live, write_logs
+    from jetstream.lab.loggen import FlashCrowd, LogSpec, write_live, write_logs
     from jetstream.windows import parse_duration
 
     say = _progress("gen-logs")
@@ -335,8 +335,8 @@ def _demo(args: argparse.Namespace) -> int:
     query_file = _live_query(args)
     if args.replay:
         return _replay_demo(query_file, EXAMPLES / "logs", say)
-    from jetstream.control.demo import live_demo
-    from jetstream.loggen import LogSpec
+    from jetstream.lab.demo import live_demo
+    from jetstream.lab.loggen import LogSpec
 
     work = Path(tempfile.mkdtemp(prefix="jetstream-demo-"))
     say(f"the {query_file.stem} query across the sites of {Path(args.topology).stem}, on live "
@@ -390,9 +390,9 @@ def _replay_demo(query_file: Path, logs: Path, say: Callable[[str], None]) -> in
 
 
 def _emulate(args: argparse.Namespace) -> int:
-    from jetstream.control.demo import live_demo
-    from jetstream.control.emulate import HOST_ADDRESS, EmulatedSite, WideArea
-    from jetstream.loggen import LogSpec
+    from jetstream.lab.demo import live_demo
+    from jetstream.lab.emulate import HOST_ADDRESS, EmulatedSite, WideArea
+    from jetstream.lab.loggen import LogSpec
 
     action, *rest = args.action
     WideArea.check_host()
@@ -442,11 +442,11 @@ def _emulate(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from jetstream.control.bench import run_bench
+    from jetstream.lab.bench import run_bench
 
     say = _progress("bench")
     if args.emulate:
-        from jetstream.control.emulate import WideArea
+        from jetstream.lab.emulate import WideArea
 
         WideArea.check_host()
         parse_bandwidth(args.link, "--link")
@@ -457,7 +457,7 @@ def _bench(args: argparse.Namespace) -> int:
     report = run_bench(Path(args.topology), query_file, work,
                        duration_s=duration, rate=rate, seed=args.seed, say=say)
     if args.emulate:
-        from jetstream.control.latency_bench import run_latency
+        from jetstream.lab.latency_bench import run_latency
 
         report["latency"] = run_latency(
             Path(args.topology), query_file, work,

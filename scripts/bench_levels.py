@@ -24,7 +24,7 @@ from typing import Any
 import jetstream as js
 from jetstream.approx.levels import ranking
 from jetstream.approx.tput import tput_top_k
-from jetstream.control.bench import through_levels
+from jetstream.lab.bench import through_levels
 from jetstream.operators import WindowAggregate
 
 LOGS = js.source("cdn_logs", schema=js.CDN_LOG_SCHEMA)

@@ -3,7 +3,7 @@
 
 Usage: python scripts/bench_savings.py [--rate 100] [--hours 1] [--seed 0]
 
-Generates ``--hours`` of one PoP's CDN logs (``jetstream.loggen``, default spec) and, for
+Generates ``--hours`` of one PoP's CDN logs (``jetstream.lab.loggen``, default spec) and, for
 windows of 5 s, 1 min, 5 min and 1 h, encodes each window's exact partials -- per domain, or
 per full URL, the request count and the bytes served -- as the partial batches a site sends
 (``jetstream.partials.encode_batch``: columnar JSON, zlib). Prints raw CSV bytes over partial
@@ -18,7 +18,7 @@ from collections.abc import Mapping
 import numpy as np
 
 import jetstream as js
-from jetstream.loggen import LogSpec, generate, to_csv
+from jetstream.lab.loggen import LogSpec, generate, to_csv
 from jetstream.partials import PartialBatch, encode_batch
 from jetstream.runtime import distributed, partial_aggregate
 

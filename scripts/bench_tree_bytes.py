@@ -21,7 +21,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from jetstream.control.launch import LocalCluster, free_port, replay
-from jetstream.loggen import LogSpec, write_logs
+from jetstream.lab.loggen import LogSpec, write_logs
 
 ROOT = Path(__file__).resolve().parent.parent
 TOPOLOGY = ROOT / "topologies" / "tree-7.yaml"

@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from jetstream.control.soak import Sample, soak
+from jetstream.lab.soak import Sample, soak
 
 ROOT = Path(__file__).resolve().parent.parent
 

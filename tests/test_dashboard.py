@@ -32,7 +32,7 @@ from jetstream.control.global_controller import GlobalController, LinkReport, Pl
 from jetstream.control.launch import LocalCluster, free_port
 from jetstream.control.servicers import GlobalControllerServicer
 from jetstream.errors import ControlPlaneError
-from jetstream.loggen import LogSpec, write_live
+from jetstream.lab.loggen import LogSpec, write_live
 from jetstream.results import WindowResult
 from jetstream.v1 import control_pb2 as pb
 from tests.test_control import (

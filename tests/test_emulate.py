@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from jetstream.aggtree.loader import load_topology
-from jetstream.control.emulate import HOST_ADDRESS, WideArea, uplinks
+from jetstream.lab.emulate import HOST_ADDRESS, WideArea, uplinks
 from jetstream.errors import ControlPlaneError
 from jetstream.units import parse_bandwidth
 

@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("package", ["jetstream", "jetstream.rewrite", "jetstream.aggtree",
-                                     "jetstream.approx", "jetstream.control"])
+                                     "jetstream.approx", "jetstream.control",
+                                     "jetstream.lab"])
 def test_packages_exist_and_say_what_they_hold(package: str) -> None:
     module = importlib.import_module(package)
     assert module.__doc__ and len(module.__doc__.strip()) > 20
@@ -34,3 +35,13 @@ def test_ci_runs_the_readme_test_command() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     assert "./dev test" in readme
     assert "exec ./dev test" in ci
+
+
+def test_only_the_cli_reaches_into_the_lab() -> None:
+    # The lab (demo, benchmarks, emulator, log generator) shows and measures the system; the
+    # system itself must run without it.
+    package = ROOT / "jetstream"
+    users = sorted(str(path.relative_to(package)) for path in package.rglob("*.py")
+                   if "jetstream.lab" in path.read_text()
+                   and path.parent != package / "lab")
+    assert users == ["cli.py"]

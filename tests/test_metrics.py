@@ -31,7 +31,7 @@ from jetstream.aggtree.planner import Fragment
 from jetstream.control.global_controller import GlobalController
 from jetstream.control.launch import LocalCluster, free_port
 from jetstream.control.server import start_server
-from jetstream.loggen import LogSpec, write_logs
+from jetstream.lab.loggen import LogSpec, write_logs
 from jetstream.queryfile import query_from_source
 from jetstream.results import WindowResult
 from jetstream.runtime import ENDED, Assignment, SiteOptions, SiteRuntime

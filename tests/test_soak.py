@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jetstream.control.soak import soak
+from jetstream.lab.soak import soak
 
 ROOT = Path(__file__).resolve().parent.parent
 

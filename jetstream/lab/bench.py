@@ -1,10 +1,10 @@
 """``jetstream bench``: JetStream-py against the backhaul baseline, on the same generated input.
 
-In one run: generate CDN logs for every site (:mod:`jetstream.loggen`); compute the reference
+In one run: generate CDN logs for every site (:mod:`jetstream.lab.loggen`); compute the reference
 answer with ``js.run_local``; replay the logs through JetStream on a
 :class:`~jetstream.control.launch.LocalCluster`; build the baseline a user would run instead
 (each edge site's raw logs gzipped window by window and shipped to the root, where one plain
-Spark Structured Streaming job computes the query, :mod:`jetstream.stage.baseline`); and time
+Spark Structured Streaming job computes the query, :mod:`jetstream.lab.baseline`); and time
 the local stage against that plain job on the same records. The report gives, per window and
 in total, the wide-area bytes of both, and the top-k accuracy of both against the reference.
 """
@@ -27,7 +27,7 @@ from jetstream.approx.truncate import TopKBounds, exact_partial, top_k_bounds
 from jetstream.control.launch import LocalCluster, replay
 from jetstream.dsl import Query
 from jetstream.local import run_local
-from jetstream.loggen import LogSpec, write_logs
+from jetstream.lab.loggen import LogSpec, write_logs
 from jetstream.operators import WindowAggregate
 from jetstream.partials import PartialBatch, decode_batch, encode_batch, summarised
 from jetstream.queryfile import load_query
@@ -63,7 +63,7 @@ def run_bench(topology: Path, query_file: Path, work: Path, *, duration_s: float
     """Run both systems on the same input; the report (also written to ``work/bench.json``)."""
     from pyspark.sql import SparkSession
 
-    from jetstream.stage.baseline import top_domains
+    from jetstream.lab.baseline import top_domains
 
     layout = load_topology(topology)
     sites = [s.name for s in layout.sites if s.sources]

@@ -5,7 +5,7 @@ Structured Streaming job computes the query: requests with ``status < 500``, per
 and domain, the request count and the kilobytes served, then the 10 busiest domains per window.
 It is written by hand, as its user would write it, for ``examples/cdn_topk.py`` only.
 
-Live, over a real network: :func:`ship` (``python -m jetstream.stage.baseline ship``, one
+Live, over a real network: :func:`ship` (``python -m jetstream.lab.baseline ship``, one
 per site) gzips each new log file of a folder and sends it over TCP to a :class:`Receiver` at
 the root, which drops it into the inbox that :func:`live_top_domains` watches.
 """
@@ -181,7 +181,7 @@ def _connect(to: tuple[str, int], stop: threading.Event) -> socket.socket:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m jetstream.stage.baseline",
+        prog="python -m jetstream.lab.baseline",
         description="ship: the backhaul baseline's shipper for one site (see the module)")
     parser.add_argument("action", choices=["ship"])
     parser.add_argument("--folder", required=True, help="the site's log folder")

@@ -1,13 +1,13 @@
 """``jetstream bench --emulate``: result latency over shaped links when they drop tenfold.
 
-Needs root: the sites run in the namespaces of :class:`~jetstream.control.emulate.WideArea`,
+Needs root: the sites run in the namespaces of :class:`~jetstream.lab.emulate.WideArea`,
 every edge site's link to its parent shaped to ``link``. Two systems, one after the other so
 that neither's traffic queues behind the other's on the same link, each on the same live
-input (:func:`jetstream.loggen.write_live` with the same seed) and the same links:
+input (:func:`jetstream.lab.loggen.write_live` with the same seed) and the same links:
 
 1. JetStream-py: a :class:`~jetstream.control.launch.LocalCluster` of the topology.
 2. The backhaul: a shipper per site (gzip each new log file, send it over TCP, see
-   :mod:`jetstream.stage.baseline`) to a receiver at the host end of the links, where one plain
+   :mod:`jetstream.lab.baseline`) to a receiver at the host end of the links, where one plain
    Spark Structured Streaming job computes the query, with the Spark settings and the
    micro-batch interval a site's local stage runs with.
 
@@ -46,12 +46,12 @@ from typing import Any
 
 from jetstream.aggtree.loader import load_topology
 from jetstream.aggtree.topology import Topology
-from jetstream.control.bench import top_k_accuracy
-from jetstream.control.emulate import HOST_ADDRESS, WideArea
+from jetstream.lab.bench import top_k_accuracy
+from jetstream.lab.emulate import HOST_ADDRESS, WideArea
 from jetstream.control.launch import LocalCluster
 from jetstream.errors import ControlPlaneError, PlanError
 from jetstream.local import run_local
-from jetstream.loggen import LogSpec, write_live
+from jetstream.lab.loggen import LogSpec, write_live
 from jetstream.queryfile import load_query
 from jetstream.runtime import DEFAULT_SPARK_CONF, SiteOptions
 from jetstream.units import format_bandwidth, parse_bandwidth
@@ -379,7 +379,7 @@ def _backhaul(area: WideArea, topology: Path, query_file: Path, folder: Path,
               spark: tuple[str, dict[str, str]], say: Say) -> float:
     from pyspark.sql import SparkSession
 
-    from jetstream.stage.baseline import Receiver, live_top_domains
+    from jetstream.lab.baseline import Receiver, live_top_domains
 
     master, conf = spark
     builder = SparkSession.builder.master(master).appName("jetstream-bench-backhaul")
@@ -401,7 +401,7 @@ def _backhaul(area: WideArea, topology: Path, query_file: Path, folder: Path,
         for site in area.sites:
             (folder / "input" / site).mkdir(parents=True, exist_ok=True)
             shippers.append(subprocess.Popen(
-                [*area.prefix(site), sys.executable, "-m", "jetstream.stage.baseline", "ship",
+                [*area.prefix(site), sys.executable, "-m", "jetstream.lab.baseline", "ship",
                  "--folder", str(folder / "input" / site), "--site", site, "--to", to]))
         with _live_logs(folder / "input", list(area.sites), rate, seed, landings) as started:
             timeline()

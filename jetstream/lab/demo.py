@@ -2,7 +2,7 @@
 
 It starts a :class:`~jetstream.control.launch.LocalCluster` (a controller and one process per
 site, each with its own Spark JVM), writes live logs into each site's input folder
-(:func:`jetstream.loggen.write_live`), submits the query, and shows the newest complete windows
+(:func:`jetstream.lab.loggen.write_live`), submits the query, and shows the newest complete windows
 with their bounds, the wide-area bytes against the raw bytes they replace, and the degradation
 level of every link. ``duration_s`` counts from the first complete window; Ctrl-C (or its end)
 stops everything, in an order that lets every stream stop cleanly.
@@ -28,7 +28,7 @@ from jetstream.aggtree.loader import load_topology
 from jetstream.control.launch import LocalCluster
 from jetstream.control.results_view import MAX_WINDOWS, render_window
 from jetstream.errors import ControlPlaneError
-from jetstream.loggen import LogSpec, write_live
+from jetstream.lab.loggen import LogSpec, write_live
 from jetstream.results import WindowResult
 
 __all__ = ["DemoSummary", "RawLogLedger", "is_complete", "live_demo"]

@@ -20,7 +20,7 @@ from pathlib import Path
 from jetstream.aggtree.loader import load_topology
 from jetstream.control.launch import LocalCluster
 from jetstream.errors import ControlPlaneError
-from jetstream.loggen import LogSpec, write_live
+from jetstream.lab.loggen import LogSpec, write_live
 from jetstream.results import WindowResult
 
 __all__ = ["Sample", "soak"]
