@@ -10,8 +10,8 @@ import threading
 import time
 from pathlib import Path
 
-from jetstream.lab.latency_bench import Landing, LatencyPhase, WindowLatency, window_closes
 from jetstream.lab.baseline import Receiver, ship
+from jetstream.lab.latency_bench import Landing, LatencyPhase, WindowLatency, window_closes
 
 
 def test_bench_quick_compares_jetstream_with_the_backhaul(tmp_path: Path) -> None:

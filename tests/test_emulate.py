@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from jetstream.aggtree.loader import load_topology
-from jetstream.lab.emulate import HOST_ADDRESS, WideArea, uplinks
 from jetstream.errors import ControlPlaneError
+from jetstream.lab.emulate import HOST_ADDRESS, WideArea, uplinks
 from jetstream.units import parse_bandwidth
 
 ROOT = Path(__file__).resolve().parent.parent

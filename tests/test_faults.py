@@ -19,8 +19,8 @@ from pathlib import Path
 
 from jetstream.control.launch import LocalCluster
 from jetstream.errors import ControlPlaneError
-from jetstream.local import run_local
 from jetstream.lab.loggen import LogSpec, write_logs
+from jetstream.local import run_local
 from jetstream.queryfile import load_query
 from jetstream.results import WindowResult
 from tests.test_distributed import TOPOLOGY, assert_same

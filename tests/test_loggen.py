@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 import jetstream as js
 from jetstream.cli import main
 from jetstream.errors import DataError, PlanError
-from jetstream.local import run_local
 from jetstream.lab.loggen import FlashCrowd, LogSpec, generate, to_csv, write_live, write_logs
+from jetstream.local import run_local
 
 START = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 SITES = ("ams", "sfo", "sin")

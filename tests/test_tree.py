@@ -18,8 +18,8 @@ import pytest
 from jetstream.control import launch
 from jetstream.control.launch import LocalCluster, replay
 from jetstream.errors import ControlPlaneError
-from jetstream.local import run_local
 from jetstream.lab.loggen import LogSpec, write_logs
+from jetstream.local import run_local
 from jetstream.queryfile import load_query
 from jetstream.results import WindowResult
 

@@ -26,8 +26,8 @@ from jetstream.approx.policy import DegradationLevel
 from jetstream.approx.truncate import TopKBounds, exact_partial, top_k_bounds
 from jetstream.control.launch import LocalCluster, replay
 from jetstream.dsl import Query
-from jetstream.local import run_local
 from jetstream.lab.loggen import LogSpec, write_logs
+from jetstream.local import run_local
 from jetstream.operators import WindowAggregate
 from jetstream.partials import PartialBatch, decode_batch, encode_batch, summarised
 from jetstream.queryfile import load_query

@@ -46,12 +46,12 @@ from typing import Any
 
 from jetstream.aggtree.loader import load_topology
 from jetstream.aggtree.topology import Topology
-from jetstream.lab.bench import top_k_accuracy
-from jetstream.lab.emulate import HOST_ADDRESS, WideArea
 from jetstream.control.launch import LocalCluster
 from jetstream.errors import ControlPlaneError, PlanError
-from jetstream.local import run_local
+from jetstream.lab.bench import top_k_accuracy
+from jetstream.lab.emulate import HOST_ADDRESS, WideArea
 from jetstream.lab.loggen import LogSpec, write_live
+from jetstream.local import run_local
 from jetstream.queryfile import load_query
 from jetstream.runtime import DEFAULT_SPARK_CONF, SiteOptions
 from jetstream.units import format_bandwidth, parse_bandwidth
