@@ -926,6 +926,25 @@ def test_sites_register_and_beat_over_grpc(served: Served) -> None:
     assert "no site named 'lhr'" in str(unknown.value.details())
 
 
+def test_a_heartbeat_listing_no_pieces_clears_what_an_earlier_one_listed(
+        served: Served) -> None:
+    """A heartbeat sent while a cancel was on its way lists the pieces again after the
+    cancel cleared them; the next ones, listing none, must clear them for good."""
+    stub = rpc.GlobalControllerStub(grpc.insecure_channel(served.address))
+    stub.RegisterSite(pb.RegisterSiteRequest(site="ams", address="ams.test:7100"), timeout=5)
+    served.controller.submit(EXAMPLE.read_text(encoding="utf-8"))
+    served.controller.cancel(QUERY)
+    assert served.controller.sites["ams"].placements == []
+    stale = pb.Placement(query=QUERY, piece="local stage", server="ams-1", pid=7,
+                         state="running")
+    stub.Heartbeat(pb.HeartbeatRequest(site="ams", running=[QUERY], placements=[stale]),
+                   timeout=5)
+    assert [p.piece for p in served.controller.sites["ams"].placements] == ["local stage"]
+    beat = stub.Heartbeat(pb.HeartbeatRequest(site="ams"), timeout=5)
+    assert list(beat.queries) == []
+    assert served.controller.sites["ams"].placements == []
+
+
 def test_health_check_and_reflection(served: Served) -> None:
     channel = grpc.insecure_channel(served.address)
     health = health_pb2_grpc.HealthStub(channel)

@@ -106,8 +106,10 @@ class GlobalControllerServicer(rpc.GlobalControllerServicer):
                 input_bytes=request.input_bytes,
                 reports={r.query: LinkReport(r.level, r.level_index, r.pinned, r.sent_bytes)
                          for r in request.query_links},
+                # What the site lists is what runs there, none included: a list left
+                # stale here would show a stopped query's pieces as running for good.
                 placements=[Placement(p.query, p.piece, p.server, p.pid, p.address, p.state)
-                            for p in request.placements] if request.placements else None)
+                            for p in request.placements])
         except JetstreamError as e:
             _abort(context, e)
         return pb.HeartbeatResponse(queries=queries)

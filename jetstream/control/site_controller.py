@@ -131,6 +131,8 @@ class SiteController:
                 self.runtime.stop(query)
             if deployment is not None and deployment.assignment is not None:
                 self._stop_on_workers(query, deployment.assignment.workers)
+            if deployment is not None:
+                log.info("site %s: stopped %s", self.site, query)
             return deployment is not None
 
     def _stop_on_workers(self, query: str, workers: Iterable[tuple[str, str]]) -> None:
