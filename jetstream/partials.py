@@ -21,6 +21,7 @@ from typing import Any
 from jetstream.approx.items import ItemsSketch, from_items
 from jetstream.approx.truncate import BoundedPartial
 from jetstream.errors import DataError
+from jetstream.keydict import KeyDecoder
 from jetstream.operators import WindowAggregate
 from jetstream.v1 import dataplane_pb2 as pb
 
@@ -118,8 +119,10 @@ def _document(batch: PartialBatch, aggregate: WindowAggregate) -> bytes:
     return json.dumps(document, separators=(",", ":"), allow_nan=False).encode()
 
 
-def decode_batch(message: pb.PartialBatch, aggregate: WindowAggregate) -> PartialBatch:
-    """The batch in ``message``; raises DataError saying what is wrong with it."""
+def decode_batch(message: pb.PartialBatch, aggregate: WindowAggregate,
+                 keys: KeyDecoder | None = None) -> PartialBatch:
+    """The batch in ``message``; raises DataError saying what is wrong with it. ``keys``:
+    the dictionary of the stream it came on, if its keys may come as slots."""
     where = f"partial batch from {message.origin or '?'} for {message.query or '?'}"
     if not message.origin or not message.query:
         msg = f"{where}: no origin or query"
@@ -151,6 +154,11 @@ def decode_batch(message: pb.PartialBatch, aggregate: WindowAggregate) -> Partia
     except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
         msg = f"{where}: unreadable payload: {e}"
         raise DataError(msg) from None
+    if keys is not None:
+        try:
+            document = keys.decode(message.query, document)
+        except DataError as e:
+            raise DataError(f"{where}: {e}") from None
     slack: tuple[float, ...] | None
     complete: tuple[bool, ...] | None
     if document is None:

@@ -5,7 +5,9 @@ backup): it holds one streaming ``Push`` call to its parent, and when that break
 reconnects with exponential backoff and sends again whatever is not acknowledged, in the
 order it was first sent. Every byte it sends is counted. Besides partial batches it carries
 each origin's progress (its watermark), of which only the newest matters. It times each
-message by what the connection spent on it alone, for the link's degradation policy. Given a
+message by what the connection spent on it alone, for the link's degradation policy. Over
+the wide area, each stream codes the batches' group keys with a key dictionary of its own
+(:mod:`jetstream.keydict`): a key crosses once, then goes as a slot number. Given a
 :class:`~jetstream.cubes.CubeStore`, it keeps each batch there before sending it and marks it
 when acked, so that a sender started on the same store after a restart sends first what the
 last one never got acked.
@@ -30,6 +32,7 @@ import grpc
 from jetstream import metrics
 from jetstream.cubes import CubeStore
 from jetstream.errors import DataError
+from jetstream.keydict import KeyDecoder, KeyEncoder
 from jetstream.operators import WindowAggregate
 from jetstream.partials import PartialBatch, decode_batch
 from jetstream.v1 import dataplane_pb2 as pb
@@ -77,7 +80,8 @@ class PartialSender:
                  wide_area: bool = True) -> None:
         """``connect`` opens the channel to the parent: the site process passes its
         ``Security.channel``; None, plaintext, is for senders within one test process.
-        ``on_ack(batch, seconds, backlog)`` hears of each acknowledged batch: the seconds
+        ``on_ack(batch, seconds, backlog)`` hears of each acknowledged batch (as it last
+        crossed the link: its keys coded, so ``ByteSize`` is what it cost): the seconds
         the connection spent on it alone (None if it was handed over on an earlier stream),
         and how many batches are still unacknowledged.
         Those seconds run from when gRPC took the message, or the previous ack if that
@@ -99,6 +103,7 @@ class PartialSender:
         # When gRPC took each message of the current stream. Only the ack-reading thread
         # reads _free_at: when it was last ready for the next ack.
         self._handed: dict[AckKey, float] = {}
+        self._wire: dict[AckKey, pb.PartialBatch] = {}  # each unacked batch as last sent
         self._free_at: float | None = None
         self.bytes_sent = 0
         self.batches_sent = 0
@@ -106,6 +111,7 @@ class PartialSender:
         self._bytes_metric = (metrics.WAN_BYTES_SENT.labels(self._labels[0]) if wide_area
                               else None)
         self._metadata = () if wide_area else (SAME_SITE,)
+        self._wide_area = wide_area
         self._unacked_metric = metrics.UNACKED.labels(*self._labels)
         self._max_backoff_s = max_backoff_s
         self._unacked: dict[AckKey, pb.PushMessage] = {}
@@ -192,24 +198,32 @@ class PartialSender:
             pending = list(self._unacked.values())  # a new stream resends what is unacked
         while not self._queue.empty():  # those are in ``pending`` already
             self._queue.get_nowait()
+        # Each stream starts its key dictionary empty, as the receiver's end of it does.
+        keys = KeyEncoder() if self._wide_area else None
         for message in pending:
-            yield self._handed_over(message)
+            yield self._handed_over(message, keys)
         while not (self._stop.is_set() or done.is_set()):
             try:
                 message = self._queue.get(timeout=0.2)
             except queue.Empty:
                 continue
-            yield self._handed_over(message)
+            yield self._handed_over(message, keys)
 
-    def _handed_over(self, message: pb.PushMessage) -> pb.PushMessage:
-        """Count the message, and note that gRPC takes it now."""
+    def _handed_over(self, message: pb.PushMessage, keys: KeyEncoder | None) -> pb.PushMessage:
+        """Count the message (its keys coded with the stream's dictionary, over the wide
+        area), and note that gRPC takes it now."""
+        if keys is not None and message.HasField("batch"):
+            message = pb.PushMessage(batch=keys.encode(message.batch))
         size = message.ByteSize()
         self.bytes_sent += size
         self.batches_sent += message.HasField("batch")
         if self._bytes_metric is not None:
             self._bytes_metric.inc(size)
+        key = _key(message)
         with self._lock:
-            self._handed[_key(message)] = time.monotonic()
+            self._handed[key] = time.monotonic()
+            if message.HasField("batch") and key in self._unacked:
+                self._wire[key] = message.batch
         return message
 
     def _acked(self, ack: pb.Ack, arrived: float) -> None:
@@ -226,6 +240,7 @@ class PartialSender:
                     return  # a newer report is still on its way
             message = self._unacked.pop(key, None)
             handed = self._handed.pop(key, None)
+            sent = self._wire.pop(key, None)
             backlog = sum(m.HasField("batch") for m in self._unacked.values())
             self._unacked_metric.set(len(self._unacked))
             self._lock.notify_all()
@@ -240,7 +255,7 @@ class PartialSender:
             if self._on_round_trip and seconds is not None:
                 self._on_round_trip(seconds)
         elif self._on_ack:
-            self._on_ack(message.batch, seconds, backlog)
+            self._on_ack(message.batch if sent is None else sent, seconds, backlog)
 
     def _mark_acked(self, key: AckKey, ack: pb.Ack) -> None:
         """Mark an acked batch in the store, before ``flush`` can see it acked."""
@@ -298,6 +313,7 @@ class DataPlaneServicer(rpc.DataPlaneServicer):
     def Push(self, request_iterator: Iterator[pb.PushMessage],
              context: grpc.ServicerContext) -> Iterator[pb.Ack]:
         local = SAME_SITE in tuple(context.invocation_metadata() or ())
+        keys = KeyDecoder()  # the receiving end of this stream's key dictionary
         for message in request_iterator:
             size = message.ByteSize()
             self.bytes_received += size
@@ -318,7 +334,7 @@ class DataPlaneServicer(rpc.DataPlaneServicer):
                 yield pb.Ack(query=report.query, origin=report.origin,
                              sequence=report.sequence, progress=True)
                 continue
-            batch = self._decode(message.batch, context, local)
+            batch = self._decode(message.batch, context, local, keys)
             with self._lock:
                 new = batch.identity not in self._seen
                 self._seen[batch.identity] = None
@@ -369,7 +385,7 @@ class DataPlaneServicer(rpc.DataPlaneServicer):
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
 
     def _decode(self, message: pb.PartialBatch, context: grpc.ServicerContext,
-                local: bool) -> PartialBatch:
+                local: bool, keys: KeyDecoder) -> PartialBatch:
         """The batch, or the stream ends: NOT_FOUND for an unknown query, or garbage."""
         aggregate = self._aggregate_of(message.query)
         if aggregate is None:
@@ -377,7 +393,7 @@ class DataPlaneServicer(rpc.DataPlaneServicer):
                           f"no query named {message.query!r} runs here")
         assert aggregate is not None  # abort raises
         try:
-            batch = decode_batch(message, aggregate)
+            batch = decode_batch(message, aggregate, keys)
         except DataError as e:
             self._refuse(message.origin, e, context)
             raise AssertionError("abort returns only by raising") from None

@@ -18,6 +18,7 @@ from jetstream.aggtree.planner import Fragment
 from jetstream.approx.policy import LinkPolicy
 from jetstream.control.daemons import link_measurements
 from jetstream.control.server import start_server
+from jetstream.keydict import KeyEncoder
 from jetstream.partials import encode_batch
 from jetstream.queryfile import query_from_source
 from jetstream.results import WindowResult
@@ -107,7 +108,9 @@ def through_thin_link(source: str, events: list[list[dict[str, Any]]], thin: ran
     _, site_query, partial = split(query)
     batches = [site_batches(site_query, partial, "pop", e)[0] for e in events]
     root, results, done = _root(source)
-    exact_bytes = max(encode_batch(b, partial).ByteSize() for b in batches)
+    # What an exact window costs on the link once its keys are in the stream's dictionary.
+    keys = KeyEncoder()
+    exact_bytes = max([keys.encode(encode_batch(b, partial)).ByteSize() for b in batches][1:])
     link = ThrottledLink(root.servicer, rate=exact_bytes / 0.1)
     server, port = start_server([(rpc.add_DataPlaneServicer_to_server, link,
                                   "jetstream.v1.DataPlane")], 0)

@@ -140,6 +140,32 @@ def test_unacked_batches_are_sent_again_after_the_receiver_comes_back() -> None:
         sender.close()
 
 
+def test_keys_cross_a_stream_once_and_a_restarted_receiver_gets_them_again() -> None:
+    counts = {f"www.domain-{i}.example.com": i + 1 for i in range(200)}
+    first = Receiver()
+    sender = sender_to(first.port)
+    try:
+        sender.send(message(0, counts=counts))
+        assert sender.flush(10)
+        once = sender.bytes_sent
+        sender.send(message(10, counts=counts))
+        assert sender.flush(10)
+        assert sender.bytes_sent - once < once / 2  # the second window's keys are slots
+        port = first.port
+        first.stop()  # the receiver restarts: its tables are gone, the next stream's are new
+        second = Receiver(port)
+        try:
+            sender.send(message(20, counts=counts))
+            assert sender.flush(10)
+            [got] = second.wait_for(1)
+            assert {r["domain"]: r["n"] for r in got.rows} == counts
+        finally:
+            second.stop()
+        assert all({r["domain"]: r["n"] for r in b.rows} == counts for b in first.delivered)
+    finally:
+        sender.close()
+
+
 def test_garbage_is_refused_and_other_senders_go_on(receiver: Receiver) -> None:
     bad, good = sender_to(receiver.port), sender_to(receiver.port)
     try:

@@ -26,6 +26,7 @@ from jetstream.approx.policy import DegradationLevel
 from jetstream.approx.truncate import TopKBounds, exact_partial, top_k_bounds
 from jetstream.control.launch import LocalCluster, replay
 from jetstream.dsl import Query
+from jetstream.keydict import KeyDecoder, KeyEncoder
 from jetstream.lab.loggen import LogSpec, write_logs
 from jetstream.local import run_local
 from jetstream.operators import WindowAggregate
@@ -126,28 +127,39 @@ def run_bench(topology: Path, query_file: Path, work: Path, *, duration_s: float
     return report
 
 
+#: Each (level, origin) link's key dictionary, both ends, kept from one window to the next.
+Dictionaries = dict[tuple[str, str], tuple[KeyEncoder, KeyDecoder]]
+
+
 def through_levels(partial: WindowAggregate, rank: Ranking, sent: Sequence[list[Row]],
-                   local: list[Row] | None = None
+                   local: list[Row] | None = None, dictionaries: Dictionaries | None = None
                    ) -> Iterator[tuple[DegradationLevel, int, TopKBounds]]:
     """For each degradation level of ``rank``: the wire bytes of sending each of ``sent`` (a
     site's partial rows of one window) at that level, and the top-k with bounds the root makes
-    of them once decoded and merged with its own exact ``local`` rows."""
+    of them once decoded and merged with its own exact ``local`` rows. With
+    ``dictionaries``, each link's keys are coded as a push stream codes them (pass the same
+    dict for every window of a run)."""
     window = (0, 1)
     origins = [f"site{i}" for i in range(len(sent))]
     for level in levels_for(rank):
-        messages = [encode_batch(summarised(
-            PartialBatch("bench", window, origin, ()),
-            degrade(exact_partial(rows), partial, rank, level), level.index), partial)
-            for origin, rows in zip(origins, sent, strict=True)]
         merger = WindowMerger(partial, [*origins, *(["root"] if local is not None else [])],
                               deadline_s=0)
         if local is not None:
             merger.add(PartialBatch("bench", window, "root", tuple(local)))
-        for message in messages:
-            merger.add(decode_batch(message, partial))
+        size = 0
+        for origin, rows in zip(origins, sent, strict=True):
+            message = encode_batch(summarised(
+                PartialBatch("bench", window, origin, ()),
+                degrade(exact_partial(rows), partial, rank, level), level.index), partial)
+            keys = None
+            if dictionaries is not None:
+                coder, keys = dictionaries.setdefault((level.name, origin),
+                                                      (KeyEncoder(), KeyDecoder()))
+                message = coder.encode(message)
+            size += message.ByteSize()
+            merger.add(decode_batch(message, partial, keys))
         (merged,) = merger.ready()
-        yield (level, sum(m.ByteSize() for m in messages),
-               top_k_bounds(merged.bounded, partial, rank.by, rank.k))
+        yield level, size, top_k_bounds(merged.bounded, partial, rank.by, rank.k)
 
 
 def _levels(query: Query, inputs: Path, sites: list[str], root: str,
@@ -162,10 +174,11 @@ def _levels(query: Query, inputs: Path, sites: list[str], root: str,
     partials = {site: {(r.window_start, r.window_end): r.rows
                        for r in run_local(site_query, inputs / site)} for site in sites}
     edges = [s for s in sites if s != root]
+    dictionaries: Dictionaries = {}
     out: dict[str, dict[str, Any]] = {}
     for window, result in sorted(reference.items()):
         levels = through_levels(partial, rank, [partials[s].get(window, []) for s in edges],
-                                partials[root].get(window, []))
+                                partials[root].get(window, []), dictionaries)
         for level, size, top in levels:
             got = [{**row, rank.by: lb} for row, lb in zip(top.rows, top.lb, strict=True)]
             recall, error = top_k_accuracy(result.rows, got)
