@@ -1,0 +1,124 @@
+"""TPUT's rounds in the data plane's terms: whatever the split of a window's data over the
+children, three rounds settle it, and the complete rows give exactly the top-k (every
+aggregate of it) that merging everything gives."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import jetstream as js
+from jetstream.approx.rounds import Ask, answer, exact_rows, first_answer, next_asks, settled
+from jetstream.approx.truncate import BoundedPartial, exact_partial, merge_bounded, top_k_bounds
+from jetstream.operators import Phase, WindowAggregate
+
+AGGREGATE = WindowAggregate(
+    schema=js.Schema.of({"domain": js.DataType.STRING, "requests": js.DataType.PARTIAL,
+                         "kb": js.DataType.PARTIAL}),
+    keys=("domain",), aggregates=(("requests", js.count()), ("kb", js.sum("bytes"))),
+    phase=Phase.PARTIAL)
+COUNT, KB = (agg for _, agg in AGGREGATE.aggregates)
+
+# A child's window: domain -> the sizes of its requests (a count and a sum rank them).
+RECORDS = st.dictionaries(st.sampled_from([f"d{i:02d}" for i in range(30)]),
+                          st.lists(st.sampled_from([0.0, 0.5, 1.0, 3.0, 40.0]), min_size=1,
+                                   max_size=6), max_size=30)
+
+
+def rows_of(window: dict[str, list[float]]) -> list[dict[str, Any]]:
+    out = []
+    for domain, sizes in window.items():
+        kb = KB.create()
+        for size in sizes:
+            kb = KB.add(kb, size)
+        out.append({"domain": domain, "requests": len(sizes), "kb": kb})
+    return out
+
+
+def top(rows: BoundedPartial, rank: str, k: int) -> list[tuple[Any, ...]]:
+    picked = top_k_bounds(rows, AGGREGATE, rank, k).rows
+    return [(r["domain"], COUNT.extract(r["requests"]), KB.extract(r["kb"])) for r in picked]
+
+
+def run_rounds(children: dict[str, list[dict[str, Any]]], local: list[dict[str, Any]],
+               rank: str, k: int) -> tuple[BoundedPartial, int]:
+    """Every child answers round 1, then whatever is asked, until nothing is: the merge and
+    how many rounds it took."""
+    sent: dict[str, frozenset[Any]] = {}
+    inputs: dict[str, BoundedPartial] = {"root": exact_partial(local)}
+    for name, rows in children.items():
+        inputs[name], sent[name] = first_answer(rows, k, AGGREGATE, rank)
+    rounds = 1
+    while asks := next_asks(inputs, AGGREGATE, rank, k):
+        rounds += 1
+        assert rounds <= 3, asks
+        for name, ask in asks.items():
+            inputs[name], sent[name] = answer(children[name], sent[name], ask, AGGREGATE, rank)
+    return merge_bounded(inputs.values(), AGGREGATE), rounds
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(RECORDS, min_size=1, max_size=5), RECORDS, st.sampled_from(["requests", "kb"]),
+       st.integers(1, 8))
+def test_three_rounds_give_the_exact_top_k_with_every_aggregate(
+        windows: list[dict[str, list[float]]], local: dict[str, list[float]], rank: str,
+        k: int) -> None:
+    children = {f"c{i}": rows_of(w) for i, w in enumerate(windows)}
+    merged, _ = run_rounds(children, rows_of(local), rank, k)
+    assert settled(merged, AGGREGATE, rank, k)
+    everything = merge_bounded([exact_partial(rows_of(local)),
+                                *(exact_partial(r) for r in children.values())], AGGREGATE)
+    assert top(exact_partial(exact_rows(merged)), rank, k) == top(everything, rank, k)
+
+
+def test_a_skewed_window_ships_few_rows() -> None:
+    # 4 children, 300 domains with Zipf-like counts, each child its own order (regional
+    # favourites): the top 5 needs more than one round and a small share of the rows.
+    children = {f"c{c}": rows_of({f"d{(i + 3 * c) % 300:03d}": [1.0] * (3000 // (i + 1))
+                                  for i in range(300)}) for c in range(4)}
+    merged, rounds = run_rounds(children, [], "requests", 5)
+    assert 2 <= rounds <= 3, rounds
+    assert len(merged.rows) < 40, len(merged.rows)
+    everything = merge_bounded([exact_partial(r) for r in children.values()], AGGREGATE)
+    assert top(exact_partial(exact_rows(merged)), "requests", 5) == top(everything,
+                                                                        "requests", 5)
+
+
+def test_an_answer_keeps_what_was_sent_and_says_what_it_holds_back() -> None:
+    rows = rows_of({"a": [1.0] * 5, "b": [1.0] * 3, "c": [1.0] * 2, "d": [1.0]})
+    first, sent = first_answer(rows, 1, AGGREGATE, "requests")
+    assert [r["domain"] for r in first.rows] == ["a"] and first.omitted == 3
+    more, sent = answer(rows, sent, Ask(threshold=2.0), AGGREGATE, "requests")
+    assert [r["domain"] for r in more.rows] == ["a", "b", "c"] and more.omitted == 1
+    keyed, sent = answer(rows, sent, Ask(keys=(("z",),)), AGGREGATE, "requests")
+    assert [(r["domain"], r["requests"]) for r in keyed.rows] == [
+        ("a", 5), ("b", 3), ("c", 2), ("z", 0)]
+    assert keyed.truncated and keyed.omitted == 1
+    every, _ = answer(rows, sent, Ask(threshold=0.0), AGGREGATE, "requests")
+    assert not every.truncated and len(every.rows) == 5
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_a_tie_at_the_kth_value_is_fetched_not_guessed(k: int) -> None:
+    # "b" and "c" tie overall; only one child sent each of them in round 1.
+    children = {"x": rows_of({"a": [1.0] * 9, "b": [1.0] * 4, "c": [1.0] * 2}),
+                "y": rows_of({"a": [1.0] * 9, "c": [1.0] * 4, "b": [1.0] * 2})}
+    merged, _ = run_rounds(children, [], "requests", k)
+    everything = merge_bounded([exact_partial(r) for r in children.values()], AGGREGATE)
+    assert top(exact_partial(exact_rows(merged)), "requests", k) == top(everything,
+                                                                        "requests", k)
+
+
+def test_an_unsent_key_that_may_tie_the_kth_and_wins_the_tie_is_fetched() -> None:
+    # Round 1 with k = 1: x sends b (5) and holds back a (4); y sends all it has, a (1).
+    # a may total 5, as b does, and wins a tie on its key: the window is not settled yet.
+    children = {"x": rows_of({"b": [1.0] * 5, "a": [1.0] * 4}), "y": rows_of({"a": [1.0]})}
+    inputs = {name: first_answer(rows, 1, AGGREGATE, "requests")[0]
+              for name, rows in children.items()}
+    assert not settled(merge_bounded(inputs.values(), AGGREGATE), AGGREGATE, "requests", 1)
+    merged, rounds = run_rounds(children, [], "requests", 1)
+    assert rounds == 2
+    assert top(exact_partial(exact_rows(merged)), "requests", 1) == [("a", 5, 5.0)]
