@@ -17,6 +17,11 @@ fresh window that would replace the full one with a part of it.
 When the inputs are the key partitions of one stream (``key_partitions``: the workers of a
 partitioned merge), a window covers a source site only if every partition does: a partition
 that is missing, or lacks the site, leaves the site's keys in it incomplete.
+
+Where inputs answer in TPUT's rounds (``rounds``: the final top-k's ranking, at the root), a
+window waits until its exact top-k is known (:func:`jetstream.approx.rounds.settled`) or its
+deadline passes; :meth:`WindowMerger.asks` says what to ask each input meanwhile. A settled
+window goes out exact: the rows every input holds, which include the top-k.
 """
 
 from __future__ import annotations
@@ -27,7 +32,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from jetstream.approx.levels import Ranking
+from jetstream.approx.rounds import Ask, exact_rows, next_asks, settled
 from jetstream.approx.truncate import BoundedPartial, exact_partial, merge_bounded
+from jetstream.errors import DataError
 from jetstream.operators import WindowAggregate
 from jetstream.partials import PartialBatch
 
@@ -39,6 +47,9 @@ Window = tuple[int, int]
 ENDED = 2**63 - 1
 #: How long a settled window stays, to take corrections from inputs that come back.
 RETAIN_S = 600.0
+#: How long an input has to answer an ask in TPUT's rounds before it is asked again (its
+#: stream may have broken with the ask on it).
+ASK_AGAIN_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -82,6 +93,7 @@ class _Pending:
     sent: frozenset[tuple[str, int]] | None = None  # (origin, revision) merged last time
     revision: int = -1
     settled: float | None = None  # when it was last seen settled
+    asked: dict[str, tuple[int, float]] = field(default_factory=dict)  # input -> (revision, when)
 
 
 class WindowMerger:
@@ -89,8 +101,9 @@ class WindowMerger:
 
     def __init__(self, aggregate: WindowAggregate, inputs: Iterable[str], *,
                  deadline_s: float, clock: Callable[[], float] = time.monotonic,
-                 retain_s: float = RETAIN_S, key_partitions: bool = False) -> None:
-        self.aggregate, self.key_partitions = aggregate, key_partitions
+                 retain_s: float = RETAIN_S, key_partitions: bool = False,
+                 rounds: Ranking | None = None) -> None:
+        self.aggregate, self.key_partitions, self.rounds = aggregate, key_partitions, rounds
         self.inputs = frozenset(inputs)
         self.deadline_s, self.retain_s = deadline_s, retain_s
         self._clock = clock
@@ -153,13 +166,57 @@ class WindowMerger:
             for window, pending in sorted(self._windows.items()):
                 waiting = self._waiting_for(window, pending)
                 if pending.sent is None:
-                    go = not waiting or now - pending.first_seen >= self.deadline_s
+                    go = (not waiting and self._settled(pending)) or (
+                        now - pending.first_seen >= self.deadline_s)
                 else:
                     go = self._versions(pending) != pending.sent
                 if go:
                     out.append(self._merge(window, pending, waiting))
             self._forget_settled()
         return out
+
+    def asks(self) -> list[tuple[str, Window, Ask]]:
+        """What to ask which input about which window next, in TPUT's rounds: for every
+        window that has a batch from each input and whose top-k is not known yet. An ask
+        its input has not answered goes again after ``ASK_AGAIN_S``."""
+        if self.rounds is None:
+            return []
+        now, out = self._clock(), []
+        with self._lock:
+            for window, pending in self._windows.items():
+                if self._settled(pending) or self._waiting_for(window, pending):
+                    continue
+                try:
+                    wanted = next_asks(self._bounded_inputs(pending), self.aggregate,
+                                       self.rounds.by, self.rounds.k)
+                except DataError:  # a negative ranking sum: the deadline sends it as it is
+                    continue
+                for origin, ask in wanted.items():
+                    batch = pending.batches[origin]
+                    last = pending.asked.get(origin)
+                    if not batch.rounds or (last is not None and last[0] == batch.revision
+                                            and now - last[1] < ASK_AGAIN_S):
+                        continue
+                    pending.asked[origin] = (batch.revision, now)
+                    out.append((origin, window, ask))
+        return out
+
+    def _settled(self, pending: _Pending) -> bool:
+        """Whether nothing is left to ask about the window: its inputs do not answer in
+        rounds, or its exact top-k is known."""
+        if self.rounds is None or not any(b.rounds for b in pending.batches.values()):
+            return True
+        try:
+            return settled(merge_bounded(self._bounded_inputs(pending).values(),
+                                         self.aggregate),
+                           self.aggregate, self.rounds.by, self.rounds.k)
+        except DataError:
+            return True
+
+    @staticmethod
+    def _bounded_inputs(pending: _Pending) -> dict[str, BoundedPartial]:
+        return {origin: _bounded(b.rows, b.slack, b.omitted, b.complete_rows)
+                for origin, b in pending.batches.items()}
 
     def _waiting_for(self, window: Window, pending: _Pending) -> frozenset[str]:
         return frozenset(i for i in self.inputs - pending.batches.keys()
@@ -198,6 +255,8 @@ class WindowMerger:
                       else merge_bounded(bounded, self.aggregate))
             rows, slack, omitted = merged.rows, merged.slack, merged.omitted
             complete = merged.complete
+            if self.rounds is not None and self._settled(pending):
+                rows, slack, omitted, complete = exact_rows(merged), None, 0.0, None
         else:
             rows = self._merge_rows(batches)
         covered = [b.covers or frozenset({b.origin}) for b in batches]

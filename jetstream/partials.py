@@ -65,6 +65,9 @@ class PartialBatch:
     #: a received one arrives as rows with bounds.
     items: ItemsSketch | None = None
     warnings: tuple[str, ...] = ()  # what links on the way could not do (see WindowResult)
+    #: An answer in TPUT's rounds (jetstream.asks): its sender holds back rows its parent
+    #: may ask for.
+    rounds: bool = False
 
     @property
     def identity(self) -> tuple[str, int, int, str, int, int]:
@@ -103,7 +106,8 @@ def encode_batch(batch: PartialBatch, aggregate: WindowAggregate, *,
         error_bound=batch.error_bound, complete=batch.complete, covers=sorted(batch.covers),
         wan_bytes=batch.wan_bytes, closed_at_ms=batch.closed_at_ms, revision=batch.revision,
         ranked_by=batch.items.rank if batch.items else "",
-        items_extra=batch.items.extra if batch.items else 0.0, warnings=batch.warnings)
+        items_extra=batch.items.extra if batch.items else 0.0, warnings=batch.warnings,
+        rounds=batch.rounds)
 
 
 def _document(batch: PartialBatch, aggregate: WindowAggregate) -> bytes:
@@ -178,7 +182,7 @@ def decode_batch(message: pb.PartialBatch, aggregate: WindowAggregate,
         covers=frozenset(message.covers) or frozenset({message.origin}),
         wan_bytes=message.wan_bytes, closed_at_ms=message.closed_at_ms,
         revision=message.revision, slack=slack, omitted=omitted, complete_rows=complete,
-        warnings=tuple(message.warnings))
+        warnings=tuple(message.warnings), rounds=message.rounds and slack is not None)
 
 
 def _int64(text: str) -> int:

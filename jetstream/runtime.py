@@ -32,7 +32,7 @@ import tempfile
 import threading
 import time
 import zipfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -43,6 +43,7 @@ from jetstream.aggregator import ENDED, WindowMerger
 from jetstream.aggtree.planner import Fragment
 from jetstream.approx.levels import ranking
 from jetstream.approx.policy import LinkPolicy
+from jetstream.asks import AskBoard
 from jetstream.cubes import DEFAULT_RETENTION, INBOX, CubeStore
 from jetstream.dsl import Query, Stream
 from jetstream.errors import ControlPlaneError, DataError, PlanError
@@ -216,16 +217,20 @@ class QueryRun:
         self.partial = partial_aggregate(self.query)
         slo_deadline = (self.query.slo.max_latency_ms / 1000
                         if self.query.slo and self.query.slo.max_latency_ms else None)
+        self.ranking = ranking(self.query)
+        # The root coordinates the rounds of the children whose links run TPUT.
+        coordinates = fragment.final and not assignment.workers
         self.merger = WindowMerger(self.partial, self._inputs(assignment),
                                    deadline_s=options.deadline_s or slo_deadline
                                    or DEFAULT_DEADLINE_S,
-                                   key_partitions=bool(assignment.workers))
+                                   key_partitions=bool(assignment.workers),
+                                   rounds=self.ranking if coordinates else None)
+        self.asks = AskBoard()  # what the merger asks of each child, until it takes it
         # A merge spread over workers: the inputs go to them, their partitions come back.
         self.router = None if not assignment.workers else Router(
             fragment.query, self.partial, [address for _, address in assignment.workers],
             connect=options.connect, retain_s=self.merger.retain_s,
             link=lambda i: metrics.link_name(site, self.assignment.workers[i][0]))
-        self.ranking = ranking(self.query)
         self._known: dict[tuple[Any, ...], int] = {}  # key -> its partition, for own_rows
         self._store = store
         # A replay starts over from its input after a crash: it keeps no inbox.
@@ -275,7 +280,7 @@ class QueryRun:
             store=self._store, run_metrics=self.metrics, sequence=self._sequence,
             top_k_only=self.options.worker and assignment.fragment.final,
             retain_s=self.merger.retain_s, carried=carried,
-            received=self.options.received)
+            received=self.options.received, rounds=assignment.fragment.rounds)
 
     @property
     def sender(self) -> PartialSender | None:
@@ -298,7 +303,8 @@ class QueryRun:
         if (assignment.source != before.source or assignment.fragment.query != self.name
                 or bool(assignment.fragment.sources) != bool(before.fragment.sources)
                 or [n for n, _ in assignment.workers] != [n for n, _ in before.workers]
-                or assignment.fragment.part != before.fragment.part):  # other keys: anew
+                or assignment.fragment.part != before.fragment.part  # other keys: anew
+                or assignment.fragment.rounds != before.fragment.rounds):
             return False
         self.assignment = assignment
         self.merger.set_inputs(self._inputs(assignment))
@@ -485,6 +491,8 @@ class QueryRun:
         if self.uplink is None:
             expected = self.assignment.expected or self.assignment.covers
             self.results.publish(merged, finished, expected)
+            for child, window, ask in self.merger.asks():
+                self.asks.put(child, window, ask)
             return
         for m in merged:
             self.metrics.handed_on(self.uplink.send(m))
@@ -510,6 +518,7 @@ class QueryRun:
         STOP_WAIT_S, if Spark is still starting), so Spark may stop after it."""
         self._stop.set()
         self.merger.changed.set()
+        self.asks.close()
         if self.stage is not None:
             self.stage.stop()
         if self._stage_thread is not None and self._stage_thread is not threading.current_thread():
@@ -539,7 +548,8 @@ class SiteRuntime:
         self._cubes: CubeStore | None = None
         # A worker ("site/server") names the links it receives over by its site.
         self.servicer = DataPlaneServicer(self._aggregate_of, self._deliver, self._progress,
-                                          site=site.partition("/")[0], routes=self._routes)
+                                          site=site.partition("/")[0], routes=self._routes,
+                                          rounds=self._rounds)
 
     def deploy(self, assignment: Assignment) -> None:
         """Start a query's run here; a new version of a running one is taken in place when
@@ -680,6 +690,12 @@ class SiteRuntime:
         if run is None or run.router is None or not self.options.offer_routes:
             return []
         return run.router.routes()
+
+    def _rounds(self, query: str, child: str, active: Callable[[], bool]
+                ) -> Iterator[pb.RoundAsk]:
+        """What the query's run here asks ``child`` in TPUT's rounds, as it asks it."""
+        run = self.run(query)
+        return iter(()) if run is None else run.asks.follow(child, active)
 
     def _progress(self, report: pb.Progress) -> None:
         run = self.run(report.query)

@@ -283,14 +283,18 @@ class DataPlaneServicer(rpc.DataPlaneServicer):
                  deliver: Callable[[PartialBatch], None],
                  progress: Callable[[pb.Progress], None] = lambda p: None,
                  site: str = "",
-                 routes: Callable[[str], list[tuple[str, str]]] = lambda query: []) -> None:
+                 routes: Callable[[str], list[tuple[str, str]]] = lambda query: [],
+                 rounds: Callable[[str, str, Callable[[], bool]], Iterator[pb.RoundAsk]]
+                 = lambda query, child, active: iter(())) -> None:
         """``site``, the receiving site, names the links in the metrics; ``routes(query)``
         answers ``Routes``: the workers the query's inputs go to (address, epoch), if
-        senders should send to them directly. A stream whose sender says it is on the same
+        senders should send to them directly; ``rounds(query, child, active)`` answers
+        ``Rounds``: what the query's run asks the child in TPUT's rounds, while ``active()``.
+        A stream whose sender says it is on the same
         site (a worker and its site's process: :data:`SAME_SITE`) carries no wide-area
         bytes. A ``deliver`` that raises ``DataError`` refuses the batch like garbage."""
         self._aggregate_of, self._deliver, self._progress = aggregate_of, deliver, progress
-        self._site, self._routes = site or "?", routes
+        self._site, self._routes, self._rounds = site or "?", routes, rounds
         # Wide-area bytes received, per link; and, at a site, what its workers last said they
         # had received: (worker, link) -> bytes.
         self.received_by_link: Counter[str] = Counter()
@@ -309,6 +313,12 @@ class DataPlaneServicer(rpc.DataPlaneServicer):
             context.abort(grpc.StatusCode.NOT_FOUND, f"no query named {request.query!r} runs here")
         routes = self._routes(request.query)
         return pb.RoutesResponse(workers=[a for a, _ in routes], epochs=[e for _, e in routes])
+
+    def Rounds(self, request: pb.RoundsRequest,
+               context: grpc.ServicerContext) -> Iterator[pb.RoundAsk]:
+        if self._aggregate_of(request.query) is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no query named {request.query!r} runs here")
+        yield from self._rounds(request.query, request.origin, context.is_active)
 
     def Push(self, request_iterator: Iterator[pb.PushMessage],
              context: grpc.ServicerContext) -> Iterator[pb.Ack]:

@@ -7,18 +7,21 @@ parent's merge runs on key-partitioned workers, it asks the parent where they ar
 each its part through a :class:`~jetstream.router.Router` instead (see that module). The run
 (:class:`~jetstream.runtime.QueryRun`) hands it each merged window and its watermark; a
 re-plan that moves the parent gives the run a new uplink, and the old one's unacked batches
-go to the new one through the store.
+go to the new one through the store. On a link that runs TPUT's rounds (``rounds``), it sends
+each window's top rows and answers what the parent asks for next (:mod:`jetstream.asks`)
+instead of degrading the link.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -26,13 +29,14 @@ from jetstream import metrics
 from jetstream.aggregator import MergedWindow
 from jetstream.approx.levels import Ranking, degrade, levels_for
 from jetstream.approx.policy import LinkPolicy
+from jetstream.asks import ROUND_REVISIONS, Answerer, ask_from_proto
 from jetstream.cubes import CubeStore
 from jetstream.dsl import Query
 from jetstream.errors import ControlPlaneError, DataError
 from jetstream.operators import WindowAggregate
 from jetstream.partials import PartialBatch, decode_batch, encode_batch, summarised
 from jetstream.router import Router, top_k_candidates
-from jetstream.transport import PartialSender
+from jetstream.transport import STREAM_DEADLINE_S, PartialSender
 from jetstream.v1 import dataplane_pb2 as pb
 from jetstream.v1 import dataplane_pb2_grpc as dataplane_rpc
 
@@ -78,7 +82,8 @@ class Uplink:
                  store: CubeStore | None, run_metrics: metrics.RunMetrics,
                  sequence: Iterator[int], top_k_only: bool = False,
                  retain_s: float = 600.0, carried: Sequence[PartialBatch] = (),
-                 received: Callable[[], Mapping[str, int]] | None = None) -> None:
+                 received: Callable[[], Mapping[str, int]] | None = None,
+                 rounds: bool = False) -> None:
         self.site, self.parent, self.name = site, parent, query.name
         self.partial, self.ranking, self.replay = partial, ranking, options.replay
         self.store, self.metrics, self._sequence = store, run_metrics, sequence
@@ -118,7 +123,13 @@ class Uplink:
         self._lock = threading.Lock()  # the router against the route watcher's changes
         self._routers_bytes = 0  # what routers replaced since sent
         self._closed = threading.Event()
-        if not options.worker:
+        # TPUT's rounds: the parent coordinates them itself, so its workers are never named.
+        self.answerer = Answerer(partial, ranking) if rounds and ranking else None
+        self._asks_call: Any = None
+        if self.answerer is not None:
+            threading.Thread(target=self._watch_asks, daemon=True,
+                             name=f"asks-{self.name}").start()
+        elif not options.worker:
             threading.Thread(target=self._watch_routes, daemon=True,
                              name=f"routes-{self.name}").start()
         self._link_metrics()
@@ -138,13 +149,22 @@ class Uplink:
                 rows = top_k_candidates(rows, self.partial, self._top_k)
             except DataError:  # a ranking sum with a negative value: no cut, all rows go
                 rows = merged.rows
-        batch = self._degraded(PartialBatch(
+        batch = PartialBatch(
             self.name, merged.window, self.site, rows, sequence=next(self._sequence),
             events=merged.events, error_bound=merged.error_bound, complete=merged.complete,
             covers=merged.covers, wan_bytes=merged.wan_bytes, closed_at_ms=merged.closed_at_ms,
             revision=merged.revision + self.revision_base, slack=merged.slack,
             omitted=merged.omitted,
-            complete_rows=merged.complete_rows, warnings=self._warnings(merged)), merged)
+            complete_rows=merged.complete_rows, warnings=self._warnings(merged))
+        if self.answerer is None:
+            batch = self._degraded(batch, merged)
+        elif merged.slack is None:  # exact here: its rows go as the parent asks for them
+            batch = dataclasses.replace(batch, revision=self.revision_base
+                                        + merged.revision * ROUND_REVISIONS)
+            if merged.revision == 0:
+                batch = self.answerer.first(batch)
+            else:  # a correction (late records) goes whole
+                self.answerer.forget(merged.window)
         with self._lock:
             if self.router is not None:
                 self.router.send(batch)
@@ -173,11 +193,55 @@ class Uplink:
     def close(self) -> None:
         """Stop sending; what is unacked stays in the store for the next uplink."""
         self._closed.set()
+        call = self._asks_call
+        if call is not None:
+            call.cancel()
         with self._lock:
             router, self.router = self.router, None
         if router is not None:
             router.close()
         self.sender.close()
+
+    # -- TPUT's rounds -------------------------------------------------------------------------
+    def _watch_asks(self) -> None:
+        """Follow the parent's asks (``DataPlane.Rounds``) and answer each, reconnecting
+        with backoff while the parent is away."""
+        backoff = 0.2
+        with (self._connect or grpc.insecure_channel)(self.address) as channel:
+            stub = dataplane_rpc.DataPlaneStub(channel)
+            while not self._closed.is_set():
+                try:
+                    call = self._asks_call = stub.Rounds(
+                        pb.RoundsRequest(query=self.name, origin=self.site),
+                        timeout=STREAM_DEADLINE_S)
+                    if self._closed.is_set():
+                        call.cancel()
+                    for message in call:
+                        self._answer(message)
+                        backoff = 0.2
+                except grpc.RpcError as e:
+                    if self._closed.is_set():
+                        return
+                    log.debug("%s at %s: asks from %s: %s", self.name, self.site,
+                              self.parent, e.code().name)
+                self._closed.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    def _answer(self, message: pb.RoundAsk) -> None:
+        assert self.answerer is not None
+        try:
+            window, ask = ask_from_proto(message)
+        except DataError as e:
+            log.warning("%s at %s: refusing an ask from %s: %s", self.name, self.site,
+                        self.parent, e)
+            return
+        batch = self.answerer.answer(window, ask, next(self._sequence))
+        if batch is None:  # forgotten, or from before a restart: the window's deadline tells
+            log.info("%s at %s: asked about window %s, which it no longer keeps", self.name,
+                     self.site, window)
+            return
+        with self._lock:
+            self.sender.send(encode_batch(batch, self.partial))
 
     # -- the parent's workers ----------------------------------------------------------------
     def _watch_routes(self) -> None:

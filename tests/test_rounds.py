@@ -4,6 +4,9 @@ aggregate of it) that merging everything gives."""
 
 from __future__ import annotations
 
+import random
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -11,9 +14,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jetstream as js
+from jetstream.aggtree.planner import Fragment
+from jetstream.approx.levels import ranking
 from jetstream.approx.rounds import Ask, answer, exact_rows, first_answer, next_asks, settled
 from jetstream.approx.truncate import BoundedPartial, exact_partial, merge_bounded, top_k_bounds
+from jetstream.asks import Answerer
+from jetstream.control.server import start_server
 from jetstream.operators import Phase, WindowAggregate
+from jetstream.partials import encode_batch
+from jetstream.queryfile import query_from_source
+from jetstream.results import WindowResult
+from jetstream.runtime import ENDED, Assignment, SiteOptions, SiteRuntime, distributed
+from jetstream.transport import PartialSender
+from jetstream.v1 import dataplane_pb2 as pb
+from jetstream.v1 import dataplane_pb2_grpc as rpc
+from tests.conftest import log
+from tests.test_aggregator import site_batches, split
 
 AGGREGATE = WindowAggregate(
     schema=js.Schema.of({"domain": js.DataType.STRING, "requests": js.DataType.PARTIAL,
@@ -122,3 +138,117 @@ def test_an_unsent_key_that_may_tie_the_kth_and_wins_the_tie_is_fetched() -> Non
     merged, rounds = run_rounds(children, [], "requests", 1)
     assert rounds == 2
     assert top(exact_partial(exact_rows(merged)), "requests", 1) == [("a", 5, 5.0)]
+
+
+# --- over real gRPC: two edge sites answer the root's rounds ----------------------------------
+
+SOURCE = """
+import jetstream as js
+logs = js.source('cdn_logs', schema=js.CDN_LOG_SCHEMA)
+query = js.Query('q', logs.window(js.tumbling('1s'), watermark='0s').group_by('domain')
+                 .agg(requests=js.count(), kb=js.sum('bytes')).top_k(5, by='requests'))
+"""
+
+
+def edge_events(edge: int, window: int, rnd: random.Random) -> list[dict[str, Any]]:
+    """A second of Zipf-distributed requests over 400 domains, in the edge's own order."""
+    weights = [1 / (i + 1) ** 1.1 for i in range(400)]
+    picks = rnd.choices(range(400), weights, k=2000)
+    return [log(window * 1000 + i % 1000, f"d{(p + 7 * edge) % 400}.example.com",
+                bytes=rnd.randint(100, 90_000)) for i, p in enumerate(picks)]
+
+
+def test_edges_answering_rounds_give_the_exact_results_for_a_fraction_of_the_bytes() -> None:
+    query = query_from_source(SOURCE, "<test>")
+    _, site_query, partial = split(query)
+    rnd = random.Random(3)
+    windows = 4
+    events = {e: [edge_events(e, w, rnd) for w in range(windows)] for e in (1, 2)}
+    results: list[WindowResult] = []
+    done = threading.Event()
+
+    def publish(name: str, out: list[WindowResult], finished: bool) -> None:
+        results.extend(out)
+        if finished:
+            done.set()
+
+    root = SiteRuntime("dc", SiteOptions(deadline_s=30), publish)
+    root.deploy(Assignment(Fragment("q", "dc", children=("e1", "e2"), final=True), SOURCE,
+                           covers=("p1", "p2")))
+    server, port = start_server([(rpc.add_DataPlaneServicer_to_server, root.servicer,
+                                  "jetstream.v1.DataPlane")], 0)
+    edges = {}
+    exact_bytes = 0
+    try:
+        for e in (1, 2):
+            edge = edges[e] = SiteRuntime(f"e{e}", SiteOptions(deadline_s=30),
+                                          lambda *_: None)
+            edge.deploy(Assignment(Fragment("q", f"e{e}", children=(f"p{e}",), parent="dc",
+                                            rounds=True), SOURCE,
+                                   parent_address=f"127.0.0.1:{port}", covers=(f"p{e}",)))
+        for w in range(windows):
+            for e, edge in edges.items():
+                [batch] = site_batches(site_query, partial, f"p{e}", events[e][w])
+                exact_bytes += encode_batch(batch, partial).ByteSize()
+                run = edge.run("q")
+                assert run is not None
+                run.merger.add(batch)
+                run.merger.progress(f"p{e}", batch.window[1])
+        for e, edge in edges.items():
+            run = edge.run("q")
+            assert run is not None
+            run.merger.progress(f"p{e}", ENDED, ended=True)
+        assert done.wait(60), f"{len(results)} results"
+        sent = sum(edge.run("q").sender.bytes_sent for edge in edges.values())  # type: ignore[union-attr]
+    finally:
+        for edge in edges.values():
+            edge.close()
+        root.close()
+        server.stop(grace=0).wait(5)
+    # Each window went out once, exact: held until its rounds settled it.
+    latest = {r.window_start: r for r in results}
+    assert sorted(latest) == [w * 1000 for w in range(windows)] and len(results) == windows
+    for w, result in latest.items():
+        truth = js.run_local(query, events[1][w // 1000] + events[2][w // 1000])[0]
+        assert result.exact and result.rows == truth.rows, (w, result.rows, truth.rows)
+    assert sent < exact_bytes / 3, (sent, exact_bytes)
+
+
+def test_a_child_that_stops_answering_leaves_a_window_with_bounds_never_called_exact() -> None:
+    query = query_from_source(SOURCE, "<test>")
+    _, site_query, partial = split(query)
+    rnd = random.Random(4)
+    events = {e: edge_events(e, 0, rnd) for e in (1, 2)}
+    results: list[WindowResult] = []
+    root = SiteRuntime("dc", SiteOptions(deadline_s=1.5),
+                       lambda name, out, finished: results.extend(out))
+    root.deploy(Assignment(Fragment("q", "dc", children=("e1", "e2"), final=True), SOURCE,
+                           covers=("p1", "p2")))
+    server, port = start_server([(rpc.add_DataPlaneServicer_to_server, root.servicer,
+                                  "jetstream.v1.DataPlane")], 0)
+    rank = ranking(distributed(query))
+    assert rank is not None
+    senders = []
+    try:
+        for e in (1, 2):  # each sends round 1, and then never answers an ask
+            [batch] = site_batches(site_query, partial, f"e{e}", events[e])
+            sender = PartialSender(f"127.0.0.1:{port}")
+            senders.append(sender)
+            sender.send(encode_batch(Answerer(partial, rank).first(batch), partial))
+            sender.send_progress(pb.Progress(query="q", origin=f"e{e}", watermark_ms=ENDED,
+                                             ended=True, sequence=1))
+        deadline = time.monotonic() + 20
+        while not results and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        for sender in senders:
+            sender.close()
+        root.close()
+        server.stop(grace=0).wait(5)
+    [result] = results
+    assert not result.exact and result.error_bound is not None
+    counts: dict[str, int] = {}
+    for record in events[1] + events[2]:
+        counts[record["domain"]] = counts.get(record["domain"], 0) + 1
+    for row in result.rows:
+        assert row["lb"] <= counts[row["domain"]] <= row["ub"], row

@@ -17,6 +17,7 @@ key partitions where one server is too small for the load or the fan-in is large
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections import Counter
@@ -28,6 +29,7 @@ import networkx as nx
 from jetstream.aggregates import AggregateKind
 from jetstream.aggtree.cost import KEY_BYTES, Load, accumulator_bytes
 from jetstream.aggtree.topology import Site, Topology
+from jetstream.approx.levels import Ranking, ranking
 from jetstream.dsl import Query
 from jetstream.errors import PlacementError
 from jetstream.operators import Phase, Source, TopK, WindowAggregate
@@ -59,6 +61,9 @@ class Fragment:
     final: bool = False  # the root: final aggregate and the steps after it
     #: A worker's share of its site's fragment: key partition (index, count); (0, 1): whole.
     part: tuple[int, int] = (0, 1)
+    #: Its link to its parent runs TPUT's rounds (jetstream.approx.rounds): each window's
+    #: top rows, then what the parent asks for, instead of every row.
+    rounds: bool = False
 
     @property
     def roles(self) -> list[str]:
@@ -77,6 +82,7 @@ class PhysicalPlan:
     split: bool  # whether the aggregate runs as partials and merges
     raw_bytes_per_s: float  # what shipping every record to the root would cost
     row_bytes: int = field(default=0)
+    rounds_k: int = 0  # the k of the top-k whose links run TPUT's rounds (0: none do)
 
     @property
     def wan_bytes_per_s(self) -> float:
@@ -111,7 +117,15 @@ class PhysicalPlan:
                 link = self.topology.link(name, fragment.parent)
                 line += (f" -> {fragment.parent}: {_rate(edge['bytes_per_s'])} of "
                          f"{_rate(link.bandwidth_bps / 8)} ({edge['utilisation']:.1%})")
+                if fragment.rounds:
+                    line += (f"; TPUT rounds: about {edge['rounds_rows']:,.0f} rows a window "
+                             f"instead of {edge['exact_rows']:,.0f}")
             lines.append(line)
+        if self.rounds_k:
+            lines.append(
+                f"  TPUT: the exact top {self.rounds_k} takes up to {ROUNDS_EXTRA_TRIPS} more "
+                "round trips a window on the links marked, for far fewer rows than every "
+                "key; the root coordinates them in one process")
         return "\n".join(lines)
 
 
@@ -211,7 +225,53 @@ def plan_query(query: Query, topology: Topology, *, max_fan_in: int = 32) -> Phy
         _raise_infeasible(tree, topology, max_fan_in)
     fragments = _fragments(query.name, tree, topology, sources, loads, every_s, split,
                            ranked=any(isinstance(op, TopK) for op in ops))
-    return PhysicalPlan(query, topology, tree, fragments, split, raw, row_bytes)
+    rank = ranking(distributed(query)) if split else None
+    rounds = _rounds(query, tree, topology, loads, rank)
+    if rounds:
+        # The links into the root carry TPUT's rounds: the root coordinates them in one
+        # process (its workers could not), over the few rows the rounds bring.
+        root = topology.root
+        fragments[root] = dataclasses.replace(fragments[root], partitions=1)
+        assert rank is not None
+        for child, rows in rounds.items():
+            fragments[child] = dataclasses.replace(fragments[child], rounds=True)
+            link = topology.link(child, root)
+            rate = rows * row_bytes / every_s
+            tree.edges[child, root].update(bytes_per_s=rate,
+                                           utilisation=rate * 8 / link.bandwidth_bps,
+                                           rounds_rows=rows, exact_rows=loads[child].keys)
+    return PhysicalPlan(query, topology, tree, fragments, split, raw, row_bytes,
+                        rank.k if rounds and rank else 0)
+
+
+#: TPUT ships about this many times k rows a window over a link (its top k, the rows above
+#: the threshold, the candidates asked for): what the planner prices its rounds at.
+ROUNDS_ROWS_PER_K = 4
+#: TPUT is chosen where it ships at most this share of a window's rows: at twice the rows,
+#: its extra round trips buy too little.
+ROUNDS_SAVING = 2
+#: The extra round trips TPUT's rounds take after the first (the threshold, the keys).
+ROUNDS_EXTRA_TRIPS = 2
+
+
+def _rounds(query: Query, tree: nx.DiGraph, topology: Topology, loads: Mapping[str, Load],
+            rank: Ranking | None) -> dict[str, float]:
+    """The children of the root whose links run TPUT's rounds, each with the rows a window
+    is expected to ship then: for an exact top-k by a count or a sum right after the final
+    aggregate, where the child's exact partial has ``ROUNDS_SAVING`` times the rows the rounds
+    would ship, or more, and the SLO's ``max_latency`` allows two more round trips on the
+    link (half of it at most)."""
+    if rank is None:
+        return {}
+    root, out = topology.root, {}
+    budget_ms = query.slo.max_latency_ms if query.slo and query.slo.max_latency_ms else None
+    for child in tree.predecessors(root):
+        rows = float(ROUNDS_ROWS_PER_K * rank.k)
+        extra_ms = ROUNDS_EXTRA_TRIPS * 2 * topology.link(child, root).latency_ms
+        if child in loads and loads[child].keys >= ROUNDS_SAVING * rows and (
+                budget_ms is None or extra_ms <= budget_ms / 2):
+            out[child] = rows
+    return out
 
 
 def _on_the_way(graph: nx.Graph, hops: Mapping[str, int], leaves: Mapping[str, Site]

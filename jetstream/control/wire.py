@@ -27,7 +27,7 @@ def fragment_to_proto(fragment: Fragment, source: str, version: int,
                        parent=fragment.parent or "", parent_address=parent_address,
                        partitions=fragment.partitions, final=fragment.final, version=version,
                        covers=covers, expected=expected, part=fragment.part[0],
-                       parts=fragment.part[1])
+                       parts=fragment.part[1], rounds=fragment.rounds)
 
 
 def fragment_from_proto(msg: pb.Fragment, site: str) -> Fragment:
@@ -37,7 +37,8 @@ def fragment_from_proto(msg: pb.Fragment, site: str) -> Fragment:
         raise ControlPlaneError(why)
     return Fragment(query=msg.query, site=site, sources=tuple(msg.sources),
                     children=tuple(msg.children), parent=msg.parent or None,
-                    partitions=max(msg.partitions, 1), final=msg.final, part=(msg.part, parts))
+                    partitions=max(msg.partitions, 1), final=msg.final, part=(msg.part, parts),
+                    rounds=msg.rounds)
 
 
 def assignment_from_proto(msg: pb.Fragment, site: str) -> Assignment:

@@ -236,7 +236,7 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, queries: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Fragment(_message.Message):
-    __slots__ = ("query", "spec", "sources", "children", "parent", "parent_address", "partitions", "final", "version", "covers", "expected", "part", "parts")
+    __slots__ = ("query", "spec", "sources", "children", "parent", "parent_address", "partitions", "final", "version", "covers", "expected", "part", "parts", "rounds")
     QUERY_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     SOURCES_FIELD_NUMBER: _ClassVar[int]
@@ -250,6 +250,7 @@ class Fragment(_message.Message):
     EXPECTED_FIELD_NUMBER: _ClassVar[int]
     PART_FIELD_NUMBER: _ClassVar[int]
     PARTS_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
     query: str
     spec: _query_pb2.QuerySpec
     sources: _containers.RepeatedScalarFieldContainer[str]
@@ -263,7 +264,8 @@ class Fragment(_message.Message):
     expected: _containers.RepeatedScalarFieldContainer[str]
     part: int
     parts: int
-    def __init__(self, query: _Optional[str] = ..., spec: _Optional[_Union[_query_pb2.QuerySpec, _Mapping]] = ..., sources: _Optional[_Iterable[str]] = ..., children: _Optional[_Iterable[str]] = ..., parent: _Optional[str] = ..., parent_address: _Optional[str] = ..., partitions: _Optional[int] = ..., final: _Optional[bool] = ..., version: _Optional[int] = ..., covers: _Optional[_Iterable[str]] = ..., expected: _Optional[_Iterable[str]] = ..., part: _Optional[int] = ..., parts: _Optional[int] = ...) -> None: ...
+    rounds: bool
+    def __init__(self, query: _Optional[str] = ..., spec: _Optional[_Union[_query_pb2.QuerySpec, _Mapping]] = ..., sources: _Optional[_Iterable[str]] = ..., children: _Optional[_Iterable[str]] = ..., parent: _Optional[str] = ..., parent_address: _Optional[str] = ..., partitions: _Optional[int] = ..., final: _Optional[bool] = ..., version: _Optional[int] = ..., covers: _Optional[_Iterable[str]] = ..., expected: _Optional[_Iterable[str]] = ..., part: _Optional[int] = ..., parts: _Optional[int] = ..., rounds: _Optional[bool] = ...) -> None: ...
 
 class DeployFragmentRequest(_message.Message):
     __slots__ = ("fragment",)

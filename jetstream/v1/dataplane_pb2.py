@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cjetstream/v1/dataplane.proto\x12\x0cjetstream.v1\"\x1e\n\rRoutesRequest\x12\r\n\x05query\x18\x01 \x01(\t\"1\n\x0eRoutesResponse\x12\x0f\n\x07workers\x18\x01 \x03(\t\x12\x0e\n\x06\x65pochs\x18\x02 \x03(\t\"n\n\x0bPushMessage\x12+\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x1a.jetstream.v1.PartialBatchH\x00\x12*\n\x08progress\x18\x02 \x01(\x0b\x32\x16.jetstream.v1.ProgressH\x00\x42\x06\n\x04\x62ody\"\xd9\x01\n\x08Progress\x12\r\n\x05query\x18\x01 \x01(\t\x12\x0e\n\x06origin\x18\x02 \x01(\t\x12\x14\n\x0cwatermark_ms\x18\x03 \x01(\x03\x12\r\n\x05\x65nded\x18\x04 \x01(\x08\x12\x10\n\x08sequence\x18\x05 \x01(\x03\x12\x41\n\x0ereceived_bytes\x18\x06 \x03(\x0b\x32).jetstream.v1.Progress.ReceivedBytesEntry\x1a\x34\n\x12ReceivedBytesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\xac\x03\n\x0cPartialBatch\x12\r\n\x05query\x18\x01 \x01(\t\x12\x17\n\x0fwindow_start_ms\x18\x02 \x01(\x03\x12\x15\n\rwindow_end_ms\x18\x03 \x01(\x03\x12\x0e\n\x06origin\x18\x04 \x01(\t\x12\x11\n\tpartition\x18\x05 \x01(\x05\x12\x0f\n\x07\x61ttempt\x18\x06 \x01(\x05\x12\x10\n\x08sequence\x18\x07 \x01(\x03\x12\'\n\x04kind\x18\x08 \x01(\x0e\x32\x19.jetstream.v1.SummaryKind\x12\r\n\x05level\x18\t \x01(\x05\x12\x0f\n\x07payload\x18\n \x01(\x0c\x12\x12\n\ncompressed\x18\x0b \x01(\x08\x12\x0e\n\x06\x65vents\x18\x0c \x01(\x03\x12\x13\n\x0b\x65rror_bound\x18\r \x01(\x01\x12\x10\n\x08\x63omplete\x18\x0e \x01(\x08\x12\x0e\n\x06\x63overs\x18\x0f \x03(\t\x12\x11\n\twan_bytes\x18\x10 \x01(\x03\x12\x14\n\x0c\x63losed_at_ms\x18\x11 \x01(\x03\x12\x10\n\x08revision\x18\x12 \x01(\x05\x12\x11\n\tranked_by\x18\x13 \x01(\t\x12\x13\n\x0bitems_extra\x18\x14 \x01(\x01\x12\x10\n\x08warnings\x18\x15 \x03(\t\"\x86\x01\n\x03\x41\x63k\x12\r\n\x05query\x18\x01 \x01(\t\x12\x17\n\x0fwindow_start_ms\x18\x02 \x01(\x03\x12\x0e\n\x06origin\x18\x03 \x01(\t\x12\x11\n\tpartition\x18\x04 \x01(\x05\x12\x10\n\x08sequence\x18\x05 \x01(\x03\x12\x10\n\x08revision\x18\x06 \x01(\x05\x12\x10\n\x08progress\x18\x07 \x01(\x08*\xaf\x01\n\x0bSummaryKind\x12\x1c\n\x18SUMMARY_KIND_UNSPECIFIED\x10\x00\x12\x15\n\x11SUMMARY_KIND_ROWS\x10\x01\x12\x1e\n\x1aSUMMARY_KIND_TRUNCATED_TOP\x10\x02\x12\x1f\n\x1bSUMMARY_KIND_FREQUENT_ITEMS\x10\x03\x12\x14\n\x10SUMMARY_KIND_HLL\x10\x04\x12\x14\n\x10SUMMARY_KIND_KLL\x10\x05\x32\x8a\x01\n\tDataPlane\x12\x38\n\x04Push\x12\x19.jetstream.v1.PushMessage\x1a\x11.jetstream.v1.Ack(\x01\x30\x01\x12\x43\n\x06Routes\x12\x1b.jetstream.v1.RoutesRequest\x1a\x1c.jetstream.v1.RoutesResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cjetstream/v1/dataplane.proto\x12\x0cjetstream.v1\".\n\rRoundsRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12\x0e\n\x06origin\x18\x02 \x01(\t\"~\n\x08RoundAsk\x12\x17\n\x0fwindow_start_ms\x18\x01 \x01(\x03\x12\x15\n\rwindow_end_ms\x18\x02 \x01(\x03\x12\x0b\n\x03top\x18\x03 \x01(\x05\x12\x14\n\x0c\x62y_threshold\x18\x04 \x01(\x08\x12\x11\n\tthreshold\x18\x05 \x01(\x01\x12\x0c\n\x04keys\x18\x06 \x01(\t\"\x1e\n\rRoutesRequest\x12\r\n\x05query\x18\x01 \x01(\t\"1\n\x0eRoutesResponse\x12\x0f\n\x07workers\x18\x01 \x03(\t\x12\x0e\n\x06\x65pochs\x18\x02 \x03(\t\"n\n\x0bPushMessage\x12+\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x1a.jetstream.v1.PartialBatchH\x00\x12*\n\x08progress\x18\x02 \x01(\x0b\x32\x16.jetstream.v1.ProgressH\x00\x42\x06\n\x04\x62ody\"\xd9\x01\n\x08Progress\x12\r\n\x05query\x18\x01 \x01(\t\x12\x0e\n\x06origin\x18\x02 \x01(\t\x12\x14\n\x0cwatermark_ms\x18\x03 \x01(\x03\x12\r\n\x05\x65nded\x18\x04 \x01(\x08\x12\x10\n\x08sequence\x18\x05 \x01(\x03\x12\x41\n\x0ereceived_bytes\x18\x06 \x03(\x0b\x32).jetstream.v1.Progress.ReceivedBytesEntry\x1a\x34\n\x12ReceivedBytesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\xbc\x03\n\x0cPartialBatch\x12\r\n\x05query\x18\x01 \x01(\t\x12\x17\n\x0fwindow_start_ms\x18\x02 \x01(\x03\x12\x15\n\rwindow_end_ms\x18\x03 \x01(\x03\x12\x0e\n\x06origin\x18\x04 \x01(\t\x12\x11\n\tpartition\x18\x05 \x01(\x05\x12\x0f\n\x07\x61ttempt\x18\x06 \x01(\x05\x12\x10\n\x08sequence\x18\x07 \x01(\x03\x12\'\n\x04kind\x18\x08 \x01(\x0e\x32\x19.jetstream.v1.SummaryKind\x12\r\n\x05level\x18\t \x01(\x05\x12\x0f\n\x07payload\x18\n \x01(\x0c\x12\x12\n\ncompressed\x18\x0b \x01(\x08\x12\x0e\n\x06\x65vents\x18\x0c \x01(\x03\x12\x13\n\x0b\x65rror_bound\x18\r \x01(\x01\x12\x10\n\x08\x63omplete\x18\x0e \x01(\x08\x12\x0e\n\x06\x63overs\x18\x0f \x03(\t\x12\x11\n\twan_bytes\x18\x10 \x01(\x03\x12\x14\n\x0c\x63losed_at_ms\x18\x11 \x01(\x03\x12\x10\n\x08revision\x18\x12 \x01(\x05\x12\x11\n\tranked_by\x18\x13 \x01(\t\x12\x13\n\x0bitems_extra\x18\x14 \x01(\x01\x12\x10\n\x08warnings\x18\x15 \x03(\t\x12\x0e\n\x06rounds\x18\x16 \x01(\x08\"\x86\x01\n\x03\x41\x63k\x12\r\n\x05query\x18\x01 \x01(\t\x12\x17\n\x0fwindow_start_ms\x18\x02 \x01(\x03\x12\x0e\n\x06origin\x18\x03 \x01(\t\x12\x11\n\tpartition\x18\x04 \x01(\x05\x12\x10\n\x08sequence\x18\x05 \x01(\x03\x12\x10\n\x08revision\x18\x06 \x01(\x05\x12\x10\n\x08progress\x18\x07 \x01(\x08*\xaf\x01\n\x0bSummaryKind\x12\x1c\n\x18SUMMARY_KIND_UNSPECIFIED\x10\x00\x12\x15\n\x11SUMMARY_KIND_ROWS\x10\x01\x12\x1e\n\x1aSUMMARY_KIND_TRUNCATED_TOP\x10\x02\x12\x1f\n\x1bSUMMARY_KIND_FREQUENT_ITEMS\x10\x03\x12\x14\n\x10SUMMARY_KIND_HLL\x10\x04\x12\x14\n\x10SUMMARY_KIND_KLL\x10\x05\x32\xcb\x01\n\tDataPlane\x12\x38\n\x04Push\x12\x19.jetstream.v1.PushMessage\x1a\x11.jetstream.v1.Ack(\x01\x30\x01\x12\x43\n\x06Routes\x12\x1b.jetstream.v1.RoutesRequest\x1a\x1c.jetstream.v1.RoutesResponse\x12?\n\x06Rounds\x12\x1b.jetstream.v1.RoundsRequest\x1a\x16.jetstream.v1.RoundAsk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,22 +33,26 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PROGRESS_RECEIVEDBYTESENTRY']._loaded_options = None
   _globals['_PROGRESS_RECEIVEDBYTESENTRY']._serialized_options = b'8\001'
-  _globals['_SUMMARYKIND']._serialized_start=1030
-  _globals['_SUMMARYKIND']._serialized_end=1205
-  _globals['_ROUTESREQUEST']._serialized_start=46
-  _globals['_ROUTESREQUEST']._serialized_end=76
-  _globals['_ROUTESRESPONSE']._serialized_start=78
-  _globals['_ROUTESRESPONSE']._serialized_end=127
-  _globals['_PUSHMESSAGE']._serialized_start=129
-  _globals['_PUSHMESSAGE']._serialized_end=239
-  _globals['_PROGRESS']._serialized_start=242
-  _globals['_PROGRESS']._serialized_end=459
-  _globals['_PROGRESS_RECEIVEDBYTESENTRY']._serialized_start=407
-  _globals['_PROGRESS_RECEIVEDBYTESENTRY']._serialized_end=459
-  _globals['_PARTIALBATCH']._serialized_start=462
-  _globals['_PARTIALBATCH']._serialized_end=890
-  _globals['_ACK']._serialized_start=893
-  _globals['_ACK']._serialized_end=1027
-  _globals['_DATAPLANE']._serialized_start=1208
-  _globals['_DATAPLANE']._serialized_end=1346
+  _globals['_SUMMARYKIND']._serialized_start=1222
+  _globals['_SUMMARYKIND']._serialized_end=1397
+  _globals['_ROUNDSREQUEST']._serialized_start=46
+  _globals['_ROUNDSREQUEST']._serialized_end=92
+  _globals['_ROUNDASK']._serialized_start=94
+  _globals['_ROUNDASK']._serialized_end=220
+  _globals['_ROUTESREQUEST']._serialized_start=222
+  _globals['_ROUTESREQUEST']._serialized_end=252
+  _globals['_ROUTESRESPONSE']._serialized_start=254
+  _globals['_ROUTESRESPONSE']._serialized_end=303
+  _globals['_PUSHMESSAGE']._serialized_start=305
+  _globals['_PUSHMESSAGE']._serialized_end=415
+  _globals['_PROGRESS']._serialized_start=418
+  _globals['_PROGRESS']._serialized_end=635
+  _globals['_PROGRESS_RECEIVEDBYTESENTRY']._serialized_start=583
+  _globals['_PROGRESS_RECEIVEDBYTESENTRY']._serialized_end=635
+  _globals['_PARTIALBATCH']._serialized_start=638
+  _globals['_PARTIALBATCH']._serialized_end=1082
+  _globals['_ACK']._serialized_start=1085
+  _globals['_ACK']._serialized_end=1219
+  _globals['_DATAPLANE']._serialized_start=1400
+  _globals['_DATAPLANE']._serialized_end=1603
 # @@protoc_insertion_point(module_scope)

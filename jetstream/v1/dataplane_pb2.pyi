@@ -22,6 +22,30 @@ SUMMARY_KIND_FREQUENT_ITEMS: SummaryKind
 SUMMARY_KIND_HLL: SummaryKind
 SUMMARY_KIND_KLL: SummaryKind
 
+class RoundsRequest(_message.Message):
+    __slots__ = ("query", "origin")
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    query: str
+    origin: str
+    def __init__(self, query: _Optional[str] = ..., origin: _Optional[str] = ...) -> None: ...
+
+class RoundAsk(_message.Message):
+    __slots__ = ("window_start_ms", "window_end_ms", "top", "by_threshold", "threshold", "keys")
+    WINDOW_START_MS_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_END_MS_FIELD_NUMBER: _ClassVar[int]
+    TOP_FIELD_NUMBER: _ClassVar[int]
+    BY_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    window_start_ms: int
+    window_end_ms: int
+    top: int
+    by_threshold: bool
+    threshold: float
+    keys: str
+    def __init__(self, window_start_ms: _Optional[int] = ..., window_end_ms: _Optional[int] = ..., top: _Optional[int] = ..., by_threshold: _Optional[bool] = ..., threshold: _Optional[float] = ..., keys: _Optional[str] = ...) -> None: ...
+
 class RoutesRequest(_message.Message):
     __slots__ = ("query",)
     QUERY_FIELD_NUMBER: _ClassVar[int]
@@ -68,7 +92,7 @@ class Progress(_message.Message):
     def __init__(self, query: _Optional[str] = ..., origin: _Optional[str] = ..., watermark_ms: _Optional[int] = ..., ended: _Optional[bool] = ..., sequence: _Optional[int] = ..., received_bytes: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class PartialBatch(_message.Message):
-    __slots__ = ("query", "window_start_ms", "window_end_ms", "origin", "partition", "attempt", "sequence", "kind", "level", "payload", "compressed", "events", "error_bound", "complete", "covers", "wan_bytes", "closed_at_ms", "revision", "ranked_by", "items_extra", "warnings")
+    __slots__ = ("query", "window_start_ms", "window_end_ms", "origin", "partition", "attempt", "sequence", "kind", "level", "payload", "compressed", "events", "error_bound", "complete", "covers", "wan_bytes", "closed_at_ms", "revision", "ranked_by", "items_extra", "warnings", "rounds")
     QUERY_FIELD_NUMBER: _ClassVar[int]
     WINDOW_START_MS_FIELD_NUMBER: _ClassVar[int]
     WINDOW_END_MS_FIELD_NUMBER: _ClassVar[int]
@@ -90,6 +114,7 @@ class PartialBatch(_message.Message):
     RANKED_BY_FIELD_NUMBER: _ClassVar[int]
     ITEMS_EXTRA_FIELD_NUMBER: _ClassVar[int]
     WARNINGS_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
     query: str
     window_start_ms: int
     window_end_ms: int
@@ -111,7 +136,8 @@ class PartialBatch(_message.Message):
     ranked_by: str
     items_extra: float
     warnings: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, query: _Optional[str] = ..., window_start_ms: _Optional[int] = ..., window_end_ms: _Optional[int] = ..., origin: _Optional[str] = ..., partition: _Optional[int] = ..., attempt: _Optional[int] = ..., sequence: _Optional[int] = ..., kind: _Optional[_Union[SummaryKind, str]] = ..., level: _Optional[int] = ..., payload: _Optional[bytes] = ..., compressed: _Optional[bool] = ..., events: _Optional[int] = ..., error_bound: _Optional[float] = ..., complete: _Optional[bool] = ..., covers: _Optional[_Iterable[str]] = ..., wan_bytes: _Optional[int] = ..., closed_at_ms: _Optional[int] = ..., revision: _Optional[int] = ..., ranked_by: _Optional[str] = ..., items_extra: _Optional[float] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
+    rounds: bool
+    def __init__(self, query: _Optional[str] = ..., window_start_ms: _Optional[int] = ..., window_end_ms: _Optional[int] = ..., origin: _Optional[str] = ..., partition: _Optional[int] = ..., attempt: _Optional[int] = ..., sequence: _Optional[int] = ..., kind: _Optional[_Union[SummaryKind, str]] = ..., level: _Optional[int] = ..., payload: _Optional[bytes] = ..., compressed: _Optional[bool] = ..., events: _Optional[int] = ..., error_bound: _Optional[float] = ..., complete: _Optional[bool] = ..., covers: _Optional[_Iterable[str]] = ..., wan_bytes: _Optional[int] = ..., closed_at_ms: _Optional[int] = ..., revision: _Optional[int] = ..., ranked_by: _Optional[str] = ..., items_extra: _Optional[float] = ..., warnings: _Optional[_Iterable[str]] = ..., rounds: _Optional[bool] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("query", "window_start_ms", "origin", "partition", "sequence", "revision", "progress")

@@ -44,6 +44,11 @@ class DataPlaneStub:
                 request_serializer=jetstream_dot_v1_dot_dataplane__pb2.RoutesRequest.SerializeToString,
                 response_deserializer=jetstream_dot_v1_dot_dataplane__pb2.RoutesResponse.FromString,
                 _registered_method=True)
+        self.Rounds = channel.unary_stream(
+                '/jetstream.v1.DataPlane/Rounds',
+                request_serializer=jetstream_dot_v1_dot_dataplane__pb2.RoundsRequest.SerializeToString,
+                response_deserializer=jetstream_dot_v1_dot_dataplane__pb2.RoundAsk.FromString,
+                _registered_method=True)
 
 
 class DataPlaneServicer:
@@ -66,6 +71,15 @@ class DataPlaneServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Rounds(self, request, context):
+        """TPUT's rounds (see jetstream.approx.rounds): a child whose batches of a query are
+        answers in rounds opens this stream to its parent, which sends on it what it asks for
+        next; the child answers each ask with a new revision of its batch, on Push.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DataPlaneServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -78,6 +92,11 @@ def add_DataPlaneServicer_to_server(servicer, server):
                     servicer.Routes,
                     request_deserializer=jetstream_dot_v1_dot_dataplane__pb2.RoutesRequest.FromString,
                     response_serializer=jetstream_dot_v1_dot_dataplane__pb2.RoutesResponse.SerializeToString,
+            ),
+            'Rounds': grpc.unary_stream_rpc_method_handler(
+                    servicer.Rounds,
+                    request_deserializer=jetstream_dot_v1_dot_dataplane__pb2.RoundsRequest.FromString,
+                    response_serializer=jetstream_dot_v1_dot_dataplane__pb2.RoundAsk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -134,6 +153,33 @@ class DataPlane:
             '/jetstream.v1.DataPlane/Routes',
             jetstream_dot_v1_dot_dataplane__pb2.RoutesRequest.SerializeToString,
             jetstream_dot_v1_dot_dataplane__pb2.RoutesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Rounds(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/jetstream.v1.DataPlane/Rounds',
+            jetstream_dot_v1_dot_dataplane__pb2.RoundsRequest.SerializeToString,
+            jetstream_dot_v1_dot_dataplane__pb2.RoundAsk.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,167 @@
+"""TPUT's rounds on the wire (:mod:`jetstream.approx.rounds` has the decisions).
+
+A child whose link runs rounds keeps each window's exact rows in an :class:`Answerer`, sends
+the window's top rows, and answers each ask its parent sends down ``DataPlane.Rounds`` with a
+new revision of the window's batch. The parent's :class:`AskBoard` holds what its merger asks
+of each child until the child's ``Rounds`` stream takes it; a child that reconnects gets a new
+stream, and the merger asks again what went unanswered.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from jetstream.approx.levels import Ranking
+from jetstream.approx.rounds import Ask, answer, first_answer
+from jetstream.approx.truncate import BoundedPartial, Key
+from jetstream.errors import DataError
+from jetstream.operators import WindowAggregate
+from jetstream.partials import PartialBatch
+from jetstream.v1 import dataplane_pb2 as pb
+
+__all__ = [
+    "KEPT_WINDOWS",
+    "ROUND_REVISIONS",
+    "Answerer",
+    "AskBoard",
+    "ask_from_proto",
+    "ask_to_proto",
+]
+
+#: Windows a child keeps the exact rows of, to answer asks about them (the newest).
+KEPT_WINDOWS = 64
+#: Revisions a window's answers may take: the n-th correction of a window (late records)
+#: starts its answers at ``n * ROUND_REVISIONS``, above every answer before it.
+ROUND_REVISIONS = 100
+#: Asks waiting for a child's stream, per child (the oldest go first when there are more).
+MAX_WAITING = 1024
+
+Window = tuple[int, int]
+
+
+def ask_to_proto(window: Window, ask: Ask) -> pb.RoundAsk:
+    return pb.RoundAsk(window_start_ms=window[0], window_end_ms=window[1], top=ask.top,
+                       by_threshold=ask.threshold is not None,
+                       threshold=ask.threshold or 0.0,
+                       keys=json.dumps([list(k) for k in ask.keys]) if ask.keys else "")
+
+
+def ask_from_proto(message: pb.RoundAsk) -> tuple[Window, Ask]:
+    """The window and the ask; raises DataError for an ask that does not hold together."""
+    try:
+        keys = json.loads(message.keys) if message.keys else []
+    except ValueError as e:
+        raise DataError(f"an ask's keys are not JSON: {e}") from None
+    if not isinstance(keys, list) or not all(isinstance(k, list) for k in keys):
+        msg = "an ask's keys are not a list of group keys"
+        raise DataError(msg)
+    if message.top < 0 or (message.by_threshold and not message.threshold >= 0):
+        msg = "an ask's top or threshold is negative"
+        raise DataError(msg)
+    return (message.window_start_ms, message.window_end_ms), Ask(
+        top=message.top, threshold=message.threshold if message.by_threshold else None,
+        keys=tuple(tuple(k) for k in keys))
+
+
+@dataclasses.dataclass
+class _Kept:
+    rows: tuple[dict[str, Any], ...]  # the window's exact rows here
+    batch: PartialBatch  # the last answer sent
+    sent: frozenset[Key]  # the keys sent so far
+
+
+class Answerer:
+    """A child's side of the rounds for one query: each window's first answer, and the next
+    ones as its parent asks."""
+
+    def __init__(self, aggregate: WindowAggregate, rank: Ranking) -> None:
+        self.aggregate, self.rank = aggregate, rank
+        self._lock = threading.Lock()
+        self._kept: collections.OrderedDict[Window, _Kept] = collections.OrderedDict()
+
+    def first(self, batch: PartialBatch) -> PartialBatch:
+        """``batch`` (a window's exact rows) as round 1 sends it: the top ``k`` rows, the rest
+        held back here; its answers take the revisions after ``batch``'s (leave
+        ``ROUND_REVISIONS`` free). A window whose ranking values cannot be bounded (a negative
+        sum) goes whole."""
+        rows = tuple(dict(row) for row in batch.rows)
+        try:
+            bounded, sent = first_answer(rows, self.rank.k, self.aggregate, self.rank.by)
+        except DataError:
+            return batch
+        out = _as_batch(batch, bounded, batch.revision)
+        with self._lock:
+            self._kept[batch.window] = _Kept(rows, out, sent)
+            while len(self._kept) > KEPT_WINDOWS:
+                self._kept.popitem(last=False)
+        return out
+
+    def forget(self, window: Window) -> None:
+        """A window sent whole since (a correction): no more asks about it are answered."""
+        with self._lock:
+            self._kept.pop(window, None)
+
+    def answer(self, window: Window, ask: Ask, sequence: int) -> PartialBatch | None:
+        """The window's next revision with what ``ask`` adds; None for a window not kept
+        here (forgotten, or from before a restart)."""
+        with self._lock:
+            kept = self._kept.get(window)
+            if kept is None:
+                return None
+            bounded, kept.sent = answer(kept.rows, kept.sent, ask, self.aggregate,
+                                        self.rank.by)
+            kept.batch = _as_batch(kept.batch, bounded, kept.batch.revision + 1,
+                                   sequence=sequence)
+            return kept.batch
+
+
+def _as_batch(batch: PartialBatch, bounded: BoundedPartial, revision: int,
+              sequence: int | None = None) -> PartialBatch:
+    cut = bounded.truncated
+    return dataclasses.replace(
+        batch, rows=bounded.rows, slack=bounded.slack if cut else None,
+        omitted=bounded.omitted, complete_rows=bounded.complete if cut else None,
+        revision=revision, rounds=cut,
+        sequence=batch.sequence if sequence is None else sequence)
+
+
+class AskBoard:
+    """A coordinator's asks, per child, until the child's ``Rounds`` stream takes them."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._waiting: dict[str, collections.deque[pb.RoundAsk]] = {}
+        self._streams: dict[str, int] = {}  # child -> the number of its newest stream
+        self._closed = False
+
+    def put(self, child: str, window: Window, ask: Ask) -> None:
+        with self._changed:
+            self._waiting.setdefault(child, collections.deque(maxlen=MAX_WAITING)).append(
+                ask_to_proto(window, ask))
+            self._changed.notify_all()
+
+    def follow(self, child: str, active: Callable[[], bool]) -> Iterator[pb.RoundAsk]:
+        """The asks for ``child`` as they come, while ``active()`` and until a newer stream
+        of the same child follows instead."""
+        with self._changed:
+            stream = self._streams[child] = self._streams.get(child, 0) + 1
+        while active():
+            with self._changed:
+                if self._closed or self._streams[child] != stream:
+                    return
+                waiting = self._waiting.get(child)
+                if not waiting:
+                    self._changed.wait(0.5)
+                    continue
+                ask = waiting.popleft()
+            yield ask
+
+    def close(self) -> None:
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
