@@ -204,14 +204,19 @@ class WindowMerger:
     def _settled(self, pending: _Pending) -> bool:
         """Whether nothing is left to ask about the window: its inputs do not answer in
         rounds, or its exact top-k is known."""
-        if self.rounds is None or not any(b.rounds for b in pending.batches.values()):
+        if not self._in_rounds(pending):
             return True
+        assert self.rounds is not None
         try:
             return settled(merge_bounded(self._bounded_inputs(pending).values(),
                                          self.aggregate),
                            self.aggregate, self.rounds.by, self.rounds.k)
         except DataError:
             return True
+
+    def _in_rounds(self, pending: _Pending) -> bool:
+        """Whether some input of the window answers in rounds (and this merger asks)."""
+        return self.rounds is not None and any(b.rounds for b in pending.batches.values())
 
     @staticmethod
     def _bounded_inputs(pending: _Pending) -> dict[str, BoundedPartial]:
@@ -255,7 +260,7 @@ class WindowMerger:
                       else merge_bounded(bounded, self.aggregate))
             rows, slack, omitted = merged.rows, merged.slack, merged.omitted
             complete = merged.complete
-            if self.rounds is not None and self._settled(pending):
+            if self._in_rounds(pending) and self._settled(pending):
                 rows, slack, omitted, complete = exact_rows(merged), None, 0.0, None
         else:
             rows = self._merge_rows(batches)

@@ -39,14 +39,27 @@ def test_figure_1_comes_out_as_the_paper_draws_it() -> None:
     fragments = plan.fragments
     assert all(fragments[f"PoP{i}"].sources == ("cdn_logs",) for i in range(1, 7))
     assert fragments["DC1"].children == ("PoP1", "PoP2", "PoP3")
-    assert fragments["DC3"].final and fragments["DC3"].partitions == 4  # the split final top-k
+    # The datacenters answer the root's TPUT rounds for the exact top-k: a few rows a window
+    # instead of thousands, coordinated by the root in one process.
+    assert fragments["DC1"].rounds and fragments["DC2"].rounds
+    assert not any(fragments[f"PoP{i}"].rounds for i in range(1, 7))
+    assert fragments["DC3"].final and fragments["DC3"].partitions == 1
     assert plan.split
     # Partials are a small fraction of the raw logs they replace.
     assert plan.wan_bytes_per_s < plan.raw_bytes_per_s / 5
     assert 0 < plan.max_utilisation < 0.5
     text = plan.render()
     assert text.startswith("physical plan on cdn-3dc (root DC3)")
-    assert "DC3: final over 4 partitions" in text
+    assert "DC1: merge of 3 -> DC3" in text and "TPUT rounds: about 40 rows a window" in text
+    assert "DC3: final\n" in text and "TPUT: the exact top 10" in text
+
+
+def test_no_rounds_where_the_slo_has_no_time_for_two_more_round_trips() -> None:
+    tight = js.Query("tight", TOPK.stream, slo=js.SLO(max_latency="400ms"))
+    plan = plan_query(tight, topology("cdn-3dc"))
+    assert not any(f.rounds for f in plan.fragments.values())
+    assert plan.fragments["DC3"].partitions == 4  # the split final top-k
+    assert "TPUT" not in plan.render()
 
 
 def test_local_topology_sends_both_sites_to_the_root() -> None:

@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import gzip
 import json
+import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from jetstream.aggregator import WindowMerger
 from jetstream.aggtree.loader import load_topology
@@ -77,9 +80,13 @@ def run_bench(topology: Path, query_file: Path, work: Path, *, duration_s: float
     say("the reference answer (js.run_local)")
     reference = {(r.window_start, r.window_end): r for r in run_local(query, inputs)}
 
-    say("JetStream: replaying the logs through every site")
-    with LocalCluster(topology, inputs, replay=True, window_deadline_s=120, logs=work / "logs",
-                      say=say) as cluster:
+    partials = _site_partials(query, inputs, sites)
+    declared = _declared(topology, work / "topology.yaml", rate, partials)
+    say(f"JetStream: replaying the logs through every site (the topology declaring "
+        f"{rate:g} records/s and about {_keys_per_window(partials):,.0f} keys a window at "
+        "each site, for the planner)")
+    with LocalCluster(declared, inputs, replay=True, window_deadline_s=120,
+                      logs=work / "logs", say=say) as cluster:
         ours = {(r.window_start, r.window_end): r
                 for r in replay(cluster, query_file, timeout_s=900, say=lambda _: None)}
 
@@ -119,7 +126,7 @@ def run_bench(topology: Path, query_file: Path, work: Path, *, duration_s: float
         },
     }
     say("accuracy per degradation level: every edge site's partials sent at each level")
-    levels = _levels(query, inputs, sites, layout.root, reference)
+    levels = _levels(query, partials, sites, layout.root, reference)
     report["levels"] = levels
     (work / "bench.json").write_text(json.dumps(report, indent=2))
     _plot(figures, work / "bytes.png")
@@ -162,17 +169,42 @@ def through_levels(partial: WindowAggregate, rank: Ranking, sent: Sequence[list[
         yield level, size, top_k_bounds(merged.bounded, partial, rank.by, rank.k)
 
 
-def _levels(query: Query, inputs: Path, sites: list[str], root: str,
-            reference: dict[Window, WindowResult]) -> list[dict[str, Any]]:
+def _site_partials(query: Query, inputs: Path, sites: list[str]
+                   ) -> dict[str, dict[Window, list[Row]]]:
+    """Each site's exact partial rows per window (the reference executor's)."""
+    site_query, _ = site_part(distributed(query))
+    return {site: {(r.window_start, r.window_end): r.rows
+                   for r in run_local(site_query, inputs / site)} for site in sites}
+
+
+def _keys_per_window(partials: dict[str, dict[Window, list[Row]]]) -> float:
+    counts = [len(rows) for windows in partials.values() for rows in windows.values()]
+    return statistics.median(counts) if counts else 0.0
+
+
+def _declared(topology: Path, out: Path, rate: float,
+              partials: dict[str, dict[Window, list[Row]]]) -> Path:
+    """``topology`` with each source declaring the generated load (``rate`` records/s, the
+    median keys a window), as an operator would declare it, so that the planner plans for
+    it; written to ``out``."""
+    document = yaml.safe_load(topology.read_text(encoding="utf-8"))
+    keys = max(1, round(_keys_per_window(partials)))
+    for site in document.get("sites", []):
+        for source in site.get("sources", []):
+            source.update(events_per_s=rate, distinct_keys=keys)
+    out.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
+    return out
+
+
+def _levels(query: Query, partials: dict[str, dict[Window, list[Row]]], sites: list[str],
+            root: str, reference: dict[Window, WindowResult]) -> list[dict[str, Any]]:
     """Per level: the edge sites' wide-area bytes over all windows, and the worst window's
     top-10 recall and count error against the reference."""
     optimized = distributed(query)
     rank = ranking(optimized)
     if rank is None:
         return []
-    site_query, partial = site_part(optimized)
-    partials = {site: {(r.window_start, r.window_end): r.rows
-                       for r in run_local(site_query, inputs / site)} for site in sites}
+    _, partial = site_part(optimized)
     edges = [s for s in sites if s != root]
     dictionaries: Dictionaries = {}
     out: dict[str, dict[str, Any]] = {}
