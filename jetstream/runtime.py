@@ -226,6 +226,7 @@ class QueryRun:
                                    key_partitions=bool(assignment.workers),
                                    rounds=self.ranking if coordinates else None)
         self.asks = AskBoard()  # what the merger asks of each child, until it takes it
+        self._asked: set[str] = set()  # the children asked so far
         # A merge spread over workers: the inputs go to them, their partitions come back.
         self.router = None if not assignment.workers else Router(
             fragment.query, self.partial, [address for _, address in assignment.workers],
@@ -492,6 +493,10 @@ class QueryRun:
             expected = self.assignment.expected or self.assignment.covers
             self.results.publish(merged, finished, expected)
             for child, window, ask in self.merger.asks():
+                if child not in self._asked:  # once a child: the rounds are under way
+                    self._asked.add(child)
+                    log.info("%s at %s: asking %s for more of window %s in TPUT rounds",
+                             self.name, self.site, child, window)
                 self.asks.put(child, window, ask)
             return
         for m in merged:

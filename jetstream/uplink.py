@@ -126,6 +126,7 @@ class Uplink:
         # TPUT's rounds: the parent coordinates them itself, so its workers are never named.
         self.answerer = Answerer(partial, ranking) if rounds and ranking else None
         self._asks_call: Any = None
+        self._answered = False  # said in the log once
         if self.answerer is not None:
             threading.Thread(target=self._watch_asks, daemon=True,
                              name=f"asks-{self.name}").start()
@@ -240,6 +241,10 @@ class Uplink:
             log.info("%s at %s: asked about window %s, which it no longer keeps", self.name,
                      self.site, window)
             return
+        if not self._answered:
+            self._answered = True
+            log.info("%s at %s: answering %s's TPUT rounds (first: window %s, %d rows)",
+                     self.name, self.site, self.parent, window, len(batch.rows))
         with self._lock:
             self.sender.send(encode_batch(batch, self.partial))
 

@@ -7,6 +7,7 @@ mid-run."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
@@ -14,6 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import yaml
 
 from jetstream.control import launch
 from jetstream.control.launch import LocalCluster, replay
@@ -108,6 +110,36 @@ def test_the_three_level_tree_replays_what_run_local_computes(tmp_path: Path) ->
         assert (f"cdn-topk at {region}: sending to core's 3 workers directly"
                 in (cluster.logs / f"{region}.log").read_text())
     assert "directly" not in (cluster.logs / "pop1.log").read_text()
+
+
+def test_the_three_level_tree_replays_exactly_with_tput_rounds_into_the_root(
+        tmp_path: Path) -> None:
+    # Declared with many keys a window, the regions answer the root's TPUT rounds (their
+    # PoPs send them exact partials); the root coordinates in one process.
+    document = yaml.safe_load(TOPOLOGY.read_text())
+    for site in document["sites"]:
+        for source in site.get("sources", []):
+            source["distinct_keys"] = 400
+    topology = tmp_path / "tree-7-many-keys.yaml"
+    topology.write_text(yaml.safe_dump(document))
+    inputs = tmp_path / "input"
+    spec = dataclasses.replace(SPEC, domains=400, urls_per_domain=2)
+    write_logs(inputs, POPS, start_ms=START_MS, duration_s=30, rate=80, spec=spec, seed=7)
+    want = run_local(load_query(QUERY), inputs)
+    with LocalCluster(topology, inputs, replay=True, window_deadline_s=120,
+                      logs=tmp_path / "logs") as cluster:
+        got = _final(replay(cluster, QUERY, timeout_s=300))
+        status = cluster.client.status()
+    _assert_equal(got, want)
+    plan = next(q for q in status.queries if q.name == "cdn-topk").plan
+    assert "eu: merge of 2 -> core" in plan and "TPUT rounds" in plan, plan
+    assert "core: final\n" in plan
+    # The regions were asked for more than their first rows, and answered.
+    assert "asking eu for more of window" in (cluster.logs / "core.log").read_text()
+    for region in ("eu", "us"):
+        log = (cluster.logs / f"{region}.log").read_text()
+        assert "answering core's TPUT rounds" in log and "no longer keeps" not in log
+    assert all(r.exact for r in got.values())
 
 
 def test_the_three_level_tree_live_equals_run_local_across_a_killed_worker(
