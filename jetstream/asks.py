@@ -33,8 +33,9 @@ __all__ = [
     "ask_to_proto",
 ]
 
-#: Windows a child keeps the exact rows of, to answer asks about them (the newest).
-KEPT_WINDOWS = 64
+#: Windows a child keeps the exact rows of, to answer asks about them (the newest): the
+#: rounds of a window end within seconds, and a correction goes whole.
+KEPT_WINDOWS = 8
 #: Revisions a window's answers may take: the n-th correction of a window (late records)
 #: starts its answers at ``n * ROUND_REVISIONS``, above every answer before it.
 ROUND_REVISIONS = 100

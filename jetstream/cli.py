@@ -467,7 +467,9 @@ def _bench(args: argparse.Namespace) -> int:
     total = report["total"]
     say(f"wide-area bytes: JetStream-py {total['jetstream_bytes']:,}, backhaul (gzip) "
         f"{total['backhaul_bytes']:,}, raw {total['raw_bytes']:,}: "
-        f"{total['jetstream_vs_backhaul'] or 0:,.1f}x fewer than the backhaul")
+        f"{total['jetstream_vs_backhaul'] or 0:,.1f}x fewer than the backhaul; the lower "
+        f"bound (each edge site's top k rows a window) {total['lower_bound_bytes']:,}: "
+        f"JetStream-py at {total['jetstream_over_lower_bound'] or 0:,.1f}x it")
     for system in ("jetstream", "backhaul"):
         say(f"{system}: top-10 recall {total[f'{system}_min_recall']}, largest count error "
             f"{total[f'{system}_max_error']} (worst window), windows never given: "

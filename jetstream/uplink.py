@@ -226,7 +226,7 @@ class Uplink:
                     log.debug("%s at %s: asks from %s: %s", self.name, self.site,
                               self.parent, e.code().name)
                 self._closed.wait(backoff)
-                backoff = min(backoff * 2, 5.0)
+                backoff = min(backoff * 2, 2.0)
 
     def _answer(self, message: pb.RoundAsk) -> None:
         assert self.answerer is not None
@@ -354,6 +354,10 @@ class Uplink:
     def set_level(self, level: str) -> LinkLevel:
         """See :meth:`jetstream.runtime.QueryRun.set_level`."""
         link = f"{self.site} -> {self.parent}"
+        if self.answerer is not None and level:
+            msg = (f"{self.name}: link {link} runs TPUT's rounds: its windows go as "
+                   f"{self.parent} asks for them, exact, not at a degradation level")
+            raise ControlPlaneError(msg)
         if self.policy is None:
             msg = (f"{self.name} at {self.site} has no degradable link: a replay keeps "
                    "every link exact")

@@ -24,6 +24,9 @@ def test_bench_quick_compares_jetstream_with_the_backhaul(tmp_path: Path) -> Non
     assert report["sites"] == ["ams", "sfo", "sin"] and len(report["windows"]) >= 3
     # The same records cross the wide area as partials or as gzipped raw logs.
     assert 0 < total["jetstream_bytes"] < total["backhaul_bytes"] < total["raw_bytes"]
+    # No exact top-k ships less than each edge site's own top k rows.
+    assert 0 < total["lower_bound_bytes"] <= total["jetstream_bytes"]
+    assert "the lower bound (each edge site's top k rows a window)" in run.stderr
     assert total["jetstream_windows_missing"] == 0
     assert total["jetstream_min_recall"] == 1.0
     assert total["backhaul_min_recall"] == 1.0  # over the windows its watermark let out
