@@ -13,6 +13,7 @@ import collections
 import dataclasses
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -33,9 +34,9 @@ __all__ = [
     "ask_to_proto",
 ]
 
-#: Windows a child keeps the exact rows of, to answer asks about them (the newest): the
-#: rounds of a window end within seconds, and a correction goes whole.
-KEPT_WINDOWS = 8
+#: The most windows a child keeps the exact rows of, to answer asks about them (the newest),
+#: however recent: a replay hands on many windows at once.
+KEPT_WINDOWS = 256
 #: Revisions a window's answers may take: the n-th correction of a window (late records)
 #: starts its answers at ``n * ROUND_REVISIONS``, above every answer before it.
 ROUND_REVISIONS = 100
@@ -74,14 +75,18 @@ class _Kept:
     rows: tuple[dict[str, Any], ...]  # the window's exact rows here
     batch: PartialBatch  # the last answer sent
     sent: frozenset[Key]  # the keys sent so far
+    at: float  # when its first answer went
 
 
 class Answerer:
     """A child's side of the rounds for one query: each window's first answer, and the next
     ones as its parent asks."""
 
-    def __init__(self, aggregate: WindowAggregate, rank: Ranking) -> None:
-        self.aggregate, self.rank = aggregate, rank
+    def __init__(self, aggregate: WindowAggregate, rank: Ranking, keep_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """A window's rows are kept ``keep_s`` after its first answer (past the parent's
+        deadline for it, the parent asks no more), and at most ``KEPT_WINDOWS`` windows."""
+        self.aggregate, self.rank, self.keep_s, self._clock = aggregate, rank, keep_s, clock
         self._lock = threading.Lock()
         self._kept: collections.OrderedDict[Window, _Kept] = collections.OrderedDict()
 
@@ -96,9 +101,11 @@ class Answerer:
         except DataError:
             return batch
         out = _as_batch(batch, bounded, batch.revision)
+        now = self._clock()
         with self._lock:
-            self._kept[batch.window] = _Kept(rows, out, sent)
-            while len(self._kept) > KEPT_WINDOWS:
+            self._kept[batch.window] = _Kept(rows, out, sent, now)
+            while self._kept and (len(self._kept) > KEPT_WINDOWS or next(
+                    iter(self._kept.values())).at < now - self.keep_s):
                 self._kept.popitem(last=False)
         return out
 

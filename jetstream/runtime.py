@@ -73,6 +73,9 @@ DEFAULT_DEADLINE_S = 10.0
 TICK_S = 0.2
 #: How long stopping a run waits for its local stage's stream to stop.
 STOP_WAIT_S = 60.0
+#: How much longer than twice its window deadline a child keeps a window's rows for the
+#: parent's asks in TPUT's rounds (the parent's deadline may run a little later).
+ROUNDS_MARGIN_S = 10.0
 #: How often a run rolls up and expires what the cube store keeps of it.
 CUBE_INTERVAL_S = 10.0
 
@@ -281,7 +284,8 @@ class QueryRun:
             store=self._store, run_metrics=self.metrics, sequence=self._sequence,
             top_k_only=self.options.worker and assignment.fragment.final,
             retain_s=self.merger.retain_s, carried=carried,
-            received=self.options.received, rounds=assignment.fragment.rounds)
+            received=self.options.received, rounds=assignment.fragment.rounds,
+            keep_s=2 * self.merger.deadline_s + ROUNDS_MARGIN_S)
 
     @property
     def sender(self) -> PartialSender | None:

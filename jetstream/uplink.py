@@ -74,7 +74,8 @@ class Uplink:
     link to its own site, which also counts no wide-area bytes. With ``top_k_only`` (a worker
     of the root's final step, one of key-disjoint partitions), an exact window goes up as the
     rows that can be in the final top-k: its ``k`` best by the ranking, in the final top-k's
-    order, which hold every row of the global top-k that falls in this partition.
+    order, which hold every row of the global top-k that falls in this partition. With
+    ``rounds``, each window's rows are kept ``keep_s`` for the parent's asks.
     """
 
     def __init__(self, site: str, parent: str, address: str, *, query: Query,
@@ -83,7 +84,7 @@ class Uplink:
                  sequence: Iterator[int], top_k_only: bool = False,
                  retain_s: float = 600.0, carried: Sequence[PartialBatch] = (),
                  received: Callable[[], Mapping[str, int]] | None = None,
-                 rounds: bool = False) -> None:
+                 rounds: bool = False, keep_s: float = 120.0) -> None:
         self.site, self.parent, self.name = site, parent, query.name
         self.partial, self.ranking, self.replay = partial, ranking, options.replay
         self.store, self.metrics, self._sequence = store, run_metrics, sequence
@@ -124,7 +125,8 @@ class Uplink:
         self._routers_bytes = 0  # what routers replaced since sent
         self._closed = threading.Event()
         # TPUT's rounds: the parent coordinates them itself, so its workers are never named.
-        self.answerer = Answerer(partial, ranking) if rounds and ranking else None
+        self.answerer = Answerer(partial, ranking, keep_s=keep_s) if rounds and ranking \
+            else None
         self._asks_call: Any = None
         self._answered = False  # said in the log once
         if self.answerer is not None:

@@ -15,13 +15,13 @@ from hypothesis import strategies as st
 
 import jetstream as js
 from jetstream.aggtree.planner import Fragment
-from jetstream.approx.levels import ranking
+from jetstream.approx.levels import Ranking, ranking
 from jetstream.approx.rounds import Ask, answer, exact_rows, first_answer, next_asks, settled
 from jetstream.approx.truncate import BoundedPartial, exact_partial, merge_bounded, top_k_bounds
-from jetstream.asks import Answerer
+from jetstream.asks import KEPT_WINDOWS, Answerer
 from jetstream.control.server import start_server
 from jetstream.operators import Phase, WindowAggregate
-from jetstream.partials import encode_batch
+from jetstream.partials import PartialBatch, encode_batch
 from jetstream.queryfile import query_from_source
 from jetstream.results import WindowResult
 from jetstream.runtime import ENDED, Assignment, SiteOptions, SiteRuntime, distributed
@@ -234,7 +234,7 @@ def test_a_child_that_stops_answering_leaves_a_window_with_bounds_never_called_e
             [batch] = site_batches(site_query, partial, f"e{e}", events[e])
             sender = PartialSender(f"127.0.0.1:{port}")
             senders.append(sender)
-            sender.send(encode_batch(Answerer(partial, rank).first(batch), partial))
+            sender.send(encode_batch(Answerer(partial, rank, keep_s=60).first(batch), partial))
             sender.send_progress(pb.Progress(query="q", origin=f"e{e}", watermark_ms=ENDED,
                                              ended=True, sequence=1))
         deadline = time.monotonic() + 20
@@ -252,3 +252,19 @@ def test_a_child_that_stops_answering_leaves_a_window_with_bounds_never_called_e
         counts[record["domain"]] = counts.get(record["domain"], 0) + 1
     for row in result.rows:
         assert row["lb"] <= counts[row["domain"]] <= row["ub"], row
+
+
+def test_a_child_keeps_a_windows_rows_for_asks_as_long_as_it_was_told() -> None:
+    now = [0.0]
+    rank = Ranking(k=1, by="requests")
+    answerer = Answerer(AGGREGATE, rank, keep_s=30, clock=lambda: now[0])
+    for w in range(300):  # a replay hands on many windows at once: all are kept
+        answerer.first(PartialBatch("q", (w, w + 1), "e", tuple(rows_of({"a": [1.0], "b": [2.0]}))))
+    assert answerer.answer((0, 1), Ask(threshold=0.0), 1) is None  # over KEPT_WINDOWS
+    assert answerer.answer((299 - KEPT_WINDOWS + 1, 300 - KEPT_WINDOWS + 1),
+                           Ask(threshold=0.0), 1) is not None
+    now[0] = 31.0  # past keep_s: the next window's first answer lets the old ones go
+    answerer.first(PartialBatch("q", (500, 501), "e", tuple(rows_of({"a": [1.0]}))))
+    assert answerer.answer((299, 300), Ask(threshold=0.0), 2) is None
+    got = answerer.answer((500, 501), Ask(threshold=0.0), 2)
+    assert got is not None and not got.rounds and [r["domain"] for r in got.rows] == ["a"]
