@@ -94,6 +94,8 @@ class _Pending:
     revision: int = -1
     settled: float | None = None  # when it was last seen settled
     asked: dict[str, tuple[int, float]] = field(default_factory=dict)  # input -> (revision, when)
+    #: Wide-area bytes the window cost besides its batches': revisions replaced since, asks.
+    spent: int = 0
 
 
 class WindowMerger:
@@ -133,6 +135,9 @@ class WindowMerger:
             held = pending.batches.get(batch.origin)
             if held is None or batch.revision > held.revision:
                 pending.batches[batch.origin] = batch
+                pending.spent += held.wan_bytes if held is not None else 0
+            elif batch.identity != held.identity:  # an older revision, come late: it cost too
+                pending.spent += batch.wan_bytes
         self.changed.set()
 
     def progress(self, origin: str, watermark_ms: int, ended: bool = False) -> None:
@@ -200,6 +205,13 @@ class WindowMerger:
                     pending.asked[origin] = (batch.revision, now)
                     out.append((origin, window, ask))
         return out
+
+    def charge(self, window: Window, size: int) -> None:
+        """Count ``size`` more wide-area bytes against ``window`` (an ask sent about it)."""
+        with self._lock:
+            pending = self._windows.get(window)
+            if pending is not None:
+                pending.spent += size
 
     def _settled(self, pending: _Pending) -> bool:
         """Whether nothing is left to ask about the window: its inputs do not answer in
@@ -276,7 +288,7 @@ class WindowMerger:
             events=sum(b.events for b in batches),
             error_bound=max((b.error_bound for b in batches), default=0.0),
             covers=covers,
-            wan_bytes=sum(b.wan_bytes for b in batches),
+            wan_bytes=sum(b.wan_bytes for b in batches) + pending.spent,
             closed_at_ms=max((b.closed_at_ms for b in batches), default=0),
             revision=pending.revision, inputs_complete=all(b.complete for b in batches),
             slack=slack, omitted=omitted, complete_rows=complete,

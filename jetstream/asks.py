@@ -147,11 +147,14 @@ class AskBoard:
         self._streams: dict[str, int] = {}  # child -> the number of its newest stream
         self._closed = False
 
-    def put(self, child: str, window: Window, ask: Ask) -> None:
+    def put(self, child: str, window: Window, ask: Ask) -> int:
+        """Hold ``ask`` for ``child``; the bytes it takes on the wire."""
+        message = ask_to_proto(window, ask)
         with self._changed:
             self._waiting.setdefault(child, collections.deque(maxlen=MAX_WAITING)).append(
-                ask_to_proto(window, ask))
+                message)
             self._changed.notify_all()
+        return message.ByteSize()
 
     def follow(self, child: str, active: Callable[[], bool]) -> Iterator[pb.RoundAsk]:
         """The asks for ``child`` as they come, while ``active()`` and until a newer stream

@@ -470,6 +470,8 @@ def _bench(args: argparse.Namespace) -> int:
         f"{total['jetstream_vs_backhaul'] or 0:,.1f}x fewer than the backhaul; the lower "
         f"bound (each edge site's top k rows a window) {total['lower_bound_bytes']:,}: "
         f"JetStream-py at {total['jetstream_over_lower_bound'] or 0:,.1f}x it")
+    say(f"jetstream: {total['jetstream_windows_exact']} of {len(report['windows'])} windows "
+        "came out exact")
     for system in ("jetstream", "backhaul"):
         say(f"{system}: top-10 recall {total[f'{system}_min_recall']}, largest count error "
             f"{total[f'{system}_max_error']} (worst window), windows never given: "

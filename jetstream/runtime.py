@@ -501,7 +501,7 @@ class QueryRun:
                     self._asked.add(child)
                     log.info("%s at %s: asking %s for more of window %s in TPUT rounds",
                              self.name, self.site, child, window)
-                self.asks.put(child, window, ask)
+                self.merger.charge(window, self.asks.put(child, window, ask))
             return
         for m in merged:
             self.metrics.handed_on(self.uplink.send(m))

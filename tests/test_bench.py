@@ -28,6 +28,7 @@ def test_bench_quick_compares_jetstream_with_the_backhaul(tmp_path: Path) -> Non
     assert 0 < total["lower_bound_bytes"] <= total["jetstream_bytes"]
     assert "the lower bound (each edge site's top k rows a window)" in run.stderr
     assert total["jetstream_windows_missing"] == 0
+    assert total["jetstream_windows_exact"] == len(report["windows"])
     assert total["jetstream_min_recall"] == 1.0
     assert total["backhaul_min_recall"] == 1.0  # over the windows its watermark let out
     speed = report["throughput_records_per_s"]

@@ -59,7 +59,16 @@ def test_no_rounds_where_the_slo_has_no_time_for_two_more_round_trips() -> None:
     plan = plan_query(tight, topology("cdn-3dc"))
     assert not any(f.rounds for f in plan.fragments.values())
     assert plan.fragments["DC3"].partitions == 4  # the split final top-k
-    assert "TPUT" not in plan.render()
+    text = plan.render()
+    assert "TPUT:" not in text and "TPUT rounds:" not in text
+    assert ("no TPUT rounds on DC2 -> DC3: 2 more round trips take 320 ms, over half the SLO's "
+            "max_latency of 400 ms") in text
+
+
+def test_no_rounds_where_the_partials_are_about_as_small() -> None:
+    text = plan_query(TOPK, topology("local-3dc")).render()
+    assert ("no TPUT rounds on sfo -> ams: its partials have about 50 rows a window, the "
+            "rounds would ship about 40") in text
 
 
 def test_local_topology_sends_both_sites_to_the_root() -> None:

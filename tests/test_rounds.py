@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jetstream as js
+from jetstream.aggregator import WindowMerger
 from jetstream.aggtree.planner import Fragment
 from jetstream.approx.levels import Ranking, ranking
 from jetstream.approx.rounds import Ask, answer, exact_rows, first_answer, next_asks, settled
@@ -268,3 +269,14 @@ def test_a_child_keeps_a_windows_rows_for_asks_as_long_as_it_was_told() -> None:
     assert answerer.answer((299, 300), Ask(threshold=0.0), 2) is None
     got = answerer.answer((500, 501), Ask(threshold=0.0), 2)
     assert got is not None and not got.rounds and [r["domain"] for r in got.rows] == ["a"]
+
+
+def test_a_window_costs_every_revision_sent_for_it_and_the_asks() -> None:
+    merger = WindowMerger(AGGREGATE, ["e"], deadline_s=60)
+    rows = tuple(rows_of({"a": [1.0]}))
+    merger.add(PartialBatch("q", (0, 10), "e", rows, wan_bytes=300))
+    merger.charge((0, 10), 25)  # an ask sent down about it
+    merger.add(PartialBatch("q", (0, 10), "e", rows, wan_bytes=120, revision=1))
+    merger.add(PartialBatch("q", (0, 10), "e", rows, wan_bytes=300))  # the first, resent late
+    [merged] = merger.ready()
+    assert merged.wan_bytes == 300 + 25 + 120 + 300

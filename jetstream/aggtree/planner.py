@@ -83,6 +83,8 @@ class PhysicalPlan:
     raw_bytes_per_s: float  # what shipping every record to the root would cost
     row_bytes: int = field(default=0)
     rounds_k: int = 0  # the k of the top-k whose links run TPUT's rounds (0: none do)
+    #: Why links into the root that could run TPUT's rounds do not, for ``explain``.
+    no_rounds: tuple[str, ...] = ()
 
     @property
     def wan_bytes_per_s(self) -> float:
@@ -126,6 +128,7 @@ class PhysicalPlan:
                 f"  TPUT: the exact top {self.rounds_k} takes up to {ROUNDS_EXTRA_TRIPS} more "
                 "round trips a window on the links marked, for far fewer rows than every "
                 "key; the root coordinates them in one process")
+        lines += [f"  no TPUT rounds on {note}" for note in self.no_rounds]
         return "\n".join(lines)
 
 
@@ -226,7 +229,7 @@ def plan_query(query: Query, topology: Topology, *, max_fan_in: int = 32) -> Phy
     fragments = _fragments(query.name, tree, topology, sources, loads, every_s, split,
                            ranked=any(isinstance(op, TopK) for op in ops))
     rank = ranking(distributed(query)) if split else None
-    rounds = _rounds(query, tree, topology, loads, rank)
+    rounds, no_rounds = _rounds(query, tree, topology, loads, rank)
     if rounds:
         # The links into the root carry TPUT's rounds: the root coordinates them in one
         # process (its workers could not), over the few rows the rounds bring.
@@ -241,7 +244,7 @@ def plan_query(query: Query, topology: Topology, *, max_fan_in: int = 32) -> Phy
                                            utilisation=rate * 8 / link.bandwidth_bps,
                                            rounds_rows=rows, exact_rows=loads[child].keys)
     return PhysicalPlan(query, topology, tree, fragments, split, raw, row_bytes,
-                        rank.k if rounds and rank else 0)
+                        rank.k if rounds and rank else 0, tuple(no_rounds))
 
 
 #: TPUT ships about this many times k rows a window over a link (its top k, the rows above
@@ -255,23 +258,30 @@ ROUNDS_EXTRA_TRIPS = 2
 
 
 def _rounds(query: Query, tree: nx.DiGraph, topology: Topology, loads: Mapping[str, Load],
-            rank: Ranking | None) -> dict[str, float]:
+            rank: Ranking | None) -> tuple[dict[str, float], list[str]]:
     """The children of the root whose links run TPUT's rounds, each with the rows a window
     is expected to ship then: for an exact top-k by a count or a sum right after the final
     aggregate, where the child's exact partial has ``ROUNDS_SAVING`` times the rows the rounds
     would ship, or more, and the SLO's ``max_latency`` allows two more round trips on the
-    link (half of it at most)."""
+    link (half of it at most). Also, for the other children, why not."""
     if rank is None:
-        return {}
-    root, out = topology.root, {}
+        return {}, []
+    root, out, why_not = topology.root, {}, []
     budget_ms = query.slo.max_latency_ms if query.slo and query.slo.max_latency_ms else None
-    for child in tree.predecessors(root):
+    for child in sorted(tree.predecessors(root)):
         rows = float(ROUNDS_ROWS_PER_K * rank.k)
         extra_ms = ROUNDS_EXTRA_TRIPS * 2 * topology.link(child, root).latency_ms
-        if child in loads and loads[child].keys >= ROUNDS_SAVING * rows and (
-                budget_ms is None or extra_ms <= budget_ms / 2):
+        exact = loads[child].keys if child in loads else 0.0
+        if exact < ROUNDS_SAVING * rows:
+            why_not.append(f"{child} -> {root}: its partials have about {exact:,.0f} rows a "
+                           f"window, the rounds would ship about {rows:,.0f}")
+        elif budget_ms is not None and extra_ms > budget_ms / 2:
+            why_not.append(f"{child} -> {root}: {ROUNDS_EXTRA_TRIPS} more round trips take "
+                           f"{extra_ms:,.0f} ms, over half the SLO's max_latency of "
+                           f"{budget_ms:,} ms")
+        else:
             out[child] = rows
-    return out
+    return out, why_not
 
 
 def _on_the_way(graph: nx.Graph, hops: Mapping[str, int], leaves: Mapping[str, Site]

@@ -59,6 +59,7 @@ class WindowFigures:
     #: The least any exact top-k could ship: each edge site's own top k rows, as batches
     #: with each link's keys coded across windows.
     lower_bound_bytes: int
+    jetstream_exact: bool | None  # whether its result said it was exact (None: not given)
     jetstream_recall: float | None  # None: the system never gave this window
     jetstream_max_error: float | None  # largest relative error of a reported count
     backhaul_recall: float | None
@@ -117,6 +118,7 @@ def run_bench(topology: Path, query_file: Path, work: Path, *, duration_s: float
         figures.append(WindowFigures(
             window[0], raw.get(window[0], 0), shipped.get(window[0], 0),
             mine.wan_bytes or 0 if mine else 0, least.get(window, 0),
+            mine.exact if mine else None,
             *top_k_accuracy(truth, mine.rows if mine else None),
             *top_k_accuracy(truth, backhaul.windows.get(window))))
     report = {
@@ -311,6 +313,7 @@ def _totals(figures: list[WindowFigures]) -> dict[str, Any]:
         "jetstream_vs_backhaul": shipped / ours if ours else None,
         "jetstream_vs_raw": raw / ours if ours else None,
         "jetstream_over_lower_bound": ours / least if least else None,
+        "jetstream_windows_exact": sum(bool(f.jetstream_exact) for f in figures),
         **_worst("jetstream", [(f.jetstream_recall, f.jetstream_max_error) for f in figures]),
         **_worst("backhaul", [(f.backhaul_recall, f.backhaul_max_error) for f in figures]),
     }
