@@ -49,7 +49,7 @@ ENDED = 2**63 - 1
 RETAIN_S = 600.0
 #: How long an input has to answer an ask in TPUT's rounds before it is asked again (its
 #: stream may have broken with the ask on it).
-ASK_AGAIN_S = 2.0
+ASK_AGAIN_S = 3.0
 
 
 @dataclass(frozen=True)

@@ -114,15 +114,24 @@ class Answerer:
         with self._lock:
             self._kept.pop(window, None)
 
+    def keeps(self, window: Window) -> bool:
+        with self._lock:
+            return window in self._kept
+
     def answer(self, window: Window, ask: Ask, sequence: int) -> PartialBatch | None:
-        """The window's next revision with what ``ask`` adds; None for a window not kept
-        here (forgotten, or from before a restart)."""
+        """The window's next revision with what ``ask`` adds. None for a window not kept
+        here (forgotten, or from before a restart), and when the ask adds nothing to the last
+        answer: that one is on its way (the sender resends until acked), and the parent asked
+        again only because its ask might have been lost."""
         with self._lock:
             kept = self._kept.get(window)
             if kept is None:
                 return None
-            bounded, kept.sent = answer(kept.rows, kept.sent, ask, self.aggregate,
-                                        self.rank.by)
+            bounded, sent = answer(kept.rows, kept.sent, ask, self.aggregate, self.rank.by)
+            if sent == kept.sent and bounded.omitted == kept.batch.omitted and (
+                    bounded.truncated == kept.batch.rounds):
+                return None
+            kept.sent = sent
             kept.batch = _as_batch(kept.batch, bounded, kept.batch.revision + 1,
                                    sequence=sequence)
             return kept.batch

@@ -239,10 +239,11 @@ class Uplink:
                         self.parent, e)
             return
         batch = self.answerer.answer(window, ask, next(self._sequence))
-        if batch is None:  # forgotten, or from before a restart: the window's deadline tells
-            log.info("%s at %s: asked about window %s, which it no longer keeps", self.name,
-                     self.site, window)
-            return
+        if batch is None:
+            if not self.answerer.keeps(window):  # the window's deadline tells the parent
+                log.info("%s at %s: asked about window %s, which it no longer keeps",
+                         self.name, self.site, window)
+            return  # (or nothing new: the last answer is on its way)
         if not self._answered:
             self._answered = True
             log.info("%s at %s: answering %s's TPUT rounds (first: window %s, %d rows)",
