@@ -73,9 +73,11 @@ class BusyReceiver(rpc.DataPlaneServicer):
 
 
 
-def _root(source: str) -> tuple[SiteRuntime, list[WindowResult], threading.Event]:
-    """The root "dc" of query ``thin`` with one child, "edge": its runtime, the results it
-    publishes, and an event set once they are final."""
+def root_site(source: str, query: str = "thin", children: tuple[str, ...] = ("edge",),
+              covers: tuple[str, ...] = ("pop",), deadline_s: float = 30.0
+              ) -> tuple[SiteRuntime, list[WindowResult], threading.Event]:
+    """The root "dc" of ``query`` (``source``) merging ``children``: its runtime, the results
+    it publishes, and an event set once they are final."""
     results: list[WindowResult] = []
     done = threading.Event()
 
@@ -84,9 +86,9 @@ def _root(source: str) -> tuple[SiteRuntime, list[WindowResult], threading.Event
         if finished:
             done.set()
 
-    root = SiteRuntime("dc", SiteOptions(deadline_s=30), publish)
-    root.deploy(Assignment(Fragment("thin", "dc", children=("edge",), final=True), source,
-                           covers=("pop",)))
+    root = SiteRuntime("dc", SiteOptions(deadline_s=deadline_s), publish)
+    root.deploy(Assignment(Fragment(query, "dc", children=children, final=True), source,
+                           covers=covers))
     return root, results, done
 
 def window_events(w: int, rnd: random.Random) -> list[dict[str, Any]]:
@@ -107,7 +109,7 @@ def through_thin_link(source: str, events: list[list[dict[str, Any]]], thin: ran
     query = query_from_source(source, "<test>")
     _, site_query, partial = split(query)
     batches = [site_batches(site_query, partial, "pop", e)[0] for e in events]
-    root, results, done = _root(source)
+    root, results, done = root_site(source)
     # What an exact window costs on the link once its keys are in the stream's dictionary.
     keys = KeyEncoder()
     exact_bytes = max([keys.encode(encode_batch(b, partial)).ByteSize() for b in batches][1:])
@@ -201,7 +203,7 @@ def test_a_busy_receiver_and_bursts_of_windows_leave_a_fast_link_exact() -> None
     rnd = random.Random(8)
     events = [window_events(w, rnd) for w in range(12)]
     batches = [site_batches(site_query, partial, "pop", e)[0] for e in events]
-    root, results, done = _root(SOURCE)
+    root, results, done = root_site(SOURCE)
     server, port = start_server([(rpc.add_DataPlaneServicer_to_server,
                                   BusyReceiver(root.servicer, 0.25), "jetstream.v1.DataPlane")],
                                 0)

@@ -5,7 +5,6 @@ aggregate of it) that merging everything gives."""
 from __future__ import annotations
 
 import random
-import threading
 import time
 from typing import Any
 
@@ -24,13 +23,13 @@ from jetstream.control.server import start_server
 from jetstream.operators import Phase, WindowAggregate
 from jetstream.partials import PartialBatch, encode_batch
 from jetstream.queryfile import query_from_source
-from jetstream.results import WindowResult
 from jetstream.runtime import ENDED, Assignment, SiteOptions, SiteRuntime, distributed
 from jetstream.transport import PartialSender
 from jetstream.v1 import dataplane_pb2 as pb
 from jetstream.v1 import dataplane_pb2_grpc as rpc
 from tests.conftest import log
 from tests.test_aggregator import site_batches, split
+from tests.test_degradation import root_site
 
 AGGREGATE = WindowAggregate(
     schema=js.Schema.of({"domain": js.DataType.STRING, "requests": js.DataType.PARTIAL,
@@ -169,17 +168,7 @@ def test_edges_answering_rounds_give_the_exact_results_for_a_fraction_of_the_byt
     rnd = random.Random(3)
     windows = 4
     events = {e: [edge_events(e, w, rnd) for w in range(windows)] for e in (1, 2)}
-    results: list[WindowResult] = []
-    done = threading.Event()
-
-    def publish(name: str, out: list[WindowResult], finished: bool) -> None:
-        results.extend(out)
-        if finished:
-            done.set()
-
-    root = SiteRuntime("dc", SiteOptions(deadline_s=30), publish)
-    root.deploy(Assignment(Fragment("q", "dc", children=("e1", "e2"), final=True), SOURCE,
-                           covers=("p1", "p2")))
+    root, results, done = root_site(SOURCE, "q", ("e1", "e2"), ("p1", "p2"))
     server, port = start_server([(rpc.add_DataPlaneServicer_to_server, root.servicer,
                                   "jetstream.v1.DataPlane")], 0)
     edges = {}
@@ -231,11 +220,7 @@ def test_a_child_that_stops_answering_leaves_a_window_with_bounds_never_called_e
     _, site_query, partial = split(query)
     rnd = random.Random(4)
     events = {e: edge_events(e, 0, rnd) for e in (1, 2)}
-    results: list[WindowResult] = []
-    root = SiteRuntime("dc", SiteOptions(deadline_s=1.5),
-                       lambda name, out, finished: results.extend(out))
-    root.deploy(Assignment(Fragment("q", "dc", children=("e1", "e2"), final=True), SOURCE,
-                           covers=("p1", "p2")))
+    root, results, _ = root_site(SOURCE, "q", ("e1", "e2"), ("p1", "p2"), deadline_s=1.5)
     server, port = start_server([(rpc.add_DataPlaneServicer_to_server, root.servicer,
                                   "jetstream.v1.DataPlane")], 0)
     rank = ranking(distributed(query))
