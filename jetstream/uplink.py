@@ -238,7 +238,12 @@ class Uplink:
             log.warning("%s at %s: refusing an ask from %s: %s", self.name, self.site,
                         self.parent, e)
             return
-        batch = self.answerer.answer(window, ask, next(self._sequence))
+        try:
+            batch = self.answerer.answer(window, ask, next(self._sequence))
+        except (DataError, TypeError, ValueError) as e:  # e.g. keys of the wrong shape
+            log.warning("%s at %s: refusing an ask from %s about window %s: %s", self.name,
+                        self.site, self.parent, window, e)
+            return
         if batch is None:
             if not self.answerer.keeps(window):  # the window's deadline tells the parent
                 log.info("%s at %s: asked about window %s, which it no longer keeps",

@@ -18,8 +18,9 @@ from jetstream.aggtree.planner import Fragment
 from jetstream.approx.levels import Ranking, ranking
 from jetstream.approx.rounds import Ask, answer, exact_rows, first_answer, next_asks, settled
 from jetstream.approx.truncate import BoundedPartial, exact_partial, merge_bounded, top_k_bounds
-from jetstream.asks import KEPT_WINDOWS, Answerer
+from jetstream.asks import KEPT_WINDOWS, Answerer, ask_from_proto, ask_to_proto
 from jetstream.control.server import start_server
+from jetstream.errors import DataError
 from jetstream.operators import Phase, WindowAggregate
 from jetstream.partials import PartialBatch, encode_batch
 from jetstream.queryfile import query_from_source
@@ -281,3 +282,21 @@ def test_a_window_costs_every_revision_sent_for_it_and_the_asks() -> None:
     merger.add(PartialBatch("q", (0, 10), "e", rows, wan_bytes=300))  # the first, resent late
     [merged] = merger.ready()
     assert merged.wan_bytes == 300 + 25 + 120 + 300
+
+
+def test_an_ask_a_child_cannot_read_is_refused_and_the_next_is_answered() -> None:
+    answerer = Answerer(AGGREGATE, Ranking(k=1, by="requests"), keep_s=30)
+    answerer.first(PartialBatch("q", (0, 1), "e", tuple(rows_of({"a": [1.0], "b": [2.0] * 2}))))
+    for bad in (pb.RoundAsk(window_start_ms=0, window_end_ms=1, keys="[1, 2]"),
+                pb.RoundAsk(window_start_ms=0, window_end_ms=1, keys="{"),
+                pb.RoundAsk(window_start_ms=0, window_end_ms=1, by_threshold=True,
+                            threshold=float("nan"))):
+        with pytest.raises(DataError):
+            ask_from_proto(bad)
+    window, ask = ask_from_proto(pb.RoundAsk(window_start_ms=0, window_end_ms=1,
+                                             keys='[["a", "b"]]'))  # two values, one key column
+    with pytest.raises(ValueError):
+        answerer.answer(window, ask, 1)
+    window, ask = ask_from_proto(ask_to_proto((0, 1), Ask(keys=(("a",),))))
+    got = answerer.answer(window, ask, 2)
+    assert got is not None and sorted(r["domain"] for r in got.rows) == ["a", "b"]
