@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from jetstream.approx.levels import Ranking
 from jetstream.approx.rounds import Ask, exact_rows, next_asks, settled
-from jetstream.approx.truncate import BoundedPartial, exact_partial, merge_bounded
+from jetstream.approx.truncate import BoundedPartial, merge_bounded, with_bounds
 from jetstream.errors import DataError
 from jetstream.operators import WindowAggregate
 from jetstream.partials import PartialBatch
@@ -75,7 +75,7 @@ class MergedWindow:
     @property
     def bounded(self) -> BoundedPartial:
         """The rows with their truncation bounds (exact: zero slack)."""
-        return _bounded(self.rows, self.slack, self.omitted, self.complete_rows)
+        return with_bounds(self.rows, self.slack, self.omitted, self.complete_rows)
 
     @property
     def complete(self) -> bool:
@@ -232,8 +232,7 @@ class WindowMerger:
 
     @staticmethod
     def _bounded_inputs(pending: _Pending) -> dict[str, BoundedPartial]:
-        return {origin: _bounded(b.rows, b.slack, b.omitted, b.complete_rows)
-                for origin, b in pending.batches.items()}
+        return {origin: b.bounded for origin, b in pending.batches.items()}
 
     def _waiting_for(self, window: Window, pending: _Pending) -> frozenset[str]:
         return frozenset(i for i in self.inputs - pending.batches.keys()
@@ -267,7 +266,7 @@ class WindowMerger:
         slack: tuple[float, ...] | None = None
         omitted, complete = 0.0, None
         if any(b.slack is not None for b in batches):
-            bounded = [_bounded(b.rows, b.slack, b.omitted, b.complete_rows) for b in batches]
+            bounded = [b.bounded for b in batches]
             merged = (_disjoint(bounded) if self.key_partitions
                       else merge_bounded(bounded, self.aggregate))
             rows, slack, omitted = merged.rows, merged.slack, merged.omitted
@@ -319,15 +318,3 @@ def _disjoint(parts: list[BoundedPartial]) -> BoundedPartial:
                           max((p.omitted for p in parts), default=0.0),
                           tuple(c for p in parts for c in p.complete),
                           any(p.truncated for p in parts))
-
-
-def _bounded(rows: Iterable[Mapping[str, Any]], slack: tuple[float, ...] | None,
-             omitted: float, complete: tuple[bool, ...] | None) -> BoundedPartial:
-    """Rows off the wire as a bounded partial; without completeness flags, a row without
-    slack counts as complete."""
-    kept = tuple(dict(row) for row in rows)
-    if slack is None:
-        return exact_partial(kept)
-    return BoundedPartial(kept, slack, omitted,
-                          complete if complete is not None else tuple(s == 0 for s in slack),
-                          True)

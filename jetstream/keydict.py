@@ -45,13 +45,13 @@ class _Table:
         # Keyed by the value's JSON text: 1, 1.0 and True are different keys on the wire.
         self.slots: collections.OrderedDict[str, int] = collections.OrderedDict()
 
-    def code(self, values: list[Any]) -> tuple[list[int], list[list[Any]]]:
-        """Each value's slot, and the definitions the receiver needs first. The caller sends
-        a batch with more distinct values than slots plain: then the least recently used
-        slot is never one this batch uses, so reusing it changes no earlier row."""
+    def code(self, values: list[Any], texts: list[str]) -> tuple[list[int], list[list[Any]]]:
+        """Each value's slot (``texts``: the values' JSON), and the definitions the receiver
+        needs first. The caller sends a batch with more distinct values than slots plain:
+        then the least recently used slot is never one this batch uses, so reusing it
+        changes no earlier row."""
         out, defined = [], []
-        for value in values:
-            text = json.dumps(value)
+        for value, text in zip(values, texts, strict=True):
             slot = self.slots.get(text)
             if slot is None:
                 slot = self._free()
@@ -83,13 +83,13 @@ class KeyEncoder:
             return message
         columns: dict[str, list[Any]] = document["keys"]
         count = len(next(iter(columns.values())))
-        if not count or any(len(set(map(json.dumps, c))) > self.capacity
-                            for c in columns.values()):
+        texts = {name: [json.dumps(v) for v in values] for name, values in columns.items()}
+        if not count or any(len(set(t)) > self.capacity for t in texts.values()):
             return message
         slots, definitions = {}, {}
         for name, values in columns.items():
             table = self._tables.setdefault((message.query, name), _Table(self.capacity))
-            slots[name], definitions[name] = table.code(values)
+            slots[name], definitions[name] = table.code(values, texts[name])
         order = sorted(range(count), key=lambda i: tuple(s[i] for s in slots.values()))
         coded: dict[str, list[int]] = {n: [s[i] for i in order] for n, s in slots.items()}
         first = next(iter(coded))

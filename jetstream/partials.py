@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jetstream.approx.items import ItemsSketch, from_items
-from jetstream.approx.truncate import BoundedPartial
+from jetstream.approx.truncate import BoundedPartial, with_bounds
 from jetstream.errors import DataError
 from jetstream.keydict import KeyDecoder
 from jetstream.operators import WindowAggregate
@@ -68,6 +68,11 @@ class PartialBatch:
     #: An answer in TPUT's rounds (jetstream.asks): its sender holds back rows its parent
     #: may ask for.
     rounds: bool = False
+
+    @property
+    def bounded(self) -> BoundedPartial:
+        """The rows with their truncation bounds (exact: zero slack)."""
+        return with_bounds(self.rows, self.slack, self.omitted, self.complete_rows)
 
     @property
     def identity(self) -> tuple[str, int, int, str, int, int]:

@@ -101,7 +101,7 @@ def story(window_s: int, logs: Path, tmp: Path) -> dict[str, int]:
             answerer = answerers[site] = Answerer(partial, rank, keep_s=60)
             first = answerer.first(batch)
             totals["tput"] += rounds_keys.encode(encode_batch(first, partial)).ByteSize()
-            inputs[site] = _bounded(first)
+            inputs[site] = first.bounded
         rounds = 1
         while asks := next_asks(inputs, partial, rank.by, rank.k):
             rounds += 1
@@ -110,17 +110,9 @@ def story(window_s: int, logs: Path, tmp: Path) -> dict[str, int]:
                 answer = answerers[site].answer(window, ask, sequence=rounds)
                 assert answer is not None
                 totals["tput"] += links[site][1].encode(encode_batch(answer, partial)).ByteSize()
-                inputs[site] = _bounded(answer)
+                inputs[site] = answer.bounded
         totals["rounds"] = max(totals["rounds"], rounds)
     return totals
-
-
-def _bounded(batch: PartialBatch) -> BoundedPartial:
-    if batch.slack is None:
-        return exact_partial(batch.rows)
-    assert batch.complete_rows is not None
-    return BoundedPartial(tuple(dict(r) for r in batch.rows), batch.slack, batch.omitted,
-                          batch.complete_rows, True)
 
 
 def main() -> None:

@@ -28,7 +28,7 @@ below the value it bounds.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, NamedTuple
@@ -47,6 +47,7 @@ __all__ = [
     "merge_bounded",
     "top_k_bounds",
     "truncate",
+    "with_bounds",
 ]
 
 Row = dict[str, Any]
@@ -96,6 +97,18 @@ def exact_partial(rows: Iterable[Row]) -> BoundedPartial:
     """Rows that nothing was dropped from, as a bounded partial (slack 0, omitted 0)."""
     kept = tuple(dict(row) for row in rows)
     return BoundedPartial(kept, (0.0,) * len(kept), 0.0, (True,) * len(kept), False)
+
+
+def with_bounds(rows: Iterable[Mapping[str, Any]], slack: Sequence[float] | None, omitted: float,
+                complete: Sequence[bool] | None) -> BoundedPartial:
+    """Rows as they travel (a batch, a merged window) as a bounded partial: without
+    ``slack``, exact; without completeness flags, a row without slack counts as complete."""
+    kept = tuple(dict(row) for row in rows)
+    if slack is None:
+        return exact_partial(kept)
+    return BoundedPartial(kept, tuple(slack), omitted,
+                          tuple(complete) if complete is not None else tuple(s == 0 for s in slack),
+                          True)
 
 
 def truncate(rows: Sequence[Row] | BoundedPartial, aggregate: WindowAggregate, rank: str,
