@@ -20,7 +20,7 @@ from jetstream.approx.rounds import Ask, answer, exact_rows, first_answer, next_
 from jetstream.approx.truncate import BoundedPartial, exact_partial, merge_bounded, top_k_bounds
 from jetstream.asks import KEPT_WINDOWS, Answerer, ask_from_proto, ask_to_proto
 from jetstream.control.server import start_server
-from jetstream.errors import DataError
+from jetstream.errors import ControlPlaneError, DataError
 from jetstream.operators import Phase, WindowAggregate
 from jetstream.partials import PartialBatch, encode_batch
 from jetstream.queryfile import query_from_source
@@ -300,3 +300,15 @@ def test_an_ask_a_child_cannot_read_is_refused_and_the_next_is_answered() -> Non
     window, ask = ask_from_proto(ask_to_proto((0, 1), Ask(keys=(("a",),))))
     got = answerer.answer(window, ask, 2)
     assert got is not None and sorted(r["domain"] for r in got.rows) == ["a", "b"]
+
+
+def test_a_link_running_rounds_refuses_a_degradation_level() -> None:
+    edge = SiteRuntime("e1", SiteOptions(deadline_s=30), lambda *_: None)
+    try:
+        edge.deploy(Assignment(Fragment("q", "e1", children=("p1",), parent="dc", rounds=True),
+                               SOURCE, parent_address="127.0.0.1:9", covers=("p1",)))
+        with pytest.raises(ControlPlaneError, match="runs TPUT's rounds"):
+            edge.set_level("q", "top 20")
+        assert edge.set_level("q", "").level == "exact"  # saying where it is still works
+    finally:
+        edge.close()
