@@ -9,7 +9,9 @@ to the Spark stage is adding its row here.
 Sums are exact without Spark's DECIMAL arithmetic, which costs an object per value: an integer
 is summed as its high and low 32 bits, two bigint sums that cannot overflow; a double as three
 29-bit integer limbs of ``|x| / 2**band``, where the band of exponents joins the group key
-(see :func:`float_parts`). Both are put back together in Python, exactly.
+(see :func:`float_parts`); a double that is an integer scaled by a power of two, such as
+``bytes / 1024``, as that integer's halves (see :func:`scaled_parts`). All are put back
+together in Python, exactly.
 """
 
 from __future__ import annotations
@@ -26,8 +28,11 @@ from pyspark.sql import functions as F
 from jetstream.aggregates import Aggregate, Count, CountDistinct, Max, Min, Quantile, Sum
 from jetstream.approx.sketches import ApproxCountDistinct, ApproxQuantile, TopKItems
 from jetstream.errors import PlanError
+from jetstream.expr import Arith, Expr, Lit
+from jetstream.schema import DataType, Schema
 
-__all__ = ["LIMBS", "SPARK_FORMS", "SparkForm", "exact_floats", "float_parts", "form_of"]
+__all__ = ["LIMBS", "SPARK_FORMS", "SparkForm", "exact_floats", "float_parts", "form_of",
+           "scaled_exponent", "scaled_parts"]
 
 _MANTISSA_BITS = 52  # a double's fraction bits: an integer below 2**53 is exactly a double
 _MIN_EXPONENT = -1074  # 2**-1074, the smallest subnormal: every double is a multiple of it
@@ -44,7 +49,9 @@ _ONE_CHUNK = 1 << _MANTISSA_BITS
 @dataclass(frozen=True)
 class Input:
     """An aggregate's input as the stage's grouped rows hold it: ``value`` the column; for
-    a sum of doubles, also its band and limb columns (see :func:`float_parts`)."""
+    a sum of doubles, also its band and limb columns (see :func:`float_parts`), or for
+    doubles that are scaled integers the exponent and the integer's halves
+    (:func:`scaled_parts`)."""
 
     value: Column
     band: Column | None = None
@@ -68,12 +75,13 @@ def _count(agg: Count, x: Input) -> list[Column]:
 
 
 def _sum(agg: Sum, x: Input) -> list[Column]:
-    if x.band is not None:  # doubles: limbs of the finite values, a count of the others
+    if len(x.limbs) == LIMBS:  # doubles: limbs of the finite values, a count of the others
         return [F.count(x.value), *(F.sum(limb) for limb in x.limbs),
                 *(F.count(F.when(x.value == F.lit(v), True)) for v in _NON_FINITE)]
-    # Integers: the high and low 32 bits summed apart cannot overflow a bigint.
-    return [F.count(x.value), F.sum(F.shiftright(x.value, 32)),
-            F.sum(x.value.bitwiseAND(F.lit(0xFFFFFFFF)))]
+    # Integers (or a scaled integer's): the high and low 32 bits summed apart cannot
+    # overflow a bigint.
+    high, low = x.limbs or (F.shiftright(x.value, 32), x.value.bitwiseAND(F.lit(0xFFFFFFFF)))
+    return [F.count(x.value), F.sum(high), F.sum(low)]
 
 
 def _sum_accumulator(agg: Sum, values: Sequence[Any], band: int | None) -> list[Any]:
@@ -83,7 +91,10 @@ def _sum_accumulator(agg: Sum, values: Sequence[Any], band: int | None) -> list[
     if not count:
         return agg.create()
     if len(values) == 3:  # integers: the count, the high and the low halves
-        return [count, (values[1] << 32) + values[2], []]
+        total = (values[1] << 32) + values[2]
+        if band is None:
+            return [count, total, []]
+        return [count, 0, exact_floats(total, band)]  # doubles, ``total * 2**band``
     chunks = []
     if band is not None:  # a NULL band: this row's values are not finite
         chunks = exact_floats((((values[1] << _LIMB_BITS) + values[2]) << _LIMB_BITS)
@@ -166,6 +177,46 @@ def float_parts(name: str) -> tuple[dict[str, Column], dict[str, Column]]:
     return ({f"{name}_e": F.when(x.isNotNull(), band)},
             {f"{name}_m{i}": F.when(x < 0, -limb).otherwise(limb)
              for i, limb in enumerate(limbs)})
+
+
+def scaled_exponent(expr: Expr, schema: Schema) -> int | None:
+    """``e`` when every value of the double ``expr`` over ``schema`` is an integer times
+    ``2**e``, the integer at most 2**63 in magnitude: an integer expression divided, or
+    multiplied, by a literal power of two (``bytes / 1024``: ``e = -10``); otherwise None.
+
+    Spark and Python both round the integer ``n`` to a double first (``/`` and ``*`` of a
+    bigint and a double) and scaling by a power of two is exact (no result here comes near
+    the subnormals or the overflow), so the value is ``double(n) * 2**e``: an integer-valued
+    double times ``2**e``. Its exact sum is an integer sum's, scaled.
+    """
+    if not isinstance(expr, Arith) or expr.op not in "*/":
+        return None
+    operand, factor = expr.left, expr.right
+    if expr.op == "*" and isinstance(operand, Lit):
+        operand, factor = factor, operand
+    if not (isinstance(factor, Lit) and type(factor.value) in (int, float)
+            and factor.value > 0 and math.isfinite(factor.value)):
+        return None
+    mantissa, exponent = math.frexp(factor.value)
+    if mantissa != 0.5 or not -64 <= exponent - 1 <= 64:  # not a power of two, or far off
+        return None
+    if operand.dtype(schema) is not DataType.INT:
+        return None
+    return -(exponent - 1) if expr.op == "/" else exponent - 1
+
+
+def scaled_parts(name: str, exponent: int) -> tuple[dict[str, Column], dict[str, Column]]:
+    """The two projections of :func:`float_parts` for a double column ``name`` whose values
+    are integers times ``2**exponent`` (see :func:`scaled_exponent`): the exponent as the
+    band ``{name}_e`` (a literal, the same in every row), and the integer's high and low 32
+    bits ``{name}_m0, _m1``. ``n = x / 2**exponent`` is exact and an integer-valued double of
+    at most 2**63 in magnitude, so ``floor(n / 2**32)`` (at most 2**31), and ``n`` minus that
+    times 2**32 (in [0, 2**32), an exact subtraction: the result is a double) are exact."""
+    x = F.col(name)
+    n = x * F.lit(math.ldexp(1.0, -exponent))
+    high = F.floor(n / F.lit(float(2**32)))
+    return ({f"{name}_e": F.lit(exponent)},
+            {f"{name}_m0": high, f"{name}_m1": (n - high * F.lit(float(2**32))).cast("bigint")})
 
 
 def exact_floats(total: int, e: int) -> list[float]:

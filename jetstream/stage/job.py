@@ -56,6 +56,7 @@ from pyspark.sql.types import StringType, StructField, StructType
 from jetstream.approx.sketches import TopKItems
 from jetstream.dsl import Query
 from jetstream.errors import PlanError
+from jetstream.expr import Col, Expr
 from jetstream.operators import (
     Operator,
     Select,
@@ -65,10 +66,10 @@ from jetstream.operators import (
     WindowAggregate,
     WithColumn,
 )
-from jetstream.schema import DataType
+from jetstream.schema import DataType, Schema
 from jetstream.stage.bookkeeping import Emit, OpenWindows
 from jetstream.stage.compile import spark_type, to_column
-from jetstream.stage.forms import Input, float_parts, form_of
+from jetstream.stage.forms import Input, float_parts, form_of, scaled_exponent, scaled_parts
 
 __all__ = ["DEFAULT_TRIGGER_S", "Emit", "LocalStage", "StageStats"]
 
@@ -109,6 +110,7 @@ class _Compiled:
     parts: list[dict[str, Column]]  # projections adding float sums' bands, then limbs
     keys: list[str]  # the group keys: window, the query's keys, and bands of float sums
     aggregates: list[Column]  # events, first-window records, each aggregate's Spark form
+    firsts_at: int  # where the count of records whose first window this is sits in a row
     slices: list[slice]  # where each aggregate's values sit in a collected row
     bands: list[int | None]  # where each aggregate's band sits in a row (None: it has none)
     accumulators: list[Callable[[Any, Sequence[Any], int | None], Any]]
@@ -312,8 +314,13 @@ class LocalStage:
             if not (form_of(agg).banded and agg.expr.dtype(schema) is DataType.FLOAT):
                 given.append(Input(F.col(name)))
                 continue
-            inputs.append(F.when(_finite(value), value).alias(f"{name}_x"))
-            band, limbs = float_parts(f"{name}_x")
+            exponent = scaled_exponent(*_defined(agg.expr, self.source, self.steps))
+            if exponent is None:
+                inputs.append(F.when(_finite(value), value).alias(f"{name}_x"))
+                band, limbs = float_parts(f"{name}_x")
+            else:  # an integer scaled by a power of two: always finite
+                inputs.append(value.alias(f"{name}_x"))
+                band, limbs = scaled_parts(f"{name}_x", exponent)
             parts[0] |= band
             parts[1] |= limbs
             bands.append(f"{name}_x_e")
@@ -322,7 +329,12 @@ class LocalStage:
         keys = ["_start", "_end", *self.partial.keys]
         # A result row is read by position (a Row finds a name by a list search): the keys,
         # the bands, the events, the records whose first window this is, each aggregate's.
-        aggregates = [F.count(F.lit(1)), F.count(F.when(F.col("_first"), True))]
+        # (A tumbling window is each record's first and only one: no count of its own.)
+        tumbling = spec.size_ms == spec.every_ms
+        aggregates = [F.count(F.lit(1))]
+        if not tumbling:
+            aggregates.append(F.count(F.when(F.col("_first"), True)))
+        firsts_at = len(keys) + len(bands) + len(aggregates) - 1
         slices: list[slice] = []
         for (_, agg), x in zip(self.partial.aggregates, given, strict=True):
             columns = form_of(agg).columns(agg, x)
@@ -331,11 +343,14 @@ class LocalStage:
             aggregates += columns
         band_at = [None if x.band is None else len(keys) + bands.index(f"_in{i}_x_e")
                    for i, x in enumerate(given)]
+        if tumbling:  # one window a record: no row per window to make, none to drop
+            windows, in_window = F.when(keep, last), F.lit(True)
+        else:
+            windows = F.explode_outer(F.when(keep, F.sequence(first, last, every)))
+            in_window = start.isNull() | (start + size > time_column)
         return _Compiled(
-            self._typed(), counters, self._compiled_steps(),
-            F.explode_outer(F.when(keep, F.sequence(first, last, every))),
-            start.isNull() | (start + size > time_column), inputs,
-            [p for p in parts if p], [*keys, *bands], aggregates, slices, band_at,
+            self._typed(), counters, self._compiled_steps(), windows, in_window, inputs,
+            [p for p in parts if p], [*keys, *bands], aggregates, firsts_at, slices, band_at,
             [form_of(agg).accumulator for _, agg in self.partial.aggregates])
 
     def _typed(self) -> list[Column]:
@@ -398,7 +413,7 @@ class LocalStage:
             if window not in closed:
                 closed[window] = self.windows.closed(window)
             if closed[window]:
-                self.stats.late_records += values[events_at + 1]
+                self.stats.late_records += values[c.firsts_at]
                 continue
             accs = [accumulator(agg, values[part], None if band is None else values[band])
                     for agg, accumulator, part, band in forms]
@@ -547,6 +562,24 @@ def _parse(name: str, dtype: DataType) -> Column:
     if dtype is DataType.FLOAT:  # NaN and infinities are not numbers a log line can hold
         return F.when(~F.isnan(value) & (F.abs(value) != F.lit(math.inf)), value)
     return value
+
+
+def _defined(expr: Expr, source: Source, steps: Sequence[Operator]) -> tuple[Expr, Schema]:
+    """``expr`` and the schema it reads, or for a column that a step made, that step's
+    expression for it and the step's input schema."""
+    schemas = [source.schema, *(step.schema for step in steps)]
+    if not isinstance(expr, Col):
+        return expr, schemas[-1]
+    name = expr.name
+    for i in reversed(range(len(steps))):
+        step = steps[i]
+        made = (step.expr if isinstance(step, WithColumn) and step.name == name
+                else dict(step.columns).get(name) if isinstance(step, Select) else None)
+        if isinstance(made, Col):  # kept, or renamed, by a select
+            name = made.name
+        elif made is not None:
+            return made, schemas[i]
+    return Col(name), schemas[0]
 
 
 def _finite(x: Column) -> Column:
