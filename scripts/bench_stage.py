@@ -2,6 +2,7 @@
 """The local stage's throughput against a plain Spark job, and partial bytes against raw bytes.
 
 Usage: python scripts/bench_stage.py [--events 200000] [--domains 2000] [--runs 3]
+                                     [--sum-latency]
 
 Writes synthetic CDN logs (Zipf-like domains) to a temporary folder, then, in one run and one
 SparkSession (local[2], a site's default Spark settings): (a) the JetStream local stage computes
@@ -10,6 +11,10 @@ per-window, per-domain count and sum over the same files (what a user would run 
 One warm-up run of each, then ``--runs`` runs of each, alternating which goes first. Prints
 events/s for both, their ratio (min/median/max), the Spark jobs per micro-batch of ours, and the
 wide-area bytes of the exact partials per window against the raw CSV bytes they replace.
+
+The query's sum is ``bytes / 1024`` (an integer scaled by a power of two, which the stage sums
+as an integer); ``--sum-latency`` sums ``latency_ms`` instead, a double column, which the
+stage sums exactly in bands of exponents (see ``jetstream.stage.forms``), in both jobs.
 """
 
 from __future__ import annotations
@@ -69,14 +74,27 @@ def run_ours(spark: SparkSession, query: js.Query, logs: Path, work: Path) -> tu
     return time.perf_counter() - start, (windows, stats)
 
 
-def run_plain(spark: SparkSession, logs: Path, work: Path, name: str) -> float:
+def cdn_query(sum_latency: bool) -> js.Query:
+    """The CDN top-k query (``examples/cdn_topk.py``), or with ``sum_latency`` the same
+    summing ``latency_ms``."""
+    if not sum_latency:
+        return load_query(ROOT / "examples" / "cdn_topk.py")
+    logs = js.source("cdn_logs", schema=js.CDN_LOG_SCHEMA)
+    return js.Query("cdn-latency", logs.where(js.col("status") < 500)
+                    .window(js.tumbling("10s"), watermark="5s").group_by("domain")
+                    .agg(requests=js.count(), ms=js.sum("latency_ms"))
+                    .top_k(10, by="requests"))
+
+
+def run_plain(spark: SparkSession, logs: Path, work: Path, name: str,
+              summed: Any) -> float:
     """Seconds a plain Structured Streaming job takes for the same windowed count and sum."""
     plain = (spark.readStream.schema(spark_schema(js.CDN_LOG_SCHEMA)).option("header", True)
              .csv(str(logs))
              .where(F.col("status") < 500)
              .withColumn("t", F.timestamp_millis("ts")).withWatermark("t", "5 seconds")
              .groupBy(F.window("t", "10 seconds"), "domain")
-             .agg(F.count(F.lit(1)).alias("requests"), F.sum(F.col("bytes") / 1024)))
+             .agg(F.count(F.lit(1)).alias("requests"), F.sum(summed)))
     start = time.perf_counter()
     (plain.writeStream.format("memory").queryName(name).outputMode("append")
      .option("checkpointLocation", str(work / "checkpoint")).trigger(availableNow=True)
@@ -90,13 +108,16 @@ def main() -> None:
     parser.add_argument("--domains", type=int, default=2000)
     parser.add_argument("--runs", type=int, default=3,
                         help="measured runs of each job, after one warm-up run of each")
+    parser.add_argument("--sum-latency", action="store_true",
+                        help="sum latency_ms, a double column, instead of bytes / 1024")
     args = parser.parse_args()
     builder = SparkSession.builder.master("local[2]")
     for key, value in DEFAULT_SPARK_CONF.items():  # what a site runs with
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    query = js.optimize(load_query(ROOT / "examples" / "cdn_topk.py"))
+    query = js.optimize(cdn_query(args.sum_latency))
+    summed = F.col("latency_ms") if args.sum_latency else F.col("bytes") / 1024
     plan = query.plan()
     partial = plan.op(plan.partial_aggregates()[0])
     assert isinstance(partial, WindowAggregate)
@@ -113,7 +134,7 @@ def main() -> None:
                 if job == "ours":
                     seconds[job], (windows, stats) = run_ours(spark, query, logs, work)
                 else:
-                    seconds[job] = run_plain(spark, logs, work, f"plain{run}")
+                    seconds[job] = run_plain(spark, logs, work, f"plain{run}", summed)
             if run == 0:
                 continue
             ratio = seconds["plain"] / seconds["ours"]
@@ -122,7 +143,8 @@ def main() -> None:
                          stats.batches))
         partial_bytes = sum(encode_batch(PartialBatch("q", w, "fra", tuple(r)), partial)
                             .ByteSize() for w, r in windows.items())
-    print(f"events: {args.events}, domains: {args.domains}, windows: {len(windows)}")
+    print(f"events: {args.events}, domains: {args.domains}, windows: {len(windows)}, "
+          f"sum of {'latency_ms' if args.sum_latency else 'bytes / 1024'}")
     print("| run | JetStream local stage (s) | plain Spark job (s) | ours, events/s | "
           "plain, events/s | ours / plain | Spark jobs / micro-batch (ours) |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
