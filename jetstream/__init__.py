@@ -44,6 +44,7 @@ from jetstream.plan import LogicalPlan
 from jetstream.results import WindowResult
 from jetstream.rewrite import explain, optimize
 from jetstream.schema import CDN_LOG_SCHEMA, DataType, Field, Schema
+from jetstream.tables import Table, table
 from jetstream.windows import sliding, tumbling
 
 __version__ = "0.1.0"
@@ -70,6 +71,7 @@ __all__ = [
     "RunStats",
     "Schema",
     "Stream",
+    "Table",
     "WindowResult",
     "approx_count_distinct",
     "approx_quantile",
@@ -87,6 +89,7 @@ __all__ = [
     "sliding",
     "source",
     "sum",
+    "table",
     "top_k",
     "tumbling",
 ]

@@ -27,6 +27,7 @@ from jetstream.control.results_view import follow_table, render_window
 from jetstream.control.security import Security, make_dev_certs
 from jetstream.control.status_view import print_status, status_dict, watch_status
 from jetstream.cubes import parse_retention
+from jetstream.dsl import Query
 from jetstream.errors import JetstreamError, PlanError
 from jetstream.local import LocalRun, run_local
 from jetstream.queryfile import load_query
@@ -89,7 +90,7 @@ def _controller(args: argparse.Namespace) -> int:
                    heartbeat_timeout_s=args.heartbeat_timeout,
                    state_dir=Path(args.state_dir) if args.state_dir else None,
                    metrics_port=args.metrics_port, dashboard_port=args.dashboard_port,
-                   dashboard_host=args.dashboard_host)
+                   dashboard_host=args.dashboard_host, allow_code=args.allow_code)
     return 0
 
 
@@ -213,8 +214,8 @@ def _progress(command: str) -> Callable[[str], None]:
 
 def _run(args: argparse.Namespace) -> int:
     say = _progress("run")
-    query_file, input_dir = Path(args.query), Path(args.input)
-    load_query(query_file)  # refuse a bad query before starting anything
+    input_dir = Path(args.input)
+    query = load_query(args.query)  # run once, here: the sites get its plan
     if not input_dir.is_dir():
         msg = f"--input {input_dir}: not a directory (it should hold one folder per site)"
         raise PlanError(msg)
@@ -226,7 +227,7 @@ def _run(args: argparse.Namespace) -> int:
 
     with LocalCluster(Path(args.topology), input_dir, replay=True,
                       window_deadline_s=args.window_deadline, say=say) as cluster:
-        results = replay(cluster, query_file, timeout_s=args.timeout, say=say)
+        results = replay(cluster, query, timeout_s=args.timeout, say=say)
     _output(results, args.output)
     incomplete = sum(r.sites_reporting != r.sites_expected for r in results)
     say(f"{len(results)} windows, every one final"
@@ -321,30 +322,28 @@ def _gen_logs(args: argparse.Namespace) -> int:
     return 0
 
 
-def _live_query(args: argparse.Namespace) -> Path:
-    """The query of a live run (``--query``, or the CDN top-k example), refused before
-    anything starts if it does not load."""
-    query_file = Path(args.query) if args.query else EXAMPLES / "cdn_topk.py"
-    load_query(query_file)
-    return query_file
+def _live_query(args: argparse.Namespace) -> Query:
+    """The query of a live run (``--query``, or the CDN top-k example), run once, here,
+    and refused before anything starts if it does not load."""
+    return load_query(Path(args.query) if args.query else EXAMPLES / "cdn_topk.py")
 
 
 def _demo(args: argparse.Namespace) -> int:
     began = time.monotonic()
     say = _progress("demo")
-    query_file = _live_query(args)
+    query = _live_query(args)
     if args.replay:
-        return _replay_demo(query_file, EXAMPLES / "logs", say)
+        return _replay_demo(query, EXAMPLES / "logs", say)
     from jetstream.lab.demo import live_demo
     from jetstream.lab.loggen import LogSpec
 
     work = Path(tempfile.mkdtemp(prefix="jetstream-demo-"))
-    say(f"the {query_file.stem} query across the sites of {Path(args.topology).stem}, on live "
+    say(f"the {query.name} query across the sites of {Path(args.topology).stem}, on live "
         f"generated CDN logs; it shows complete windows (every site reporting, wholly after "
         f"the logs began) " + (f"for {args.duration:g}s from the first one" if args.duration
                                else "until Ctrl-C"))
     dashboard = _dashboard_port(args, "127.0.0.1", say)
-    summary = live_demo(Path(args.topology), query_file, work, rate=args.rate,
+    summary = live_demo(Path(args.topology), query, work, rate=args.rate,
                         duration_s=args.duration or None, spec=LogSpec(), seed=args.seed,
                         say=say, console=Console(),
                         cluster_options={"dashboard_port": dashboard})
@@ -370,14 +369,14 @@ def _dashboard_port(args: argparse.Namespace, host: str, say: Callable[[str], No
     return port
 
 
-def _replay_demo(query_file: Path, logs: Path, say: Callable[[str], None]) -> int:
+def _replay_demo(query: Query, logs: Path, say: Callable[[str], None]) -> int:
     if not logs.is_dir():
         msg = f"the replay demo needs the sample logs of a source checkout ({logs})"
         raise PlanError(msg)
     say("the CDN top-k query across the three sites of local-3dc, replaying the sample logs")
     with LocalCluster(DEFAULT_TOPOLOGY, logs, replay=True, window_deadline_s=120,
                       say=say) as cluster:
-        results = replay(cluster, query_file, timeout_s=600, say=say)
+        results = replay(cluster, query, timeout_s=600, say=say)
     console = Console()
     for result in results:
         console.print(render_window(result))
@@ -412,7 +411,7 @@ def _emulate(args: argparse.Namespace) -> int:
     say = _progress("emulate")
     topology_file = Path(action)
     area = WideArea(load_topology(topology_file))
-    query_file = _live_query(args)
+    query = _live_query(args)
     say(f"making a network namespace per site of {area.topology.name} and shaping each "
         "site's link to its parent with tc tbf")
 
@@ -429,7 +428,7 @@ def _emulate(args: argparse.Namespace) -> int:
         work = Path(tempfile.mkdtemp(prefix="jetstream-emulate-"))
         dashboard = _dashboard_port(args, HOST_ADDRESS, say)
         summary = live_demo(
-            topology_file, query_file, work, rate=args.rate, duration_s=args.duration or None,
+            topology_file, query, work, rate=args.rate, duration_s=args.duration or None,
             spec=LogSpec(), seed=args.seed, say=say, console=Console(),
             cluster_options={"host": HOST_ADDRESS, "dashboard_port": dashboard,
                              "site_host": lambda s: area.sites[s].address,
@@ -453,14 +452,14 @@ def _bench(args: argparse.Namespace) -> int:
     duration, rate = (30.0, 100.0) if args.quick else (args.duration, args.rate)
     work = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="jetstream-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    query_file = EXAMPLES / "cdn_topk.py"
-    report = run_bench(Path(args.topology), query_file, work,
+    query = load_query(EXAMPLES / "cdn_topk.py")
+    report = run_bench(Path(args.topology), query, work,
                        duration_s=duration, rate=rate, seed=args.seed, say=say)
     if args.emulate:
         from jetstream.lab.latency_bench import run_latency
 
         report["latency"] = run_latency(
-            Path(args.topology), query_file, work,
+            Path(args.topology), query, work,
             phase_s=args.phase if args.phase is not None else duration / 2,
             rate=args.live_rate, link=args.link, seed=args.seed, say=say)
         (work / "bench.json").write_text(json.dumps(report, indent=2))
@@ -625,6 +624,11 @@ def _parser() -> argparse.ArgumentParser:
                                  "(default: 0, off; read-only, plain HTTP, no token)")
     controller.add_argument("--dashboard-host", default="127.0.0.1", metavar="HOST",
                             help="the address the dashboard listens on (default: 127.0.0.1)")
+    controller.add_argument("--allow-code", action="store_true",
+                            help="accept queries with map steps: their Python functions "
+                                 "travel pickled and run on the sites, so whoever can submit "
+                                 "runs code there (default: off, such queries are refused; "
+                                 "jetstream run and demo turn it on)")
     _security_options(controller)
     controller.set_defaults(run=_controller)
 

@@ -16,6 +16,7 @@ from jetstream.aggregates import Aggregate
 from jetstream.errors import PlanError
 from jetstream.expr import Col, Expr, Lit
 from jetstream.operators import (
+    Join,
     Map,
     Operator,
     Select,
@@ -29,6 +30,7 @@ from jetstream.operators import (
 )
 from jetstream.plan import LogicalPlan
 from jetstream.schema import DataType, Schema
+from jetstream.tables import Table
 from jetstream.windows import WindowSpec, parse_duration
 
 __all__ = ["SLO", "GroupedStream", "Query", "Stream", "source"]
@@ -95,7 +97,7 @@ class Stream:
         return self._then(WithColumn(schema=self.schema.with_field(name, dtype),
                                      name=name, expr=expr))
 
-    def select(self, *columns: str | Expr, **named: Expr) -> Stream:
+    def select(self, /, *columns: str | Expr, **named: Expr) -> Stream:
         """Keep the listed columns (names or ``col``s) and named expressions, in that order."""
         items: list[tuple[str, Expr]] = []
         for c in columns:
@@ -145,6 +147,39 @@ class Stream:
             raise _fail(step, f"the function adds column {added[0]!r}, so changes must name it")
         return self._then(Map(schema=out, fn=fn, label=label, monotonic=bool(monotonic),
                               changes=changed))
+
+    def join(self, table: Table, on: str, how: str = "inner") -> Stream:
+        """Add to each record the columns of ``table``'s row whose ``on`` column equals the
+        record's (a lookup join; the table holds one row per value). ``how="inner"`` drops a
+        record with no such row, ``"left"`` keeps it with NULLs. The join runs at the edge,
+        next to the data, before any window."""
+        step = f"join {getattr(table, 'name', table)!s} on {on}"
+        if not isinstance(table, Table):
+            raise _fail(step, f"expected a js.table(...), not {table!r}")
+        if how not in ("inner", "left"):
+            raise _fail(step, f"how is 'inner' or 'left', not {how!r}")
+        if self.window_op is not None:
+            raise _fail(step, "join the records before the window (a join adds columns to "
+                              "each record)")
+        if on not in self.schema:
+            raise _fail(step, f"unknown column {on!r}; the input has "
+                              f"{', '.join(self.schema.names)}")
+        if on not in table.schema:
+            raise _fail(step, f"the table has no column {on!r}; it has "
+                              f"{', '.join(table.schema.names)}")
+        mine, theirs = self.schema.dtype(on), table.schema.dtype(on)
+        if mine is not theirs:
+            raise _fail(step, f"{on} is {mine.value} here but {theirs.value} in the table; "
+                              "declare the same type in the table's schema")
+        table.index(on)  # refuse a table with two rows for one value now
+        fields = self.schema.fields_by_name()
+        for f in table.schema:
+            if f.name != on and f.name in fields:
+                raise _fail(step, f"the table's column {f.name!r} is already a column of the "
+                                  "stream; rename it in the table (its header and schema)")
+            fields.setdefault(f.name, f.dtype)
+        return self._then(Join(schema=Schema.of(fields, self.schema.event_time), table=table,
+                               on=on, how=how))
 
     def union(self, *others: Stream) -> Stream:
         """All records of this stream and of ``others`` (same columns, same windowing)."""
@@ -198,7 +233,7 @@ class Stream:
             raise _fail("group_by", "a key is listed twice")
         return GroupedStream(self, tuple(keys))
 
-    def agg(self, **aggregates: Aggregate) -> Stream:
+    def agg(self, /, **aggregates: Aggregate) -> Stream:
         """Aggregate each whole window (no group key)."""
         return GroupedStream(self, ()).agg(**aggregates)
 
@@ -224,7 +259,7 @@ class GroupedStream:
     stream: Stream
     keys: tuple[str, ...]
 
-    def agg(self, **aggregates: Aggregate) -> Stream:
+    def agg(self, /, **aggregates: Aggregate) -> Stream:
         """Compute the named aggregates per window and key: ``.agg(n=js.count())``."""
         stream, step = self.stream, "agg"
         if not aggregates:

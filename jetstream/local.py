@@ -20,6 +20,7 @@ from jetstream.dsl import Query
 from jetstream.errors import DataError, PlanError
 from jetstream.events import EventInput, Rejects, read_streams
 from jetstream.operators import (
+    Join,
     KeyPartition,
     Map,
     Operator,
@@ -172,6 +173,9 @@ class _Executor:
         elif isinstance(op, Where | KeyPartition):
             if op.keeps(row):
                 yield row, window
+        elif isinstance(op, Join):
+            if (joined := op.joined(row)) is not None:
+                yield joined, window
         else:
             yield _transform(op, row), window
 

@@ -18,9 +18,11 @@ from jetstream.aggregates import Aggregate
 from jetstream.errors import PlanError
 from jetstream.expr import Col, Expr, Monotonicity
 from jetstream.schema import Schema
+from jetstream.tables import Table
 from jetstream.windows import WindowSpec, format_duration
 
 __all__ = [
+    "Join",
     "KeyPartition",
     "Map",
     "Operator",
@@ -162,6 +164,37 @@ class Map(Operator):
             [f"changes {', '.join(sorted(self.changes)) or 'nothing'}"]
             if self.changes is not None else [])
         return f"map {self.label}" + (f" ({'; '.join(notes)})" if notes else "")
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class Join(Operator):
+    """A lookup join with a static table: each record gets the columns of the table's row
+    whose ``on`` equals the record's (one row a value). ``inner`` drops a record with no such
+    row, ``left`` keeps it with NULLs; a NULL ``on`` matches nothing."""
+
+    table: Table
+    on: str
+    how: str = "inner"
+    kind: ClassVar[str] = "join"
+
+    @property
+    def added(self) -> tuple[str, ...]:
+        """The table's columns that the join adds to each record."""
+        return tuple(n for n in self.table.schema.names if n != self.on)
+
+    @property
+    def writes(self) -> frozenset[str] | None:
+        return frozenset(self.added)
+
+    def joined(self, row: Mapping[str, Any]) -> dict[str, Any] | None:
+        """``row`` with the table's columns, or None when an inner join drops it."""
+        match = self.table.index(self.on).get(row[self.on])
+        if match is None and self.how == "inner":
+            return None
+        return {**row, **{n: None if match is None else match[n] for n in self.added}}
+
+    def describe(self) -> str:
+        return f"{self.how} join {self.table.name} on {self.on}"
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)

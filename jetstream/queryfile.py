@@ -1,4 +1,7 @@
-"""Query files: a Python module that defines ``query``, read from a path or from its text."""
+"""Query files: a Python module that defines ``query``, read from a path or from its text.
+
+Only the user's side runs one (``submit``, ``run``, ``explain``, ``local``...): what travels
+is the query's plan."""
 
 from __future__ import annotations
 
@@ -6,6 +9,7 @@ from pathlib import Path
 
 from jetstream.dsl import Query
 from jetstream.errors import JetstreamError, PlanError
+from jetstream.tables import relative_to
 
 __all__ = ["load_query", "query_from_source"]
 
@@ -24,15 +28,17 @@ def load_query(path: str | Path) -> Query:
     except UnicodeDecodeError as e:
         msg = f"{p}: cannot read the query file: not UTF-8 ({e.reason} at byte {e.start})"
         raise PlanError(msg) from None
-    return query_from_source(source, str(p))
+    with relative_to(p.resolve().parent):  # its tables' paths start next to it
+        return query_from_source(source, str(p))
 
 
 def query_from_source(source: str, origin: str = "<query>") -> Query:
     """The ``query`` that the module text ``source`` defines (``origin`` names it in errors).
 
-    The text is run as Python, so it is trusted code: the controller runs only what its
-    authenticated users submit. Whatever it raises (an exit too) becomes a PlanError; only
-    KeyboardInterrupt goes through.
+    The text is run as Python, here: the CLI runs a query file once, on the user's side, and
+    sends its plan (see :mod:`jetstream.planwire`); the controller and the sites never run it.
+    Whatever it raises (an exit too) becomes a PlanError; only KeyboardInterrupt goes
+    through.
     """
     namespace: dict[str, object] = {"__name__": "jetstream_query", "__file__": origin}
     try:

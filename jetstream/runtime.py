@@ -50,7 +50,7 @@ from jetstream.errors import ControlPlaneError, DataError, PlanError
 from jetstream.finish import Publish, RootResults
 from jetstream.operators import WindowAggregate
 from jetstream.partials import PartialBatch, decode_batch, encode_batch
-from jetstream.queryfile import query_from_source
+from jetstream.planwire import query_from_bytes
 from jetstream.results import WindowResult
 from jetstream.rewrite import distributed
 from jetstream.router import Router, own_rows
@@ -136,7 +136,7 @@ class Assignment:
     """What a site is told to run for one query: its fragment and where things go."""
 
     fragment: Fragment
-    source: str  # the query's Python source
+    spec: bytes  # the query's plan (a serialized jetstream.v1.QueryPlan)
     version: int = 0
     parent_address: str = ""  # the parent site's gRPC address; empty at the root
     covers: tuple[str, ...] = ()  # the source sites whose records reach the root through here
@@ -216,7 +216,7 @@ class QueryRun:
                  store: CubeStore | None = None) -> None:
         fragment = assignment.fragment
         self.site, self.assignment, self.options = site, assignment, options
-        self.query = distributed(query_from_source(assignment.source, fragment.query))
+        self.query = distributed(query_from_bytes(assignment.spec, allow_code=True))
         self.partial = partial_aggregate(self.query)
         slo_deadline = (self.query.slo.max_latency_ms / 1000
                         if self.query.slo and self.query.slo.max_latency_ms else None)
@@ -305,7 +305,7 @@ class QueryRun:
         parent, while the local stage and the windows in flight go on. False if the query or
         this site's part in it changed: then the run must be replaced."""
         before = self.assignment
-        if (assignment.source != before.source or assignment.fragment.query != self.name
+        if (assignment.spec != before.spec or assignment.fragment.query != self.name
                 or bool(assignment.fragment.sources) != bool(before.fragment.sources)
                 or [n for n, _ in assignment.workers] != [n for n, _ in before.workers]
                 or assignment.fragment.part != before.fragment.part  # other keys: anew

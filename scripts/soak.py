@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 from jetstream.lab.soak import Sample, soak
+from jetstream.queryfile import load_query
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,7 +33,8 @@ def main() -> int:
                         help="where logs and state go (default: a temp folder)")
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="jetstream-soak-"))
-    samples = soak(ROOT / "topologies" / "local-3dc.yaml", ROOT / "examples" / "cdn_topk.py",
+    samples = soak(ROOT / "topologies" / "local-3dc.yaml",
+                   load_query(ROOT / "examples" / "cdn_topk.py"),
                    work, duration_s=args.duration, rate=args.rate, sample_s=args.sample,
                    say=lambda line: print(line, file=sys.stderr, flush=True))
     third = max(1, len(samples) // 3)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -41,3 +42,18 @@ def spark():  # type: ignore[no-untyped-def]
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+def plan_of(query: str | Path) -> Any:
+    """The plan (a QueryPlan message) of a query file's text, or of the file at a path, as
+    the CLI sends it to the controller."""
+    from jetstream.planwire import query_to_proto
+    from jetstream.queryfile import load_query, query_from_source
+
+    loaded = load_query(query) if isinstance(query, Path) else query_from_source(query)
+    return query_to_proto(loaded)
+
+
+def spec_of(source: str) -> bytes:
+    """A query file's text as a site is sent it: its serialized plan."""
+    return bytes(plan_of(source).SerializeToString(deterministic=True))

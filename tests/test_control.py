@@ -37,6 +37,8 @@ from jetstream.results import WindowResult
 from jetstream.runtime import Assignment, LinkState
 from jetstream.v1 import control_pb2 as pb
 from jetstream.v1 import control_pb2_grpc as rpc
+from jetstream.v1.query_pb2 import QueryPlan, QuerySpec
+from tests.conftest import plan_of
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "cdn_topk.py"
@@ -106,8 +108,9 @@ def topology() -> Topology:
 
 
 @pytest.fixture(scope="module")
-def source() -> str:
-    return EXAMPLE.read_text(encoding="utf-8")
+def source() -> QueryPlan:
+    """The example query's plan, as the CLI sends it."""
+    return plan_of(EXAMPLE)
 
 
 @pytest.fixture
@@ -153,7 +156,7 @@ def _placed(controller: GlobalController, site: str) -> list[tuple[str, str, str
 
 
 def test_submit_deploys_each_alive_site_its_fragment(controller: GlobalController,
-                                                     sites: FakeSites, source: str) -> None:
+                                                     sites: FakeSites, source: QueryPlan) -> None:
     register_all(controller)
     state = controller.submit(source)
     assert (state.name, state.state, state.replans, state.detail) == (QUERY, "running", 0, "")
@@ -171,17 +174,20 @@ def test_submit_deploys_each_alive_site_its_fragment(controller: GlobalControlle
     assert sites.stops == []
 
 
-def test_a_query_no_site_could_run_is_refused_at_submit(controller: GlobalController) -> None:
+def test_a_query_no_site_could_run_is_refused_at_submit(controller: GlobalController,
+                                                         source: QueryPlan) -> None:
     register_all(controller)
-    plain = ("import jetstream as js\nlogs = js.source('cdn_logs', schema=js.CDN_LOG_SCHEMA)\n"
-             "query = js.Query('plain', logs.where(js.col('status') < 500))\n")
+    plain = QueryPlan()
+    plain.CopyFrom(source)
+    plain.name = "plain"
+    del plain.steps[3:]  # source, where, with_column: no window, no aggregate
     with pytest.raises(PlanError, match=r"end the query with \.window\(\.\.\.\)"):
         controller.submit(plain)
     assert "plain" not in controller.queries
 
 
 def test_finished_results_stop_the_query_everywhere_and_free_its_name(
-        controller: GlobalController, sites: FakeSites, source: str) -> None:
+        controller: GlobalController, sites: FakeSites, source: QueryPlan) -> None:
     register_all(controller)
     controller.submit(source)
     controller.publish(QUERY, [WindowResult(QUERY, 0, 10_000, [{"domain": "a.com"}])], False)
@@ -194,7 +200,7 @@ def test_finished_results_stop_the_query_everywhere_and_free_its_name(
 
 
 def test_a_site_that_registers_late_gets_its_fragment_then(
-        controller: GlobalController, sites: FakeSites, source: str) -> None:
+        controller: GlobalController, sites: FakeSites, source: QueryPlan) -> None:
     controller.register_site("ams", address("ams"))
     state = controller.submit(source)
     assert state.plan is not None
@@ -214,7 +220,7 @@ def test_a_site_that_registers_late_gets_its_fragment_then(
 
 
 def test_a_first_registration_is_not_a_replan(controller: GlobalController, sites: FakeSites,
-                                              source: str) -> None:
+                                              source: QueryPlan) -> None:
     controller.register_site("ams", address("ams"))
     state = controller.submit(source)
     controller.register_site("sfo", address("sfo"))
@@ -223,7 +229,7 @@ def test_a_first_registration_is_not_a_replan(controller: GlobalController, site
 
 
 def test_a_failed_deploy_is_retried_on_the_sites_next_heartbeat(
-        controller: GlobalController, sites: FakeSites, source: str) -> None:
+        controller: GlobalController, sites: FakeSites, source: QueryPlan) -> None:
     register_all(controller)
     sites.failing.add(address("sfo"))
     state = controller.submit(source)
@@ -245,7 +251,8 @@ def test_a_failed_deploy_is_retried_on_the_sites_next_heartbeat(
 
 
 def test_a_silent_site_is_declared_dead_and_the_query_replanned_without_it(
-        controller: GlobalController, sites: FakeSites, clock: FakeClock, source: str) -> None:
+        controller: GlobalController, sites: FakeSites, clock: FakeClock,
+        source: QueryPlan) -> None:
     register_all(controller)
     state = controller.submit(source)
     clock.advance(TIMEOUT_S - 1)
@@ -278,7 +285,7 @@ def test_a_silent_site_is_declared_dead_and_the_query_replanned_without_it(
 @pytest.mark.parametrize("how", ["heartbeat", "register"])
 def test_a_dead_site_that_comes_back_is_planned_in_again(
         how: str, controller: GlobalController, sites: FakeSites, clock: FakeClock,
-        source: str) -> None:
+        source: QueryPlan) -> None:
     register_all(controller)
     state = controller.submit(source)
     assert kill_sfo(controller, clock) == ["sfo"]
@@ -301,7 +308,8 @@ def test_a_dead_site_that_comes_back_is_planned_in_again(
 
 
 def test_the_root_dying_degrades_the_query_instead_of_raising(
-        controller: GlobalController, clock: FakeClock, sites: FakeSites, source: str) -> None:
+        controller: GlobalController, clock: FakeClock, sites: FakeSites,
+        source: QueryPlan) -> None:
     register_all(controller)
     state = controller.submit(source)
     clock.advance(TIMEOUT_S - 1)
@@ -318,7 +326,7 @@ def test_the_root_dying_degrades_the_query_instead_of_raising(
 
 
 def test_a_site_that_does_not_answer_holds_up_no_heartbeat_and_no_other_site(
-        topology: Topology, clock: FakeClock, source: str) -> None:
+        topology: Topology, clock: FakeClock, source: QueryPlan) -> None:
     """With each site's calls made on a thread of its own, a deploy that waits on a site
     holds neither the controller's lock nor the calls to the other sites; when it lands
     after a re-plan, it is not taken for the newer version."""
@@ -365,7 +373,7 @@ def test_a_site_that_does_not_answer_holds_up_no_heartbeat_and_no_other_site(
 ])
 def test_a_large_bandwidth_change_replans_and_a_small_one_does_not(
         factor: float, replans: int, controller: GlobalController, sites: FakeSites,
-        topology: Topology, source: str) -> None:
+        topology: Topology, source: QueryPlan) -> None:
     register_all(controller)
     state = controller.submit(source)
     planned = topology.link("sfo", "ams").bandwidth_bps
@@ -382,7 +390,7 @@ def test_a_large_bandwidth_change_replans_and_a_small_one_does_not(
 
 
 def test_a_measurement_of_a_link_the_topology_lacks_is_ignored(
-        controller: GlobalController, source: str) -> None:
+        controller: GlobalController, source: QueryPlan) -> None:
     register_all(controller)
     state = controller.submit(source)
     assert controller.heartbeat("sfo", {"sin": 1.0, "nowhere": 5.0}) == [QUERY]
@@ -390,7 +398,7 @@ def test_a_measurement_of_a_link_the_topology_lacks_is_ignored(
 
 
 def test_a_bandwidth_drifting_away_from_the_plan_in_small_steps_replans(
-        controller: GlobalController, topology: Topology, source: str) -> None:
+        controller: GlobalController, topology: Topology, source: QueryPlan) -> None:
     register_all(controller)
     state = controller.submit(source)
     planned = topology.link("sfo", "ams").bandwidth_bps
@@ -401,7 +409,8 @@ def test_a_bandwidth_drifting_away_from_the_plan_in_small_steps_replans(
 
 
 def test_a_link_measured_below_what_exact_partials_need_is_planned_as_configured(
-        controller: GlobalController, clock: FakeClock, sites: FakeSites, source: str) -> None:
+        controller: GlobalController, clock: FakeClock, sites: FakeSites,
+        source: QueryPlan) -> None:
     """A saturated link's measurement is below what its exact partials need: the plan falls
     back to the configured bandwidths (the link degrades) rather than failing, and later
     re-plans (a site that dies and comes back) go on working."""
@@ -422,7 +431,7 @@ def test_a_link_measured_below_what_exact_partials_need_is_planned_as_configured
 @pytest.mark.parametrize(("factor", "replans_back"), [(0.3, 1), (0.9, 0)])
 def test_a_measurement_no_heartbeat_repeats_is_forgotten(
         factor: float, replans_back: int, controller: GlobalController, clock: FakeClock,
-        topology: Topology, source: str) -> None:
+        topology: Topology, source: QueryPlan) -> None:
     """A site measures a link only while it is saturated: once its heartbeats stop saying
     so, the link is planned at its configured bandwidth again, re-planned if that is far
     from what the plans assumed."""
@@ -455,7 +464,7 @@ def test_a_measurement_no_heartbeat_repeats_is_forgotten(
 
 
 def test_a_link_measured_at_zero_does_not_break_the_heartbeat(
-        controller: GlobalController, source: str) -> None:
+        controller: GlobalController, source: QueryPlan) -> None:
     register_all(controller)
     state = controller.submit(source)
     assert controller.heartbeat("sfo", {"ams": 0.0}) == [QUERY]
@@ -464,7 +473,7 @@ def test_a_link_measured_at_zero_does_not_break_the_heartbeat(
 
 
 def test_a_link_measured_at_zero_stays_cut_when_the_plan_falls_back_to_configured(
-        controller: GlobalController, source: str) -> None:
+        controller: GlobalController, source: QueryPlan) -> None:
     register_all(controller)
     state = controller.submit(source)
     controller.heartbeat("sfo", {"ams": 0.0})  # cut
@@ -491,7 +500,7 @@ links:
 
 
 def test_a_measurement_that_moves_the_tree_deploys_a_new_version(
-        sites: FakeSites, source: str) -> None:
+        sites: FakeSites, source: QueryPlan) -> None:
     controller = GlobalController(parse_topology(TWO_PATHS), sites.deploy, sites.stop)
     for site in ("pop", "mid0", "mid1", "dc"):
         controller.register_site(site, address(site))
@@ -509,7 +518,7 @@ def test_a_measurement_that_moves_the_tree_deploys_a_new_version(
 
 
 def test_cancel_stops_every_deployed_site_and_closes_the_results(
-        controller: GlobalController, sites: FakeSites, source: str) -> None:
+        controller: GlobalController, sites: FakeSites, source: QueryPlan) -> None:
     register_all(controller)
     state = controller.submit(source)
     controller.results.publish(WindowResult(QUERY, 0, 10_000, [{"domain": "a.com"}]))
@@ -526,7 +535,7 @@ def test_cancel_stops_every_deployed_site_and_closes_the_results(
 
 
 def test_cancel_leaves_a_dead_site_alone(controller: GlobalController, sites: FakeSites,
-                                         clock: FakeClock, source: str) -> None:
+                                         clock: FakeClock, source: QueryPlan) -> None:
     register_all(controller)
     controller.submit(source)
     kill_sfo(controller, clock)
@@ -535,7 +544,7 @@ def test_cancel_leaves_a_dead_site_alone(controller: GlobalController, sites: Fa
 
 
 def test_the_same_query_twice_is_refused_until_cancelled(
-        controller: GlobalController, sites: FakeSites, source: str) -> None:
+        controller: GlobalController, sites: FakeSites, source: QueryPlan) -> None:
     register_all(controller)
     first = controller.submit(source)
     with pytest.raises(ControlPlaneError, match="query cdn-topk is already running; cancel it"):
@@ -550,7 +559,7 @@ def test_the_same_query_twice_is_refused_until_cancelled(
 
 
 def test_a_resubmitted_query_has_a_fresh_open_result_stream(
-        controller: GlobalController, source: str) -> None:
+        controller: GlobalController, source: QueryPlan) -> None:
     register_all(controller)
     controller.submit(source)
     controller.results.publish(WindowResult(QUERY, 0, 10_000))
@@ -570,15 +579,18 @@ def test_a_resubmitted_query_has_a_fresh_open_result_stream(
         follower.join(2)
 
 
-def test_a_bad_query_is_refused_naming_the_column(controller: GlobalController,
-                                                  sites: FakeSites) -> None:
+def test_a_bad_plan_is_refused_naming_the_step_and_the_column(
+        controller: GlobalController, sites: FakeSites, source: QueryPlan) -> None:
+    """The controller checks a plan step by step as the DSL checks a query file: a plan
+    whose filter reads a column no step makes (a client's bug, or a forged plan) is refused."""
     register_all(controller)
-    with pytest.raises(PlanError, match=r"bad\.py: where: unknown column 'stauts'"):
-        controller.submit(BAD_QUERY, "bad.py")
+    bad = QueryPlan()
+    bad.CopyFrom(source)
+    bad.steps[1].where.compare.left.col = "stauts"
+    with pytest.raises(PlanError, match=r"cdn-topk: step 2: where: unknown column 'stauts'"):
+        controller.submit(bad)
     with pytest.raises(PlanError, match="stauts"):
-        controller.explain(BAD_QUERY, "bad.py")
-    with pytest.raises(PlanError, match="syntax error"):
-        controller.submit("query = (\n", "broken.py")
+        controller.explain(bad)
     assert controller.queries == {}
     assert sites.deploys == []
 
@@ -597,7 +609,7 @@ def test_unknown_sites_and_heartbeats_before_registering_are_refused(
 
 
 def test_explain_shows_the_rewrites_and_the_plan_on_the_live_topology(
-        controller: GlobalController, clock: FakeClock, source: str) -> None:
+        controller: GlobalController, clock: FakeClock, source: QueryPlan) -> None:
     register_all(controller)
     text = controller.explain(source)
     assert "rewrites" in text and "physical plan on local-3dc (root ams)" in text
@@ -690,11 +702,11 @@ def test_running_answers_while_a_deploy_or_a_stop_waits_for_the_runtime() -> Non
             release.wait(10)
 
         def stop(self, query: str) -> None:
-            self.deploy(Assignment(Fragment(query, "lhr"), ""))
+            self.deploy(Assignment(Fragment(query, "lhr"), b""))
 
     site = SiteController("lhr", SERVERS, SlowRuntime())  # type: ignore[arg-type]
     fragment = Fragment("a", "lhr", sources=("cdn_logs",))
-    for change, running in [(lambda: site.deploy(fragment, 1, Assignment(fragment, "")), ["a"]),
+    for change, running in [(lambda: site.deploy(fragment, 1, Assignment(fragment, b"")), ["a"]),
                             (lambda: site.stop("a"), [])]:
         entered.clear()
         release.clear()
@@ -726,16 +738,16 @@ def test_a_fragment_that_fails_to_start_is_not_listed_as_running() -> None:
     runtime = FailingRuntime()
     site = SiteController("lhr", SERVERS, runtime)  # type: ignore[arg-type]
     a, b = Fragment("a", "lhr", sources=("cdn_logs",)), Fragment("b", "lhr", sources=("x",))
-    site.deploy(a, 1, Assignment(a, ""))
+    site.deploy(a, 1, Assignment(a, b""))
     runtime.fail = True
     with pytest.raises(ControlPlaneError, match="cannot start"):
-        site.deploy(b, 1, Assignment(b, ""))
+        site.deploy(b, 1, Assignment(b, b""))
     with pytest.raises(ControlPlaneError, match="cannot start"):
-        site.deploy(a, 2, Assignment(a, ""))  # the old version still runs: still listed
+        site.deploy(a, 2, Assignment(a, b""))  # the old version still runs: still listed
     assert site.running() == ["a"]
     runtime.runs.clear()  # the old version is gone too
     with pytest.raises(ControlPlaneError, match="cannot start"):
-        site.deploy(a, 3, Assignment(a, ""))
+        site.deploy(a, 3, Assignment(a, b""))
     assert site.running() == []
 
 
@@ -892,12 +904,17 @@ def test_errors_come_back_as_readable_control_plane_errors(served: Served,
         list(client.results("nope", timeout_s=5))
     bad = tmp_path / "bad.py"
     bad.write_text(BAD_QUERY, encoding="utf-8")
-    with pytest.raises(ControlPlaneError, match=r"bad\.py: where: unknown column 'stauts'"):
+    # A query file is run by the client: its errors never reach the controller.
+    with pytest.raises(PlanError, match=r"bad\.py: where: unknown column 'stauts'"):
         client.submit(bad)
-    with pytest.raises(ControlPlaneError, match="unknown column 'stauts'"):
+    with pytest.raises(PlanError, match="unknown column 'stauts'"):
         client.explain(bad)
-    with pytest.raises(ControlPlaneError, match="no such query file"):
+    with pytest.raises(PlanError, match="no such query file"):
         client.submit(tmp_path / "missing.py")
+    forged = plan_of(EXAMPLE)
+    forged.steps[1].where.compare.left.col = "stauts"
+    with pytest.raises(ControlPlaneError, match=r"step 2: where: unknown column 'stauts'"):
+        client._call("SubmitQuery", pb.SubmitQueryRequest(query=QuerySpec(plan=forged)))
     client.submit(EXAMPLE)
     with pytest.raises(ControlPlaneError, match="already running"):
         client.submit(EXAMPLE)
@@ -916,7 +933,7 @@ def test_sites_register_and_beat_over_grpc(served: Served) -> None:
     assert (reply.topology, reply.kind, reply.heartbeat_interval_s) == (
         "local-3dc", "datacenter", 0.5)
     assert [(s.name, s.cores) for s in reply.servers] == [("ams-1", 1), ("ams-2", 1)]
-    served.controller.submit(EXAMPLE.read_text(encoding="utf-8"))
+    served.controller.submit(plan_of(EXAMPLE))
     beat_reply = stub.Heartbeat(pb.HeartbeatRequest(
         site="ams", links=[pb.LinkMeasurement(peer="sfo", bandwidth_bps=1e9)]), timeout=5)
     assert list(beat_reply.queries) == [QUERY]
@@ -932,7 +949,7 @@ def test_a_heartbeat_listing_no_pieces_clears_what_an_earlier_one_listed(
     cancel cleared them; the next ones, listing none, must clear them for good."""
     stub = rpc.GlobalControllerStub(grpc.insecure_channel(served.address))
     stub.RegisterSite(pb.RegisterSiteRequest(site="ams", address="ams.test:7100"), timeout=5)
-    served.controller.submit(EXAMPLE.read_text(encoding="utf-8"))
+    served.controller.submit(plan_of(EXAMPLE))
     served.controller.cancel(QUERY)
     assert served.controller.sites["ams"].placements == []
     stale = pb.Placement(query=QUERY, piece="local stage", server="ams-1", pid=7,
@@ -974,7 +991,7 @@ def test_a_controller_that_is_not_there_is_reported_as_unreachable() -> None:
 
 
 def test_a_restarted_controller_takes_up_its_queries_and_results(
-        topology: Topology, sites: FakeSites, clock: FakeClock, source: str,
+        topology: Topology, sites: FakeSites, clock: FakeClock, source: QueryPlan,
         tmp_path: Path) -> None:
     first = GlobalController(topology, sites.deploy, sites.stop, heartbeat_timeout_s=TIMEOUT_S,
                              clock=clock, state_dir=tmp_path)
@@ -989,7 +1006,8 @@ def test_a_restarted_controller_takes_up_its_queries_and_results(
     second = GlobalController(topology, sites.deploy, sites.stop, heartbeat_timeout_s=TIMEOUT_S,
                               clock=clock, state_dir=tmp_path)
     state = second.queries[QUERY]
-    assert (state.state, state.source, state.expected) == ("running", source, before.expected)
+    assert (state.state, state.spec, state.expected) == (
+        "running", source.SerializeToString(deterministic=True), before.expected)
     assert sites.deploys == []  # nobody has registered yet
     register_all(second)
     assert state.plan is not None and state.deployed == set(SITES)
@@ -1034,7 +1052,7 @@ def test_the_hub_keeps_the_newest_results_and_a_late_follower_skips_the_rest(
 
 
 def test_a_site_is_deployed_only_once_its_parent_has_registered(
-        topology: Topology, sites: FakeSites, clock: FakeClock, source: str,
+        topology: Topology, sites: FakeSites, clock: FakeClock, source: QueryPlan,
         tmp_path: Path) -> None:
     """After a restart the edges may register before the root: they are told to go on with
     what they run, and get their fragment (with the root's address) once the root is back."""

@@ -33,7 +33,7 @@ from jetstream.runtime import Assignment, SiteOptions, SiteRuntime, distributed
 from jetstream.transport import PartialSender
 from jetstream.v1 import dataplane_pb2 as pb
 from jetstream.v1 import dataplane_pb2_grpc as rpc
-from tests.conftest import log
+from tests.conftest import log, spec_of
 from tests.test_transport import AGGREGATE, Receiver, message
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -386,7 +386,7 @@ def test_a_restarted_site_sends_what_its_parent_never_acked(tmp_path: Path) -> N
     port = down.port
     down.stop()
     options = SiteOptions(cubes=True, state_dir=tmp_path, deadline_s=30)
-    edge = Assignment(Fragment("q", "edge", children=("pop",), parent="dc"), SOURCE,
+    edge = Assignment(Fragment("q", "edge", children=("pop",), parent="dc"), spec_of(SOURCE),
                       parent_address=f"127.0.0.1:{port}", covers=("pop",))
     first = SiteRuntime("edge", options, lambda *_: None)
     try:
@@ -407,7 +407,7 @@ def test_a_restarted_site_sends_what_its_parent_never_acked(tmp_path: Path) -> N
     results, finished = published.results, published.finished
 
     root = SiteRuntime("dc", SiteOptions(deadline_s=30), published)
-    root.deploy(Assignment(Fragment("q", "dc", children=("edge",), final=True), SOURCE,
+    root.deploy(Assignment(Fragment("q", "dc", children=("edge",), final=True), spec_of(SOURCE),
                            covers=("pop",)))
     server, _ = start_server([(rpc.add_DataPlaneServicer_to_server, root.servicer,
                                "jetstream.v1.DataPlane")], port)
@@ -444,7 +444,7 @@ def test_a_restarted_root_merges_again_what_it_had_acked(tmp_path: Path) -> None
     results, finished = published.results, published.finished
 
     first = SiteRuntime("dc", options, published)
-    first.deploy(Assignment(fragment, SOURCE, covers=("edge",)))
+    first.deploy(Assignment(fragment, spec_of(SOURCE), covers=("edge",)))
     server, port = start_server([(rpc.add_DataPlaneServicer_to_server, first.servicer,
                                   "jetstream.v1.DataPlane")], 0)
     edge = PartialSender(f"127.0.0.1:{port}", max_backoff_s=0.2)
@@ -458,7 +458,7 @@ def test_a_restarted_root_merges_again_what_it_had_acked(tmp_path: Path) -> None
     assert results == []  # no window was final: quiet never said how far it had got
 
     second = SiteRuntime("dc", options, published)
-    second.deploy(Assignment(fragment, SOURCE, covers=("edge",)))
+    second.deploy(Assignment(fragment, spec_of(SOURCE), covers=("edge",)))
     server, _ = start_server([(rpc.add_DataPlaneServicer_to_server, second.servicer,
                                "jetstream.v1.DataPlane")], port)
     try:

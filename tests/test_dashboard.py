@@ -35,6 +35,7 @@ from jetstream.errors import ControlPlaneError
 from jetstream.lab.loggen import LogSpec, write_live
 from jetstream.results import WindowResult
 from jetstream.v1 import control_pb2 as pb
+from tests.conftest import plan_of
 from tests.test_control import (
     EXAMPLE,
     QUERY,
@@ -77,7 +78,7 @@ def running() -> GlobalController:
     controller = GlobalController(load_topology(TOPOLOGY), sites.deploy, sites.stop,
                                   heartbeat_timeout_s=TIMEOUT_S, clock=FakeClock())
     register_all(controller)
-    controller.submit(EXAMPLE.read_text(encoding="utf-8"))
+    controller.submit(plan_of(EXAMPLE))
     return controller
 
 

@@ -25,7 +25,7 @@ from jetstream.results import WindowResult
 from jetstream.runtime import ENDED, Assignment, SiteOptions, SiteRuntime
 from jetstream.v1 import dataplane_pb2 as pb
 from jetstream.v1 import dataplane_pb2_grpc as rpc
-from tests.conftest import log
+from tests.conftest import log, spec_of
 from tests.test_aggregator import site_batches, split
 
 SOURCE = """
@@ -87,7 +87,7 @@ def root_site(source: str, query: str = "thin", children: tuple[str, ...] = ("ed
             done.set()
 
     root = SiteRuntime("dc", SiteOptions(deadline_s=deadline_s), publish)
-    root.deploy(Assignment(Fragment(query, "dc", children=children, final=True), source,
+    root.deploy(Assignment(Fragment(query, "dc", children=children, final=True), spec_of(source),
                            covers=covers))
     return root, results, done
 
@@ -118,7 +118,8 @@ def through_thin_link(source: str, events: list[list[dict[str, Any]]], thin: ran
                                   "jetstream.v1.DataPlane")], 0)
     edge = SiteRuntime("edge", SiteOptions(deadline_s=30, level_interval_s=1.5),
                        lambda *_: None)
-    edge.deploy(Assignment(Fragment("thin", "edge", children=("pop",), parent="dc"), source,
+    edge.deploy(Assignment(Fragment("thin", "edge", children=("pop",), parent="dc"),
+                           spec_of(source),
                            parent_address=f"127.0.0.1:{port}", covers=("pop",)))
     run = edge.run("thin")
     assert run is not None and run.policy is not None
@@ -209,7 +210,8 @@ def test_a_busy_receiver_and_bursts_of_windows_leave_a_fast_link_exact() -> None
                                 0)
     edge = SiteRuntime("edge", SiteOptions(deadline_s=30, level_interval_s=1.5),
                        lambda *_: None)
-    edge.deploy(Assignment(Fragment("thin", "edge", children=("pop",), parent="dc"), SOURCE,
+    edge.deploy(Assignment(Fragment("thin", "edge", children=("pop",), parent="dc"),
+                           spec_of(SOURCE),
                            parent_address=f"127.0.0.1:{port}", covers=("pop",)))
     run = edge.run("thin")
     assert run is not None and run.policy is not None
@@ -270,8 +272,9 @@ def test_pinning_refuses_what_the_link_does_not_have() -> None:
     root = SiteRuntime("dc", SiteOptions(), lambda *_: None)
     try:
         edge.deploy(Assignment(Fragment("thin", "edge", children=("pop",), parent="dc"),
-                               SOURCE, parent_address="127.0.0.1:1", covers=("pop",)))
-        root.deploy(Assignment(Fragment("thin", "dc", children=("edge",), final=True), SOURCE,
+                               spec_of(SOURCE), parent_address="127.0.0.1:1", covers=("pop",)))
+        root.deploy(Assignment(Fragment("thin", "dc", children=("edge",), final=True),
+                               spec_of(SOURCE),
                                covers=("pop",)))
         now = edge.set_level("thin", "")
         assert (now.link, now.level, now.pinned) == ("edge -> dc", "exact", False)

@@ -27,7 +27,7 @@ from jetstream.runtime import Assignment, SiteOptions, SiteRuntime
 from jetstream.transport import PartialSender
 from jetstream.v1 import dataplane_pb2 as pb
 from jetstream.v1 import dataplane_pb2_grpc as rpc
-from tests.conftest import log
+from tests.conftest import log, spec_of
 from tests.test_aggregator import site_batches, split
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -155,7 +155,7 @@ class Root:
             rpc.add_DataPlaneServicer_to_server, self.runtime.servicer,
             "jetstream.v1.DataPlane")], 0)
         self.runtime.deploy(Assignment(
-            Fragment(name, "ams", children=("sfo", "sin"), final=True), source,
+            Fragment(name, "ams", children=("sfo", "sin"), final=True), spec_of(source),
             covers=("sfo", "sin")))
 
     def _publish(self, query: str, results: list[WindowResult], finished: bool) -> None:

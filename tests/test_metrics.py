@@ -37,7 +37,7 @@ from jetstream.results import WindowResult
 from jetstream.runtime import ENDED, Assignment, SiteOptions, SiteRuntime
 from jetstream.stage.job import StageStats
 from jetstream.v1 import dataplane_pb2_grpc as rpc
-from tests.conftest import log
+from tests.conftest import log, plan_of, spec_of
 from tests.test_aggregator import site_batches, split
 from tests.test_control import FakeSites, address
 
@@ -71,12 +71,12 @@ class TwoSites:
         self.done = threading.Event()
         self.root = SiteRuntime("dc", SiteOptions(deadline_s=30), self._publish)
         self.root.deploy(Assignment(Fragment("metered", "dc", children=("edge",), final=True),
-                                    SOURCE, covers=("pop",)))
+                                    spec_of(SOURCE), covers=("pop",)))
         self.server, port = start_server([(rpc.add_DataPlaneServicer_to_server,
                                            self.root.servicer, "jetstream.v1.DataPlane")], 0)
         self.edge = SiteRuntime("edge", SiteOptions(deadline_s=30), lambda *_: None)
         self.edge.deploy(Assignment(
-            Fragment("metered", "edge", children=("pop",), parent="dc"), SOURCE,
+            Fragment("metered", "edge", children=("pop",), parent="dc"), spec_of(SOURCE),
             parent_address=f"127.0.0.1:{port}", covers=("pop",)))
         run = self.edge.run("metered")
         assert run is not None
@@ -176,7 +176,7 @@ def test_the_controller_counts_replans_and_measured_bandwidth() -> None:
     controller = GlobalController(topology, stand_ins.deploy, stand_ins.stop)
     for site in ("ams", "sfo", "sin"):
         controller.register_site(site, address(site))
-    state = controller.submit(EXAMPLE.read_text(encoding="utf-8"))
+    state = controller.submit(plan_of(EXAMPLE))
     before = value("jetstream_replans_total", query=state.name)
     planned = topology.link("sfo", "ams").bandwidth_bps
     controller.heartbeat("sfo", {"ams": planned / 10})  # far from the plan: a re-plan

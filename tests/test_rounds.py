@@ -28,7 +28,7 @@ from jetstream.runtime import ENDED, Assignment, SiteOptions, SiteRuntime, distr
 from jetstream.transport import PartialSender
 from jetstream.v1 import dataplane_pb2 as pb
 from jetstream.v1 import dataplane_pb2_grpc as rpc
-from tests.conftest import log
+from tests.conftest import log, spec_of
 from tests.test_aggregator import site_batches, split
 from tests.test_degradation import root_site
 
@@ -179,7 +179,7 @@ def test_edges_answering_rounds_give_the_exact_results_for_a_fraction_of_the_byt
             edge = edges[e] = SiteRuntime(f"e{e}", SiteOptions(deadline_s=30),
                                           lambda *_: None)
             edge.deploy(Assignment(Fragment("q", f"e{e}", children=(f"p{e}",), parent="dc",
-                                            rounds=True), SOURCE,
+                                            rounds=True), spec_of(SOURCE),
                                    parent_address=f"127.0.0.1:{port}", covers=(f"p{e}",)))
         for w in range(windows):
             if cut and w == 2:
@@ -306,7 +306,7 @@ def test_a_link_running_rounds_refuses_a_degradation_level() -> None:
     edge = SiteRuntime("e1", SiteOptions(deadline_s=30), lambda *_: None)
     try:
         edge.deploy(Assignment(Fragment("q", "e1", children=("p1",), parent="dc", rounds=True),
-                               SOURCE, parent_address="127.0.0.1:9", covers=("p1",)))
+                               spec_of(SOURCE), parent_address="127.0.0.1:9", covers=("p1",)))
         with pytest.raises(ControlPlaneError, match="runs TPUT's rounds"):
             edge.set_level("q", "top 20")
         assert edge.set_level("q", "").level == "exact"  # saying where it is still works

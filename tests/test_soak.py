@@ -9,12 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from jetstream.lab.soak import soak
+from jetstream.queryfile import load_query
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_steady_load_keeps_memory_flat_and_the_backlog_bounded(tmp_path: Path) -> None:
-    samples = soak(ROOT / "topologies" / "local-3dc.yaml", ROOT / "examples" / "cdn_topk.py",
+    samples = soak(ROOT / "topologies" / "local-3dc.yaml",
+                   load_query(ROOT / "examples" / "cdn_topk.py"),
                    tmp_path, duration_s=180, rate=100, sample_s=10)
     assert len(samples) >= 15
     warm = samples[len(samples) // 3:]  # Spark and the first windows are behind us

@@ -10,7 +10,10 @@ from typing import Any
 import grpc
 
 from jetstream.control.security import Security
+from jetstream.dsl import Query
 from jetstream.errors import ControlPlaneError
+from jetstream.planwire import query_to_proto
+from jetstream.queryfile import load_query
 from jetstream.results import WindowResult
 from jetstream.v1 import control_pb2 as pb
 from jetstream.v1 import control_pb2_grpc as rpc
@@ -50,21 +53,22 @@ class ControllerClient:
         return ControlPlaneError(str(e.details()))
 
     @staticmethod
-    def _spec(path: str | Path) -> query_pb2.QuerySpec:
-        p = Path(path)
-        if not p.is_file():
-            msg = f"{p}: no such query file"
-            raise ControlPlaneError(msg)
-        return query_pb2.QuerySpec(name=str(p), python_source=p.read_text(encoding="utf-8"))
+    def _spec(query: Query | str | Path) -> query_pb2.QuerySpec:
+        """What the controller is sent: the query's plan. A query file is run here, once."""
+        if not isinstance(query, Query):
+            query = load_query(query)
+        plan = query_to_proto(query)
+        return query_pb2.QuerySpec(name=query.name, slo=plan.slo, plan=plan)
 
-    def submit(self, path: str | Path) -> pb.SubmitQueryResponse:
+    def submit(self, query: Query | str | Path) -> pb.SubmitQueryResponse:
+        """Submit ``query`` (or the query file at that path, run here once)."""
         response: pb.SubmitQueryResponse = self._call(
-            "SubmitQuery", pb.SubmitQueryRequest(query=self._spec(path)))
+            "SubmitQuery", pb.SubmitQueryRequest(query=self._spec(query)))
         return response
 
-    def explain(self, path: str | Path) -> str:
+    def explain(self, query: Query | str | Path) -> str:
         response: pb.ExplainResponse = self._call(
-            "Explain", pb.ExplainRequest(query=self._spec(path)))
+            "Explain", pb.ExplainRequest(query=self._spec(query)))
         return str(response.text)
 
     def status(self) -> pb.StatusResponse:

@@ -64,7 +64,7 @@ class _SiteClients:
         parent = self.addresses(fragment.parent) if fragment.parent else ""
         assert state.plan is not None
         request = pb.DeployFragmentRequest(fragment=fragment_to_proto(
-            fragment, state.source, state.version, parent, state.plan.covers(fragment.site),
+            fragment, state.spec, state.version, parent, state.plan.covers(fragment.site),
             state.expected))
         response = self._call(address, "DeployFragment", request, DEPLOY_TIMEOUT_S)
         return [(p.piece, p.server) for p in response.placements]
@@ -116,17 +116,19 @@ def run_controller(topology: Topology, port: int, *, security: Security,
                    heartbeat_timeout_s: float = 6.0, state_dir: Path | None = None,
                    ready: Callable[[int], None] | None = None,
                    stop: threading.Event | None = None, metrics_port: int = 0,
-                   dashboard_port: int = 0, dashboard_host: str = "127.0.0.1") -> None:
+                   dashboard_port: int = 0, dashboard_host: str = "127.0.0.1",
+                   allow_code: bool = False) -> None:
     """Serve the global controller until SIGINT/SIGTERM (or ``stop``); ``security`` guards
     its server and its channels to the sites. With a ``state_dir`` its queries and their
     results outlive it (see :class:`GlobalController`). A ``metrics_port`` serves Prometheus
     metrics (:mod:`jetstream.metrics`) on ``host``; a ``dashboard_port`` the live dashboard
-    (:mod:`jetstream.control.dashboard`) on ``dashboard_host``."""
+    (:mod:`jetstream.control.dashboard`) on ``dashboard_host``. ``allow_code``: accept
+    queries whose ``map`` functions travel as code (see :mod:`jetstream.planwire`)."""
     clients = _SiteClients(security)
     calls = SiteCalls()  # deploys and stops never hold the controller's lock
     controller = GlobalController(topology, clients.deploy, clients.stop,
                                   heartbeat_timeout_s=heartbeat_timeout_s, state_dir=state_dir,
-                                  dispatch=calls)
+                                  dispatch=calls, allow_code=allow_code)
     clients.addresses = lambda site: controller.sites[site].address or ""
     servicer = GlobalControllerServicer(controller, heartbeat_interval_s,
                                         set_level=lambda site, address, request: calls.wait(

@@ -11,6 +11,7 @@ planning are :mod:`jetstream.rewrite` and :mod:`jetstream.aggtree`.
 
 from __future__ import annotations
 
+import base64
 import concurrent.futures
 import contextlib
 import copy
@@ -37,10 +38,11 @@ from jetstream.aggtree.topology import Link, Topology
 from jetstream.dsl import Query
 from jetstream.errors import ControlPlaneError, JetstreamError, PlacementError
 from jetstream.operators import Source
-from jetstream.queryfile import query_from_source
+from jetstream.planwire import query_from_bytes, query_from_proto
 from jetstream.results import WindowResult
 from jetstream.rewrite import explain
 from jetstream.runtime import distributed, partial_aggregate
+from jetstream.v1.query_pb2 import QueryPlan
 
 __all__ = ["REPLAN_BANDWIDTH_CHANGE", "GlobalController", "LinkReport", "Measurement",
            "Placement", "QueryState", "SiteCalls", "SiteState", "call_now"]
@@ -176,7 +178,7 @@ class SiteState:
 @dataclass
 class QueryState:
     name: str
-    source: str
+    spec: bytes  # the query's plan as submitted (a serialized QueryPlan): what sites get
     query: Query
     plan: PhysicalPlan | None = None
     state: str = "running"  # running | degraded | finished | cancelled
@@ -333,8 +335,11 @@ class GlobalController:
 
     def __init__(self, topology: Topology, deploy: Deployer, stop: Stopper, *,
                  heartbeat_timeout_s: float = 6.0, clock: Callable[[], float] = time.monotonic,
-                 state_dir: Path | None = None, dispatch: Dispatch = call_now):
+                 state_dir: Path | None = None, dispatch: Dispatch = call_now,
+                 allow_code: bool = False):
         self.topology = topology
+        #: Whether queries may carry code (a ``map`` function, pickled) to run on the sites.
+        self.allow_code = allow_code
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.state_dir = state_dir
         self.results = ResultsHub(state_dir / "results" if state_dir else None)
@@ -363,14 +368,19 @@ class GlobalController:
             raise ControlPlaneError(msg) from None
         for entry in saved:
             try:
-                query = query_from_source(entry["source"], entry["name"])
-                state = QueryState(entry["name"], entry["source"], query,
+                if "plan" not in entry:
+                    msg = ("it was saved as Python source by an older JetStream-py; submit "
+                           "it again")
+                    raise ControlPlaneError(msg)
+                spec = base64.b64decode(entry["plan"])
+                query = query_from_bytes(spec, allow_code=self.allow_code)
+                state = QueryState(entry["name"], spec, query,
                                    state=entry["state"], detail=entry["detail"],
                                    replans=entry["replans"], version=entry["version"] + 1,
                                    expected=tuple(entry["expected"]))
                 if state.active:
                     state.plan = self._plan(query)
-            except (JetstreamError, KeyError, TypeError) as e:
+            except (JetstreamError, KeyError, TypeError, ValueError) as e:
                 log.error("%s: cannot take up query %s again: %s", path,
                           entry.get("name", "?"), e)
                 continue
@@ -385,7 +395,8 @@ class GlobalController:
         """Keep every query in the state folder (if any): written whole, atomically."""
         if self.state_dir is None:
             return
-        saved = [{"name": q.name, "source": q.source, "state": q.state, "detail": q.detail,
+        saved = [{"name": q.name, "plan": base64.b64encode(q.spec).decode("ascii"),
+                  "state": q.state, "detail": q.detail,
                   "replans": q.replans, "version": q.version, "expected": list(q.expected)}
                  for q in self.queries.values()]
         _write_atomically(self.state_dir / "queries.json",
@@ -526,8 +537,10 @@ class GlobalController:
             return plan_query(query, self.effective_topology(measured=False))
 
     # -- queries ----------------------------------------------------------------------------
-    def submit(self, source: str, origin: str = "<submitted>") -> QueryState:
-        query = query_from_source(source, origin)
+    def submit(self, spec: QueryPlan) -> QueryState:
+        """Run the query whose plan is ``spec`` (refused, with a PlanError, if it does not
+        check out, carries code this controller does not allow, or cannot be placed)."""
+        query = query_from_proto(spec, allow_code=self.allow_code)
         partial_aggregate(distributed(query))  # refuse now what no site could run
         with self.lock:
             existing = self.queries.get(query.name)
@@ -538,14 +551,14 @@ class GlobalController:
             plan = self._plan(query)  # refuse what cannot be placed
             self.results.reset(query.name)
             state = self.queries[query.name] = QueryState(
-                query.name, source, query, plan, expected=tuple(sorted(
-                    self._source_sites(query))))
+                query.name, spec.SerializeToString(deterministic=True), query, plan,
+                expected=tuple(sorted(self._source_sites(query))))
             self._deploy_all(state)
             self._save()
             return state
 
-    def explain(self, source: str, origin: str = "<explain>") -> str:
-        query = query_from_source(source, origin)
+    def explain(self, spec: QueryPlan) -> str:
+        query = query_from_proto(spec, allow_code=self.allow_code)
         with self.lock:
             plan = self._plan(query)
         return f"{explain(query)}\n\n{plan.render()}"

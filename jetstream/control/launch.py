@@ -25,6 +25,7 @@ from types import TracebackType
 from jetstream.aggtree.loader import load_topology
 from jetstream.control.client import ControllerClient
 from jetstream.control.security import Security, make_dev_certs
+from jetstream.dsl import Query
 from jetstream.errors import ControlPlaneError
 from jetstream.results import WindowResult
 
@@ -64,6 +65,8 @@ class LocalCluster:
     ``metrics_port`` gives a process (``"controller"`` or a site's name) the port it serves
     Prometheus metrics on, at its listening address; 0, the default, is none.
     ``dashboard_port``: the controller serves its live dashboard there, at ``host``.
+    ``allow_code``: the controller accepts queries whose ``map`` functions travel as code
+    (``--allow-code``), as ``jetstream run`` and ``demo`` have it.
     """
 
     topology: Path
@@ -81,6 +84,7 @@ class LocalCluster:
     tls_dir: Path | None = None
     metrics_port: Callable[[str], int] = lambda name: 0
     dashboard_port: int = 0
+    allow_code: bool = True
 
     def __post_init__(self) -> None:
         sites = load_topology(self.topology).sites
@@ -121,6 +125,7 @@ class LocalCluster:
         self._spawn("controller", "controller", "--topology", str(self.topology),
                     "--host", self.host, "--port", port, "--heartbeat-interval", "1",
                     "--state-dir", str(self.logs / "controller-state"),
+                    *(("--allow-code",) if self.allow_code else ()),
                     *(("--dashboard-port", str(self.dashboard_port), "--dashboard-host",
                        self.host) if self.dashboard_port else ()))
         state = self.logs / "state"
@@ -231,11 +236,11 @@ class LocalCluster:
                     process.wait()
 
 
-def replay(cluster: LocalCluster, query_file: Path, *, timeout_s: float,
+def replay(cluster: LocalCluster, query: Query | Path, *, timeout_s: float,
            say: Say = lambda line: None) -> list[WindowResult]:
-    """Submit ``query_file`` and wait until every window is final; the last revision of each
-    window's result, in window order."""
-    response = cluster.client.submit(query_file)
+    """Submit ``query`` (or a query file) and wait until every window is final; the last
+    revision of each window's result, in window order."""
+    response = cluster.client.submit(query)
     say(f"submitted {response.query}; replaying the input through every site")
     latest: dict[tuple[int, int], WindowResult] = {}
     for result in _results(cluster, response.query, timeout_s):

@@ -35,6 +35,16 @@ def _abort(context: grpc.ServicerContext, error: JetstreamError) -> NoReturn:
     raise AssertionError("abort returns only by raising")
 
 
+def _plan(spec: query_pb2.QuerySpec) -> query_pb2.QueryPlan:
+    """The plan a submitted query carries; a request without one (from a client that sends
+    Python source, before plans) is refused."""
+    if not spec.HasField("plan"):
+        msg = (f"query {spec.name or '?'}: the request carries no plan; the client is older "
+               "than this controller (it sends the query file's text): upgrade it")
+        raise PlanError(msg)
+    return spec.plan
+
+
 #: Relays a SetLevel request to a site's controller, at its address (after the calls to
 #: the site already under way, such as the deploy of the query).
 LevelRelay = Callable[[str, str, pb.SetLevelRequest], pb.SetLevelResponse]
@@ -50,8 +60,7 @@ class GlobalControllerServicer(rpc.GlobalControllerServicer):
     def SubmitQuery(self, request: pb.SubmitQueryRequest,
                     context: grpc.ServicerContext) -> pb.SubmitQueryResponse:
         try:
-            state = self.controller.submit(request.query.python_source,
-                                           request.query.name or "<submitted>")
+            state = self.controller.submit(_plan(request.query))
         except JetstreamError as e:
             _abort(context, e)
         assert state.plan is not None
@@ -60,8 +69,7 @@ class GlobalControllerServicer(rpc.GlobalControllerServicer):
     def Explain(self, request: pb.ExplainRequest,
                 context: grpc.ServicerContext) -> pb.ExplainResponse:
         try:
-            return pb.ExplainResponse(text=self.controller.explain(
-                request.query.python_source, request.query.name or "<explain>"))
+            return pb.ExplainResponse(text=self.controller.explain(_plan(request.query)))
         except JetstreamError as e:
             _abort(context, e)
 

@@ -215,7 +215,7 @@ class SiteController:
             part = Fragment(fragment.query, name, children=inputs, parent=self.site,
                             final=fragment.final, part=(i, fragment.partitions))
             self._call(address, "DeployFragment", pb.DeployFragmentRequest(
-                fragment=fragment_to_proto(part, assignment.source, assignment.version,
+                fragment=fragment_to_proto(part, assignment.spec, assignment.version,
                                            self.address, assignment.covers,
                                            assignment.expected)))
             workers.append((name, address))

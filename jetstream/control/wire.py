@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from jetstream.aggtree.planner import Fragment
 from jetstream.aggtree.topology import Server
 from jetstream.errors import ControlPlaneError
+from jetstream.planwire import query_from_bytes
 from jetstream.runtime import Assignment
 
 if TYPE_CHECKING:
@@ -18,11 +19,12 @@ __all__ = ["assignment_from_proto", "fragment_from_proto", "fragment_to_proto",
            "placement_to_proto", "server_from_proto", "server_to_proto"]
 
 
-def fragment_to_proto(fragment: Fragment, source: str, version: int,
+def fragment_to_proto(fragment: Fragment, spec: bytes, version: int,
                       parent_address: str = "", covers: tuple[str, ...] = (),
                       expected: tuple[str, ...] = ()) -> pb.Fragment:
     return pb.Fragment(query=fragment.query,
-                       spec=query_pb2.QuerySpec(name=fragment.query, python_source=source),
+                       spec=query_pb2.QuerySpec(name=fragment.query,
+                                                plan=query_pb2.QueryPlan.FromString(spec)),
                        sources=fragment.sources, children=fragment.children,
                        parent=fragment.parent or "", parent_address=parent_address,
                        partitions=fragment.partitions, final=fragment.final, version=version,
@@ -42,7 +44,12 @@ def fragment_from_proto(msg: pb.Fragment, site: str) -> Fragment:
 
 
 def assignment_from_proto(msg: pb.Fragment, site: str) -> Assignment:
-    return Assignment(fragment_from_proto(msg, site), msg.spec.python_source, msg.version,
+    """What a site is told to run; its plan is read now, so a site refuses a plan it cannot
+    read (another format version, say) when it is deployed, with a PlanError that says why.
+    A site runs the code a plan carries: its controller allowed it."""
+    spec = msg.spec.plan.SerializeToString(deterministic=True)
+    query_from_bytes(spec, allow_code=True)
+    return Assignment(fragment_from_proto(msg, site), spec, msg.version,
                       msg.parent_address, tuple(msg.covers), tuple(msg.expected))
 
 

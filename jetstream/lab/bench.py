@@ -34,7 +34,6 @@ from jetstream.lab.loggen import LogSpec, write_logs
 from jetstream.local import run_local
 from jetstream.operators import WindowAggregate
 from jetstream.partials import PartialBatch, decode_batch, encode_batch, summarised
-from jetstream.queryfile import load_query
 from jetstream.results import WindowResult
 from jetstream.runtime import DEFAULT_SPARK_CONF, distributed, site_part
 
@@ -66,7 +65,7 @@ class WindowFigures:
     backhaul_max_error: float | None
 
 
-def run_bench(topology: Path, query_file: Path, work: Path, *, duration_s: float,
+def run_bench(topology: Path, query: Query, work: Path, *, duration_s: float,
               rate: float, seed: int, say: Callable[[str], None]) -> dict[str, Any]:
     """Run both systems on the same input; the report (also written to ``work/bench.json``)."""
     from pyspark.sql import SparkSession
@@ -80,7 +79,6 @@ def run_bench(topology: Path, query_file: Path, work: Path, *, duration_s: float
     say(f"generating {duration_s:g}s of logs at {rate:g} records/s for {', '.join(sites)}")
     files = write_logs(inputs, sites, start_ms=START_MS, duration_s=duration_s, rate=rate,
                        spec=LogSpec(), seed=seed)
-    query = load_query(query_file)
     say("the reference answer (js.run_local)")
     reference = {(r.window_start, r.window_end): r for r in run_local(query, inputs)}
 
@@ -92,7 +90,7 @@ def run_bench(topology: Path, query_file: Path, work: Path, *, duration_s: float
     with LocalCluster(declared, inputs, replay=True, window_deadline_s=120,
                       logs=work / "logs", say=say) as cluster:
         ours = {(r.window_start, r.window_end): r
-                for r in replay(cluster, query_file, timeout_s=900, say=lambda _: None)}
+                for r in replay(cluster, query, timeout_s=900, say=lambda _: None)}
 
     say("baseline: gzip the edge sites' logs window by window, one Spark job at the root")
     raw, shipped = _ship_by_window(files, edges, work / "inbox")

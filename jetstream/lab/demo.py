@@ -27,6 +27,7 @@ from rich.text import Text
 from jetstream.aggtree.loader import load_topology
 from jetstream.control.launch import LocalCluster
 from jetstream.control.results_view import MAX_WINDOWS, render_window
+from jetstream.dsl import Query
 from jetstream.errors import ControlPlaneError
 from jetstream.lab.loggen import LogSpec, write_live
 from jetstream.results import WindowResult
@@ -116,7 +117,7 @@ class DemoSummary:
                 f"{self.records:,} records generated")
 
 
-def live_demo(topology: Path, query_file: Path, work: Path, *, rate: float,
+def live_demo(topology: Path, query: Query, work: Path, *, rate: float,
               duration_s: float | None, spec: LogSpec, seed: int,
               say: Callable[[str], None], console: Console,
               cluster_options: dict[str, Any] | None = None) -> DemoSummary:
@@ -152,7 +153,7 @@ def live_demo(topology: Path, query_file: Path, work: Path, *, rate: float,
 
         writer = threading.Thread(target=generate, name="loggen", daemon=True)
         writer.start()
-        name = cluster.client.submit(query_file).query
+        name = cluster.client.submit(query).query
         say(f"submitted {name}; writing {rate:g} records/s at each of {', '.join(sites)} "
             f"(files in {inputs})")
         results = threading.Thread(target=_collect, args=(cluster, name, summary, ledger),

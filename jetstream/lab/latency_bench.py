@@ -47,12 +47,12 @@ from typing import Any
 from jetstream.aggtree.loader import load_topology
 from jetstream.aggtree.topology import Topology
 from jetstream.control.launch import LocalCluster
+from jetstream.dsl import Query
 from jetstream.errors import ControlPlaneError, PlanError
 from jetstream.lab.bench import top_k_accuracy
 from jetstream.lab.emulate import HOST_ADDRESS, WideArea
 from jetstream.lab.loggen import LogSpec, write_live
 from jetstream.local import run_local
-from jetstream.queryfile import load_query
 from jetstream.runtime import DEFAULT_SPARK_CONF, SiteOptions
 from jetstream.units import format_bandwidth, parse_bandwidth
 
@@ -253,7 +253,7 @@ def _max_event_ms(path: Path) -> int:
         return max(int(line.split(",", column + 1)[column]) for line in lines)
 
 
-def run_latency(topology: Path, query_file: Path, work: Path, *, phase_s: float,
+def run_latency(topology: Path, query: Query, work: Path, *, phase_s: float,
                 rate: float, link: str, seed: int, say: Say) -> dict[str, Any]:
     """Both systems (see the module docstring), each ``phase_s`` on ``link`` then ``phase_s``
     on a tenth of it; the report's ``latency`` part. Plots ``work/latency.png``."""
@@ -267,7 +267,6 @@ def run_latency(topology: Path, query_file: Path, work: Path, *, phase_s: float,
         for site in edges:
             area.set_link(site.name, site.parent or "", bandwidth)
 
-    query = load_query(query_file)
     window = query.stream.window_op
     if window is None or window.watermark_ms != BACKHAUL_WATERMARK_MS:
         msg = (f"latency bench: the backhaul's Spark job waits {BACKHAUL_WATERMARK_MS} ms for "
@@ -287,7 +286,7 @@ def run_latency(topology: Path, query_file: Path, work: Path, *, phase_s: float,
             phase = LatencyPhase(system, drop_at_s=phase_s)
             arrivals, landings = _Arrivals(), _Landings()
             say(f"latency, {system}: starting")
-            started = run_phase(area, topology, query_file, folder, arrivals, landings, phase,
+            started = run_phase(area, topology, query, folder, arrivals, landings, phase,
                                 lambda: _timeline(phase_s, shape, dropped, say),
                                 rate=rate, seed=seed, say=say)
             truth = {(r.window_start, r.window_end): r.rows
@@ -344,7 +343,7 @@ def _live_logs(inputs: Path, sites: list[str], rate: float, seed: int,
         writer.join(timeout=10)
 
 
-def _jetstream(area: WideArea, topology: Path, query_file: Path, folder: Path,
+def _jetstream(area: WideArea, topology: Path, query: Query, folder: Path,
                arrivals: _Arrivals, landings: _Landings, phase: LatencyPhase,
                timeline: Callable[[], None], *, rate: float, seed: int, say: Say) -> float:
     sites = list(area.sites)
@@ -354,7 +353,7 @@ def _jetstream(area: WideArea, topology: Path, query_file: Path, folder: Path,
                       say=say, host=HOST_ADDRESS,
                       site_host=lambda s: area.sites[s].address,
                       site_prefix=area.prefix) as cluster:
-        name = cluster.client.submit(query_file).query
+        name = cluster.client.submit(query).query
         latest: dict[Window, int] = {}
 
         def collect() -> None:
@@ -373,7 +372,7 @@ def _jetstream(area: WideArea, topology: Path, query_file: Path, folder: Path,
     return started
 
 
-def _backhaul(area: WideArea, topology: Path, query_file: Path, folder: Path,
+def _backhaul(area: WideArea, topology: Path, query: Query, folder: Path,
               arrivals: _Arrivals, landings: _Landings, phase: LatencyPhase,
               timeline: Callable[[], None], *, rate: float, seed: int,
               spark: tuple[str, dict[str, str]], say: Say) -> float:

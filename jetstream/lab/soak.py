@@ -19,6 +19,7 @@ from pathlib import Path
 
 from jetstream.aggtree.loader import load_topology
 from jetstream.control.launch import LocalCluster
+from jetstream.dsl import Query
 from jetstream.errors import ControlPlaneError
 from jetstream.lab.loggen import LogSpec, write_live
 from jetstream.results import WindowResult
@@ -45,10 +46,10 @@ class Sample:
         return sum(mb for name, mb in self.rss_mb.items() if name.endswith(" jvm"))
 
 
-def soak(topology: Path, query_file: Path, work: Path, *, duration_s: float, rate: float,
+def soak(topology: Path, query: Query, work: Path, *, duration_s: float, rate: float,
          sample_s: float = 10.0, seed: int = 0,
          say: Callable[[str], None] = lambda line: None) -> list[Sample]:
-    """Run ``query_file`` over live logs at ``rate`` records/s per source site for
+    """Run ``query`` over live logs at ``rate`` records/s per source site for
     ``duration_s``; a sample every ``sample_s``."""
     layout = load_topology(topology)
     sites = [s.name for s in layout.sites]
@@ -63,7 +64,7 @@ def soak(topology: Path, query_file: Path, work: Path, *, duration_s: float, rat
                                   kwargs={"rate": rate, "spec": LogSpec(), "seed": seed,
                                           "stop": stop}, name="loggen")
         writer.start()
-        name = cluster.client.submit(query_file).query
+        name = cluster.client.submit(query).query
 
         def follow() -> None:
             with contextlib.suppress(ControlPlaneError):  # ends when the cluster stops

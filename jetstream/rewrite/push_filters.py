@@ -12,6 +12,14 @@ The facts it relies on, for a filter σp:
   commutes with ``window`` and with a key-partition exchange.
 - A filter that reads only group keys removes whole groups, the same ones before or after the
   aggregate, so it moves below it.
+- A lookup join adds, to a record, the one table row whose ``on`` equals the record's. A
+  filter that reads none of the columns it adds commutes with it. One that reads only the
+  added columns keeps exactly the records whose table row passes it, so below the join it
+  becomes ``on.isin(the keys of the rows that pass)``: for an inner join always; for a left
+  join only when the filter rejects a row of NULLs (an unmatched record's), else unmatched
+  records, which it keeps, would be lost. It declines when more than
+  :data:`MAX_PUSHED_KEYS` rows pass, or when the filter reads the added columns and the
+  record's own together.
 
 It is NOT safe, and the rule declines: past an opaque ``map`` that may change a column the
 filter reads (declare ``changes=`` to tell), past ``top_k`` (the rows in the top k depend on
@@ -20,6 +28,9 @@ step that also feeds another branch.
 
 Before: ``source -> with_column kb = bytes / 1024 -> where kb > 10``
 After:  ``source -> where bytes / 1024 > 10 -> with_column kb = bytes / 1024``
+
+Before: ``source -> join customers on domain -> where tier == 'gold'``
+After:  ``source -> where domain.isin('a.com', 'c.com') -> join customers on domain``
 """
 
 from __future__ import annotations
@@ -28,8 +39,9 @@ import dataclasses
 
 import networkx as nx
 
-from jetstream.expr import And, Expr
+from jetstream.expr import And, Col, Expr, IsIn
 from jetstream.operators import (
+    Join,
     KeyPartition,
     Map,
     Operator,
@@ -55,9 +67,11 @@ from jetstream.rewrite.edit import (
 )
 from jetstream.rewrite.solve import solve
 
-__all__ = ["push_filters"]
+__all__ = ["MAX_PUSHED_KEYS", "push_filters"]
 
 RULE = "push_filters"
+#: The most table keys a filter on a join's columns becomes below the join.
+MAX_PUSHED_KEYS = 1000
 
 
 def push_filters(plan: LogicalPlan, context: RewriteContext) -> LogicalPlan:
@@ -158,6 +172,8 @@ def _push(graph: nx.DiGraph, node: int, context: RewriteContext) -> bool:
     if isinstance(below, WithColumn | Select):
         _through_map(graph, node, below_node, context)
         return True
+    if isinstance(below, Join):
+        return _through_join(graph, node, below_node, context)
     if isinstance(below, Map):
         if below.writes is not None and not reads & below.writes:
             _swap(graph, node, below_node, where.predicate)
@@ -188,6 +204,40 @@ def _swap(graph: nx.DiGraph, node: int, below_node: int, predicate: Expr) -> Non
     bypass(graph, node)
     insert_below(graph, below_node, 0,
                  dataclasses.replace(where, schema=schema, predicate=predicate))
+
+
+def _through_join(graph: nx.DiGraph, node: int, below_node: int,
+                  context: RewriteContext) -> bool:
+    where, join = op(graph, node), op(graph, below_node)
+    assert isinstance(where, Where) and isinstance(join, Join)
+    reads, text = where.predicate.columns(), f"`{where.describe()}`"
+    added = frozenset(join.added)
+    if not reads & added:
+        _swap(graph, node, below_node, where.predicate)
+        context.fired(RULE, f"moved {text} below `{join.describe()}`, which does not add the "
+                            "columns it reads")
+        return True
+    if not reads <= added:
+        own = ", ".join(sorted(reads - added))
+        context.declined(RULE, f"{text} stays above `{join.describe()}`: it reads the table's "
+                               f"columns and the record's ({own}) together")
+        return False
+    if join.how == "left" and where.predicate.evaluate(dict.fromkeys(join.added)) is True:
+        context.declined(RULE, f"{text} stays above `{join.describe()}`: it keeps the records "
+                               "the left join finds no row for (NULL columns)")
+        return False
+    keys = [k for k, row in join.table.index(join.on).items()
+            if where.predicate.evaluate(row) is True]
+    if len(keys) > MAX_PUSHED_KEYS:
+        context.declined(RULE, f"{text} stays above `{join.describe()}`: {len(keys):,} table "
+                               f"rows pass it, more than the {MAX_PUSHED_KEYS:,} keys a filter "
+                               "below the join may list")
+        return False
+    predicate = IsIn(Col(join.on), tuple(sorted(keys)))
+    _swap(graph, node, below_node, predicate)
+    context.fired(RULE, f"moved {text} below `{join.describe()}` as `where {predicate}` (the "
+                        f"{join.on} of the {len(keys):,} table rows that pass it)")
+    return True
 
 
 def _through_map(graph: nx.DiGraph, node: int, below_node: int, context: RewriteContext) -> None:

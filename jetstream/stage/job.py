@@ -58,6 +58,7 @@ from jetstream.dsl import Query
 from jetstream.errors import PlanError
 from jetstream.expr import Col, Expr
 from jetstream.operators import (
+    Join,
     Operator,
     Select,
     Source,
@@ -68,7 +69,7 @@ from jetstream.operators import (
 )
 from jetstream.schema import DataType, Schema
 from jetstream.stage.bookkeeping import Emit, OpenWindows
-from jetstream.stage.compile import spark_type, to_column
+from jetstream.stage.compile import spark_schema, spark_type, to_column
 from jetstream.stage.forms import Input, float_parts, form_of, scaled_exponent, scaled_parts
 
 __all__ = ["DEFAULT_TRIGGER_S", "Emit", "LocalStage", "StageStats"]
@@ -391,10 +392,27 @@ class LocalStage:
                 columns = [to_column(e).alias(n) for n, e in step.columns]
                 columns += [F.col(c) for c in _INTERNAL]
                 steps.append(functools.partial(_select, columns=columns))
+            elif isinstance(step, Join):
+                steps.append(self._join(step, len(steps)))
             elif not isinstance(step, Window):
                 msg = f"{step.kind} does not run in the Spark local stage yet"
                 raise PlanError(msg)
         return steps
+
+    def _join(self, join: Join, i: int) -> Callable[[DataFrame], DataFrame]:
+        """A lookup join as a broadcast join with the table (a left join; an inner join
+        clears ``_keep`` where no row matched, so the record still counts as read)."""
+        key, hit = f"_join{i}_key", f"_join{i}_hit"
+        table = self.spark.createDataFrame(
+            [[row[n] for n in join.table.schema.names] for row in join.table.rows],
+            spark_schema(join.table.schema)).withColumnRenamed(join.on, key)
+        table = F.broadcast(table.withColumn(hit, F.lit(True)))
+        kept = F.col("_keep") & F.col(hit).isNotNull() if join.how == "inner" else F.col("_keep")
+
+        def step(df: DataFrame) -> DataFrame:
+            joined = df.join(table, df[join.on] == table[key], "left")
+            return joined.withColumn("_keep", kept).drop(key, hit)
+        return step
 
     def _merge(self, rows: list[Any]) -> None:
         """Merge a batch's grouped rows into the open windows; the rows of a window the

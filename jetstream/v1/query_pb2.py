@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18jetstream/v1/query.proto\x12\x0cjetstream.v1\"\x99\x01\n\x05Value\x12\x16\n\x0cstring_value\x18\x01 \x01(\tH\x00\x12\x13\n\tint_value\x18\x02 \x01(\x03H\x00\x12\x15\n\x0b\x66loat_value\x18\x03 \x01(\x01H\x00\x12\x14\n\nbool_value\x18\x04 \x01(\x08H\x00\x12.\n\nlist_value\x18\x05 \x01(\x0b\x32\x18.jetstream.v1.RecordListH\x00\x42\x06\n\x04kind\"~\n\x06Record\x12\x30\n\x06\x66ields\x18\x01 \x03(\x0b\x32 .jetstream.v1.Record.FieldsEntry\x1a\x42\n\x0b\x46ieldsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\"\n\x05value\x18\x02 \x01(\x0b\x32\x13.jetstream.v1.Value:\x02\x38\x01\"3\n\nRecordList\x12%\n\x07records\x18\x01 \x03(\x0b\x32\x14.jetstream.v1.Record\"\x87\x01\n\x03SLO\x12\x1b\n\x0emax_latency_ms\x18\x01 \x01(\x03H\x00\x88\x01\x01\x12\x16\n\tmax_error\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x19\n\x0cmax_wan_kbps\x18\x03 \x01(\x01H\x02\x88\x01\x01\x42\x11\n\x0f_max_latency_msB\x0c\n\n_max_errorB\x0f\n\r_max_wan_kbps\"P\n\tQuerySpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rpython_source\x18\x02 \x01(\t\x12\x1e\n\x03slo\x18\x03 \x01(\x0b\x32\x11.jetstream.v1.SLO\"\xcd\x02\n\x0cWindowResult\x12\r\n\x05query\x18\x01 \x01(\t\x12\x17\n\x0fwindow_start_ms\x18\x02 \x01(\x03\x12\x15\n\rwindow_end_ms\x18\x03 \x01(\x03\x12\"\n\x04rows\x18\x04 \x03(\x0b\x32\x14.jetstream.v1.Record\x12\r\n\x05\x65xact\x18\x05 \x01(\x08\x12\x18\n\x0b\x65rror_bound\x18\x06 \x01(\x01H\x00\x88\x01\x01\x12\x17\n\x0fsites_reporting\x18\x07 \x01(\x05\x12\x16\n\x0esites_expected\x18\x08 \x01(\x05\x12\x11\n\tlatency_s\x18\t \x01(\x01\x12\x11\n\twan_bytes\x18\n \x01(\x03\x12\x10\n\x08revision\x18\x0b \x01(\x05\x12\x10\n\x08warnings\x18\x0c \x03(\t\x12\x0f\n\x07\x63olumns\x18\r \x03(\t\x12\x15\n\rmissing_sites\x18\x0e \x03(\tB\x0e\n\x0c_error_boundb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18jetstream/v1/query.proto\x12\x0cjetstream.v1\"\x99\x01\n\x05Value\x12\x16\n\x0cstring_value\x18\x01 \x01(\tH\x00\x12\x13\n\tint_value\x18\x02 \x01(\x03H\x00\x12\x15\n\x0b\x66loat_value\x18\x03 \x01(\x01H\x00\x12\x14\n\nbool_value\x18\x04 \x01(\x08H\x00\x12.\n\nlist_value\x18\x05 \x01(\x0b\x32\x18.jetstream.v1.RecordListH\x00\x42\x06\n\x04kind\"~\n\x06Record\x12\x30\n\x06\x66ields\x18\x01 \x03(\x0b\x32 .jetstream.v1.Record.FieldsEntry\x1a\x42\n\x0b\x46ieldsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\"\n\x05value\x18\x02 \x01(\x0b\x32\x13.jetstream.v1.Value:\x02\x38\x01\"3\n\nRecordList\x12%\n\x07records\x18\x01 \x03(\x0b\x32\x14.jetstream.v1.Record\"\x87\x01\n\x03SLO\x12\x1b\n\x0emax_latency_ms\x18\x01 \x01(\x03H\x00\x88\x01\x01\x12\x16\n\tmax_error\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x19\n\x0cmax_wan_kbps\x18\x03 \x01(\x01H\x02\x88\x01\x01\x42\x11\n\x0f_max_latency_msB\x0c\n\n_max_errorB\x0f\n\r_max_wan_kbps\"u\n\tQuerySpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1e\n\x03slo\x18\x03 \x01(\x0b\x32\x11.jetstream.v1.SLO\x12%\n\x04plan\x18\x04 \x01(\x0b\x32\x17.jetstream.v1.QueryPlanJ\x04\x08\x02\x10\x03R\rpython_source\"\x96\x01\n\tQueryPlan\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x1e\n\x03slo\x18\x03 \x01(\x0b\x32\x11.jetstream.v1.SLO\x12%\n\x05steps\x18\x04 \x03(\x0b\x32\x16.jetstream.v1.PlanStep\x12#\n\x06tables\x18\x05 \x03(\x0b\x32\x13.jetstream.v1.Table\"\xcc\x03\n\x08PlanStep\x12\x0e\n\x06inputs\x18\x01 \x03(\r\x12*\n\x06source\x18\x02 \x01(\x0b\x32\x18.jetstream.v1.SourceStepH\x00\x12#\n\x05where\x18\x03 \x01(\x0b\x32\x12.jetstream.v1.ExprH\x00\x12.\n\x0bwith_column\x18\x04 \x01(\x0b\x32\x17.jetstream.v1.NamedExprH\x00\x12*\n\x06select\x18\x05 \x01(\x0b\x32\x18.jetstream.v1.SelectStepH\x00\x12$\n\x03map\x18\x06 \x01(\x0b\x32\x15.jetstream.v1.MapStepH\x00\x12(\n\x05union\x18\x07 \x01(\x0b\x32\x17.jetstream.v1.UnionStepH\x00\x12*\n\x06window\x18\x08 \x01(\x0b\x32\x18.jetstream.v1.WindowStepH\x00\x12\x30\n\taggregate\x18\t \x01(\x0b\x32\x1b.jetstream.v1.AggregateStepH\x00\x12\'\n\x05top_k\x18\n \x01(\x0b\x32\x16.jetstream.v1.TopKStepH\x00\x12&\n\x04join\x18\x0b \x01(\x0b\x32\x16.jetstream.v1.JoinStepH\x00\x42\x04\n\x02op\"\x89\x01\n\nSchemaSpec\x12.\n\x06\x66ields\x18\x01 \x03(\x0b\x32\x1e.jetstream.v1.SchemaSpec.Field\x12\x17\n\nevent_time\x18\x02 \x01(\tH\x00\x88\x01\x01\x1a#\n\x05\x46ield\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\tB\r\n\x0b_event_time\"D\n\nSourceStep\x12\x0c\n\x04name\x18\x01 \x01(\t\x12(\n\x06schema\x18\x02 \x01(\x0b\x32\x18.jetstream.v1.SchemaSpec\";\n\tNamedExpr\x12\x0c\n\x04name\x18\x01 \x01(\t\x12 \n\x04\x65xpr\x18\x02 \x01(\x0b\x32\x12.jetstream.v1.Expr\"6\n\nSelectStep\x12(\n\x07\x63olumns\x18\x01 \x03(\x0b\x32\x17.jetstream.v1.NamedExpr\"\x8c\x01\n\x07MapStep\x12\r\n\x05label\x18\x01 \x01(\t\x12\x0f\n\x07pickled\x18\x02 \x01(\x0c\x12(\n\x06schema\x18\x03 \x01(\x0b\x32\x18.jetstream.v1.SchemaSpec\x12\x11\n\tmonotonic\x18\x04 \x01(\x08\x12\x13\n\x0bhas_changes\x18\x05 \x01(\x08\x12\x0f\n\x07\x63hanges\x18\x06 \x03(\t\"\x0b\n\tUnionStep\"E\n\nWindowStep\x12\x0f\n\x07size_ms\x18\x01 \x01(\x03\x12\x10\n\x08\x65very_ms\x18\x02 \x01(\x03\x12\x14\n\x0cwatermark_ms\x18\x03 \x01(\x03\"\xe0\x01\n\rAggregateSpec\x12\x0e\n\x06output\x18\x01 \x01(\t\x12\x10\n\x08\x66unction\x18\x02 \x01(\t\x12&\n\x05input\x18\x03 \x01(\x0b\x32\x12.jetstream.v1.ExprH\x00\x88\x01\x01\x12\x37\n\x06params\x18\x04 \x03(\x0b\x32\'.jetstream.v1.AggregateSpec.ParamsEntry\x1a\x42\n\x0bParamsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\"\n\x05value\x18\x02 \x01(\x0b\x32\x13.jetstream.v1.Value:\x02\x38\x01\x42\x08\n\x06_input\"N\n\rAggregateStep\x12\x0c\n\x04keys\x18\x01 \x03(\t\x12/\n\naggregates\x18\x02 \x03(\x0b\x32\x1b.jetstream.v1.AggregateSpec\"!\n\x08TopKStep\x12\t\n\x01k\x18\x01 \x01(\x05\x12\n\n\x02\x62y\x18\x02 \x01(\t\"2\n\x08JoinStep\x12\r\n\x05table\x18\x01 \x01(\t\x12\n\n\x02on\x18\x02 \x01(\t\x12\x0b\n\x03how\x18\x03 \x01(\t\"s\n\x05Table\x12\x0c\n\x04name\x18\x01 \x01(\t\x12(\n\x06schema\x18\x02 \x01(\x0b\x32\x18.jetstream.v1.SchemaSpec\x12\x0e\n\x06origin\x18\x03 \x01(\t\x12\"\n\x04rows\x18\x04 \x03(\x0b\x32\x14.jetstream.v1.Record\"\x98\x03\n\x04\x45xpr\x12\r\n\x03\x63ol\x18\x01 \x01(\tH\x00\x12\"\n\x03lit\x18\x02 \x01(\x0b\x32\x13.jetstream.v1.ValueH\x00\x12)\n\x05\x61rith\x18\x03 \x01(\x0b\x32\x18.jetstream.v1.BinaryExprH\x00\x12#\n\x05minus\x18\x04 \x01(\x0b\x32\x12.jetstream.v1.ExprH\x00\x12+\n\x07\x63ompare\x18\x05 \x01(\x0b\x32\x18.jetstream.v1.BinaryExprH\x00\x12/\n\x0b\x63onjunction\x18\x06 \x01(\x0b\x32\x18.jetstream.v1.BinaryExprH\x00\x12/\n\x0b\x64isjunction\x18\x07 \x01(\x0b\x32\x18.jetstream.v1.BinaryExprH\x00\x12&\n\x08negation\x18\x08 \x01(\x0b\x32\x12.jetstream.v1.ExprH\x00\x12&\n\x04isin\x18\t \x01(\x0b\x32\x16.jetstream.v1.IsInExprH\x00\x12&\n\x04\x63\x61ll\x18\n \x01(\x0b\x32\x16.jetstream.v1.CallExprH\x00\x42\x06\n\x04kind\"]\n\nBinaryExpr\x12\n\n\x02op\x18\x01 \x01(\t\x12 \n\x04left\x18\x02 \x01(\x0b\x32\x12.jetstream.v1.Expr\x12!\n\x05right\x18\x03 \x01(\x0b\x32\x12.jetstream.v1.Expr\"T\n\x08IsInExpr\x12#\n\x07operand\x18\x01 \x01(\x0b\x32\x12.jetstream.v1.Expr\x12#\n\x06values\x18\x02 \x03(\x0b\x32\x13.jetstream.v1.Value\";\n\x08\x43\x61llExpr\x12\n\n\x02\x66n\x18\x01 \x01(\t\x12#\n\x07operand\x18\x02 \x01(\x0b\x32\x12.jetstream.v1.Expr\"\xcd\x02\n\x0cWindowResult\x12\r\n\x05query\x18\x01 \x01(\t\x12\x17\n\x0fwindow_start_ms\x18\x02 \x01(\x03\x12\x15\n\rwindow_end_ms\x18\x03 \x01(\x03\x12\"\n\x04rows\x18\x04 \x03(\x0b\x32\x14.jetstream.v1.Record\x12\r\n\x05\x65xact\x18\x05 \x01(\x08\x12\x18\n\x0b\x65rror_bound\x18\x06 \x01(\x01H\x00\x88\x01\x01\x12\x17\n\x0fsites_reporting\x18\x07 \x01(\x05\x12\x16\n\x0esites_expected\x18\x08 \x01(\x05\x12\x11\n\tlatency_s\x18\t \x01(\x01\x12\x11\n\twan_bytes\x18\n \x01(\x03\x12\x10\n\x08revision\x18\x0b \x01(\x05\x12\x10\n\x08warnings\x18\x0c \x03(\t\x12\x0f\n\x07\x63olumns\x18\r \x03(\t\x12\x15\n\rmissing_sites\x18\x0e \x03(\tB\x0e\n\x0c_error_boundb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,6 +33,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_RECORD_FIELDSENTRY']._loaded_options = None
   _globals['_RECORD_FIELDSENTRY']._serialized_options = b'8\001'
+  _globals['_AGGREGATESPEC_PARAMSENTRY']._loaded_options = None
+  _globals['_AGGREGATESPEC_PARAMSENTRY']._serialized_options = b'8\001'
   _globals['_VALUE']._serialized_start=43
   _globals['_VALUE']._serialized_end=196
   _globals['_RECORD']._serialized_start=198
@@ -44,7 +46,47 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SLO']._serialized_start=380
   _globals['_SLO']._serialized_end=515
   _globals['_QUERYSPEC']._serialized_start=517
-  _globals['_QUERYSPEC']._serialized_end=597
-  _globals['_WINDOWRESULT']._serialized_start=600
-  _globals['_WINDOWRESULT']._serialized_end=933
+  _globals['_QUERYSPEC']._serialized_end=634
+  _globals['_QUERYPLAN']._serialized_start=637
+  _globals['_QUERYPLAN']._serialized_end=787
+  _globals['_PLANSTEP']._serialized_start=790
+  _globals['_PLANSTEP']._serialized_end=1250
+  _globals['_SCHEMASPEC']._serialized_start=1253
+  _globals['_SCHEMASPEC']._serialized_end=1390
+  _globals['_SCHEMASPEC_FIELD']._serialized_start=1340
+  _globals['_SCHEMASPEC_FIELD']._serialized_end=1375
+  _globals['_SOURCESTEP']._serialized_start=1392
+  _globals['_SOURCESTEP']._serialized_end=1460
+  _globals['_NAMEDEXPR']._serialized_start=1462
+  _globals['_NAMEDEXPR']._serialized_end=1521
+  _globals['_SELECTSTEP']._serialized_start=1523
+  _globals['_SELECTSTEP']._serialized_end=1577
+  _globals['_MAPSTEP']._serialized_start=1580
+  _globals['_MAPSTEP']._serialized_end=1720
+  _globals['_UNIONSTEP']._serialized_start=1722
+  _globals['_UNIONSTEP']._serialized_end=1733
+  _globals['_WINDOWSTEP']._serialized_start=1735
+  _globals['_WINDOWSTEP']._serialized_end=1804
+  _globals['_AGGREGATESPEC']._serialized_start=1807
+  _globals['_AGGREGATESPEC']._serialized_end=2031
+  _globals['_AGGREGATESPEC_PARAMSENTRY']._serialized_start=1955
+  _globals['_AGGREGATESPEC_PARAMSENTRY']._serialized_end=2021
+  _globals['_AGGREGATESTEP']._serialized_start=2033
+  _globals['_AGGREGATESTEP']._serialized_end=2111
+  _globals['_TOPKSTEP']._serialized_start=2113
+  _globals['_TOPKSTEP']._serialized_end=2146
+  _globals['_JOINSTEP']._serialized_start=2148
+  _globals['_JOINSTEP']._serialized_end=2198
+  _globals['_TABLE']._serialized_start=2200
+  _globals['_TABLE']._serialized_end=2315
+  _globals['_EXPR']._serialized_start=2318
+  _globals['_EXPR']._serialized_end=2726
+  _globals['_BINARYEXPR']._serialized_start=2728
+  _globals['_BINARYEXPR']._serialized_end=2821
+  _globals['_ISINEXPR']._serialized_start=2823
+  _globals['_ISINEXPR']._serialized_end=2907
+  _globals['_CALLEXPR']._serialized_start=2909
+  _globals['_CALLEXPR']._serialized_end=2968
+  _globals['_WINDOWRESULT']._serialized_start=2971
+  _globals['_WINDOWRESULT']._serialized_end=3304
 # @@protoc_insertion_point(module_scope)
