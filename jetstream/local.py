@@ -286,20 +286,26 @@ def _transform(op: Operator, row: Row) -> Row:
     if isinstance(op, Select):
         return {name: expr.evaluate(row) for name, expr in op.columns}
     if isinstance(op, Map):
-        try:
-            out = op.fn(dict(row))
-        except Exception as e:
-            msg = f"map {op.label}: the function raised {type(e).__name__}: {e} on {row}"
-            raise DataError(msg) from e
-        missing = [n for n in op.schema.names if not isinstance(out, Mapping) or n not in out]
-        if missing:
-            msg = f"map {op.label}: the function returned {out!r}, which lacks {missing[0]!r}"
-            raise DataError(msg)
-        # A float column holds floats, whatever number the function returned.
-        return {f.name: float(out[f.name]) if f.dtype is DataType.FLOAT and out[f.name] is not None
-                else out[f.name] for f in op.schema}
+        return map_record(op, row)
     msg = f"{op.kind} cannot run record by record"
     raise PlanError(msg)
+
+
+def map_record(op: Map, row: Row) -> Row:
+    """The record ``op``'s function makes of ``row``, with the step's columns; a DataError
+    if the function raises or returns something else (the Spark stage runs this too)."""
+    try:
+        out = op.fn(dict(row))
+    except Exception as e:
+        msg = f"map {op.label}: the function raised {type(e).__name__}: {e} on {row}"
+        raise DataError(msg) from e
+    missing = [n for n in op.schema.names if not isinstance(out, Mapping) or n not in out]
+    if missing:
+        msg = f"map {op.label}: the function returned {out!r}, which lacks {missing[0]!r}"
+        raise DataError(msg)
+    # A float column holds floats, whatever number the function returned.
+    return {f.name: float(out[f.name]) if f.dtype is DataType.FLOAT and out[f.name] is not None
+            else out[f.name] for f in op.schema}
 
 
 def _window_step(op: Operator, inputs: list[dict[WindowBounds, _Batch]]

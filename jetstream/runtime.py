@@ -28,6 +28,7 @@ import importlib.util
 import itertools
 import logging
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -630,6 +631,12 @@ class SiteRuntime:
         with self._lock:
             return self._runs.get(query)
 
+    def failures(self) -> dict[str, str]:
+        """The queries whose local stage failed here, and why."""
+        with self._lock:
+            runs = list(self._runs.values())
+        return {run.name: run.failure for run in runs if run.failure}
+
     def links(self) -> dict[str, LinkState]:
         """Each running query's link to its parent (none at the root)."""
         with self._lock:
@@ -661,6 +668,9 @@ class SiteRuntime:
                 # The JVM inherits this: glibc's default of an arena per thread makes a JVM
                 # of a hundred threads hold hundreds of MB it does not use.
                 os.environ.setdefault("MALLOC_ARENA_MAX", "2")
+                # Python UDFs (a query's map) run in workers of this very Python, which has
+                # jetstream and the packages the site has.
+                os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
                 builder = SparkSession.builder.master(master).appName(f"jetstream-{self.site}")
                 for key, value in conf.items():
                     builder = builder.config(key, value)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,7 @@ def spark():  # type: ignore[no-untyped-def]
 
     # A site's own settings, so that the stage is tested as sites run it; a larger heap, as
     # this one session serves every test.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # a map's UDF: this Python
     builder = SparkSession.builder.master("local[2]").appName("jetstream-tests")
     for key, value in {**DEFAULT_SPARK_CONF, "spark.driver.memory": "1g"}.items():
         builder = builder.config(key, value)

@@ -186,6 +186,44 @@ def test_a_query_no_site_could_run_is_refused_at_submit(controller: GlobalContro
     assert "plain" not in controller.queries
 
 
+def _plan_of_query(query: js.Query) -> QueryPlan:
+    from jetstream.planwire import query_to_proto
+
+    return query_to_proto(query)
+
+
+def test_what_no_site_could_run_is_refused_at_submit_naming_the_step(
+        controller: GlobalController, sites: FakeSites) -> None:
+    register_all(controller)
+    logs = js.source("cdn_logs", schema=js.CDN_LOG_SCHEMA)
+    more = js.source("more_logs", schema=js.CDN_LOG_SCHEMA)
+    union = js.Query("u", logs.union(more).window(js.tumbling("10s")).agg(n=js.count()))
+    with pytest.raises(PlanError, match=r"query u: `union` does not run at the sites.*it "
+                                        r"reads cdn_logs, more_logs"):
+        controller.submit(_plan_of_query(union))
+    mapped = js.Query("m", logs.map(lambda r: r, name="same").window(js.tumbling("10s"))
+                      .agg(n=js.count()))
+    with pytest.raises(PlanError, match=r"map same: the controller does not run code sent "
+                                        r"with a query; start it with --allow-code"):
+        controller.submit(_plan_of_query(mapped))
+    assert controller.queries == {} and sites.deploys == []
+
+
+def test_a_stage_that_fails_at_a_site_reaches_status_and_results(
+        controller: GlobalController, source: QueryPlan) -> None:
+    register_all(controller)
+    controller.submit(source)
+    error = "local stage of cdn-topk at sfo failed: map boom: the function raised ValueError"
+    controller.heartbeat("sfo", {}, failures={QUERY: error})
+    view = controller.view().query(QUERY)
+    assert view is not None
+    assert (view.state, dict(view.failures), view.detail) == ("degraded", {"sfo": error}, error)
+    controller.publish(QUERY, [WindowResult(QUERY, 0, 10_000, [{"domain": "a.com"}])], False)
+    (result,) = controller.results.follow(QUERY, stop=lambda: True)
+    assert result.warnings == [f"the local stage at sfo failed, its records are missing: "
+                               f"{error}"]
+
+
 def test_finished_results_stop_the_query_everywhere_and_free_its_name(
         controller: GlobalController, sites: FakeSites, source: QueryPlan) -> None:
     register_all(controller)

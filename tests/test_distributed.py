@@ -101,6 +101,60 @@ def test_jetstream_run_writes_what_run_local_computes(tmp_path: Path) -> None:
         assert line["sites_reporting"] == line["sites_expected"] == 3
 
 
+JOIN_QUERY = """\
+import jetstream as js
+from jetstream import col
+from pathlib import Path
+
+with open(Path(__file__).parent / "runs.txt", "a") as runs:  # count the file's runs
+    runs.write("ran\\n")
+
+customers = js.table("customers", "customers.csv", schema=js.Schema.of({
+    "domain": js.DataType.STRING, "customer": js.DataType.STRING,
+    "tier": js.DataType.STRING}))
+
+
+def slow_share(record):
+    return {**record, "slow": record["latency_ms"] > 20.0}
+
+
+logs = js.source("cdn_logs", schema=js.CDN_LOG_SCHEMA)
+query = js.Query("joined", logs.join(customers, on="domain", how=HOW)
+                 .where(col("tier") != "bronze")
+                 .map(slow_share, schema={**dict((f.name, f.dtype) for f in logs.schema),
+                                          "customer": js.DataType.STRING,
+                                          "tier": js.DataType.STRING,
+                                          "slow": js.DataType.BOOL}, name="slow_share")
+                 .window(js.tumbling("10s"), watermark="5s")
+                 .group_by("customer", "slow").agg(n=js.count(), kb=js.sum(col("bytes") / 1024))
+                 .top_k(4, by="n"))
+"""
+CUSTOMERS = ("domain,customer,tier\n" + "".join(
+    f"site{i}.example.com,customer{i % 4},{('gold', 'silver', 'bronze')[i % 3]}\n"
+    for i in range(1, 20)))
+
+
+@pytest.mark.parametrize("how", ["inner", "left"])
+def test_a_join_and_a_map_run_at_the_sites_as_in_the_reference(tmp_path: Path, how: str) -> None:
+    """A lookup join, a filter on the table's columns and a map, through `jetstream run`: the
+    same answer as the reference, and the query file ran once (on the user's side)."""
+    (tmp_path / "customers.csv").write_text(CUSTOMERS)
+    path = tmp_path / "joined.py"
+    path.write_text(JOIN_QUERY.replace("HOW", repr(how)))
+    out = tmp_path / "out.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-m", "jetstream", "run", "--topology", str(TOPOLOGY),
+         "--query", str(path), "--input", str(LOGS), "--output", str(out)],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path.parent)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "runs.txt").read_text() == "ran\n"  # not at the controller or sites
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    want = run_local(load_query(path), LOGS)
+    assert len(want) >= 3
+    assert [(r["window_start"], r["rows"]) for r in lines] == [
+        (r.window_start, r.rows) for r in want]
+
+
 def test_live_sites_with_quiet_neighbours_still_close_their_windows(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Only ams has data, and it arrives as files while the query runs; sfo and sin stay

@@ -319,6 +319,35 @@ def test_which_float_sums_are_summed_as_scaled_integers(spark: Any, tmp_path: Pa
     assert (str(band) == f"Column<'{exponent}'>") if exponent is not None else "log2" in str(band)
 
 
+@pytest.mark.parametrize("how", ["inner", "left"])
+def test_a_lookup_join_and_a_map_in_the_stage_equal_the_reference(
+        spark: Any, tmp_path_factory: pytest.TempPathFactory, how: str) -> None:
+    customers = js.Table("customers", js.Schema.of({
+        "domain": js.DataType.STRING, "customer": js.DataType.STRING,
+        "weight": js.DataType.INT}), (
+        {"domain": "a.com", "customer": "acme", "weight": 2},
+        {"domain": "b.com", "customer": "bolt", "weight": None},
+        {"domain": "c.com", "customer": "acme", "weight": 5}))
+
+    def weigh(record: dict[str, Any]) -> dict[str, Any]:  # a closure: pickled by value
+        return {**record, "weighted": record["bytes"] * (record["weight"] or 1)}
+
+    schema = {**LOGS.schema.fields_by_name(), "customer": js.DataType.STRING,
+              "weight": js.DataType.INT, "weighted": js.DataType.INT}
+    query = js.Query("q", LOGS.join(customers, on="domain", how=how)
+                     .where(js.col("weight") > 1)
+                     .map(weigh, schema=schema, name="weigh", changes=["weighted"])
+                     .window(js.tumbling("10s"), watermark="5s")
+                     .group_by("customer", "domain")
+                     .agg(n=js.count(), weighted=js.sum("weighted"), ms=js.max("latency_ms")))
+    records = [log(1767225600000 + 700 * i, ("a.com", "b.com", "c.com", "d.com")[i % 4],
+                   bytes=100 * i) for i in range(40)]
+    batches = [records[:25], records[25:]]
+    got = run_stage_on_records(spark, query, batches, tmp_path_factory.mktemp("stage"))
+    want = js.run_local(query, records)
+    assert got == want and len(want) >= 2
+
+
 def test_a_batch_with_nothing_valid_counts_what_it_read(spark: Any, tmp_path: Path) -> None:
     """A file with only its header, and one whose records a filter drops, still count: the
     counters ride on the batch's one job, which then collects no rows."""

@@ -366,7 +366,9 @@ def run_site(name: str, controller_address: str, *, security: Security, port: in
                     site=name, running=running, input_bytes=input_bytes(),
                     links=link_measurements(links), query_links=link_reports(links),
                     placements=[placement_to_proto(p) for p in local.pieces()] if local
-                    else []), timeout=CALL_TIMEOUT_S)
+                    else [], failures=[pb.StageFailure(query=q, error=e)
+                                       for q, e in runtime.failures().items()]),
+                    timeout=CALL_TIMEOUT_S)
                 for query in set(running) - set(response.queries):
                     assert local is not None
                     stop_here(local, query)  # the controller no longer wants it here

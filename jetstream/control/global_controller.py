@@ -42,6 +42,7 @@ from jetstream.planwire import query_from_bytes, query_from_proto
 from jetstream.results import WindowResult
 from jetstream.rewrite import explain
 from jetstream.runtime import distributed, partial_aggregate
+from jetstream.stage.check import check_stage
 from jetstream.v1.query_pb2 import QueryPlan
 
 __all__ = ["REPLAN_BANDWIDTH_CHANGE", "GlobalController", "LinkReport", "Measurement",
@@ -187,6 +188,7 @@ class QueryState:
     version: int = 0
     deployed: set[str] = field(default_factory=set)  # sites that hold the current fragment
     expected: tuple[str, ...] = ()  # every source site of the query, alive or not
+    failures: dict[str, str] = field(default_factory=dict)  # site -> why its stage failed
 
     @property
     def active(self) -> bool:
@@ -299,6 +301,8 @@ class QueryView:
     detail: str
     replans: int
     plan: PhysicalPlan | None
+    #: Sites whose local stage of the query failed -> why.
+    failures: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def parents(self) -> dict[str, str]:
@@ -416,10 +420,11 @@ class GlobalController:
 
     def heartbeat(self, name: str, links: dict[str, float], *, input_bytes: int = 0,
                   reports: dict[str, LinkReport] | None = None,
-                  placements: list[Placement] | None = None) -> list[str]:
+                  placements: list[Placement] | None = None,
+                  failures: dict[str, str] | None = None) -> list[str]:
         """Record that ``name`` is alive and what it measured (and, for the dashboard, its
-        raw input, its links' levels and which process runs which piece); the queries it
-        should run."""
+        raw input, its links' levels and which process runs which piece, and which queries'
+        local stages failed there, and why); the queries it should run."""
         with self.lock:
             site = self._site(name)
             if site.address is None:
@@ -429,6 +434,8 @@ class GlobalController:
             site.input_bytes, site.links = input_bytes, dict(reports or {})
             if placements is not None:
                 site.placements = [p for p in placements if p.query in self.queries]
+            for failed, error in (failures or {}).items():
+                self._stage_failed(failed, name, error)
             changed = [peer for peer, bps in links.items() if self._bandwidth_moved(name, peer,
                                                                                    bps)]
             if not site.alive:
@@ -444,6 +451,19 @@ class GlobalController:
             # a site that runs it already, for a restarted controller, goes on with it.
             return sorted(q.name for q in self.queries.values() if q.active and (
                 name in q.deployed or (q.plan is not None and name in q.plan.fragments)))
+
+    def _stage_failed(self, query: str, site: str, error: str) -> None:
+        """A site's local stage of ``query`` failed: the query goes on without its records,
+        degraded, and says so in its status and in every result from now on."""
+        state = self.queries.get(query)
+        if state is None or state.failures.get(site) == error:
+            return
+        state.failures[site] = error
+        log.error("query %s: %s", query, error)
+        if state.state == "running":
+            state.state = "degraded"
+        state.detail = "; ".join(state.failures.values())
+        self._save()
 
     def check_liveness(self) -> list[str]:
         """Mark sites whose heartbeats stopped as dead, re-plan; the sites newly dead."""
@@ -542,6 +562,7 @@ class GlobalController:
         check out, carries code this controller does not allow, or cannot be placed)."""
         query = query_from_proto(spec, allow_code=self.allow_code)
         partial_aggregate(distributed(query))  # refuse now what no site could run
+        check_stage(distributed(query))
         with self.lock:
             existing = self.queries.get(query.name)
             if existing is not None and existing.active:
@@ -568,6 +589,9 @@ class GlobalController:
         with self.lock:
             state = self._query(name)
             for result in results:
+                result.warnings.extend(f"the local stage at {site} failed, its records are "
+                                       f"missing: {error}"
+                                       for site, error in sorted(state.failures.items()))
                 self.results.publish(result)
             if finished and state.active:
                 self._stop_all(state, "finished")
@@ -734,7 +758,8 @@ class GlobalController:
                     None if s.last_seen is None else now - s.last_seen, tuple(s.placements),
                     s.input_bytes, MappingProxyType(dict(s.links)))
                     for s in self.sites.values()),
-                tuple(QueryView(q.name, q.state, q.detail, q.replans, q.plan)
+                tuple(QueryView(q.name, q.state, q.detail, q.replans, q.plan,
+                                MappingProxyType(dict(q.failures)))
                       for q in self.queries.values()),
                 tuple(self.link_load()),
                 MappingProxyType(self._measured_bps()))

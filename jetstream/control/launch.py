@@ -254,6 +254,11 @@ def replay(cluster: LocalCluster, query: Query | Path, *, timeout_s: float,
         msg = (f"query {response.query} did not finish within {timeout_s:.0f}s "
                f"({state.state if state else 'gone'})\n{cluster.tail()}")
         raise ControlPlaneError(msg)
+    if state.failures:
+        failed = "; ".join(f"{site}: {error}" for site, error in sorted(state.failures.items()))
+        msg = (f"query {response.query}: the local stage failed at "
+               f"{len(state.failures)} site(s), whose records the results lack: {failed}")
+        raise ControlPlaneError(msg)
     return [latest[w] for w in sorted(latest)]
 
 

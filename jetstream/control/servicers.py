@@ -117,7 +117,8 @@ class GlobalControllerServicer(rpc.GlobalControllerServicer):
                 # What the site lists is what runs there, none included: a list left
                 # stale here would show a stopped query's pieces as running for good.
                 placements=[Placement(p.query, p.piece, p.server, p.pid, p.address, p.state)
-                            for p in request.placements])
+                            for p in request.placements],
+                failures={f.query: f.error for f in request.failures})
         except JetstreamError as e:
             _abort(context, e)
         return pb.HeartbeatResponse(queries=queries)
@@ -155,7 +156,8 @@ def status_to_proto(view: ControllerView) -> pb.StatusResponse:
         for s in view.sites]
     queries = [pb.QueryStatus(
         name=q.name, state=q.state, detail=q.detail, replans=q.replans,
-        plan=q.plan.render() if q.plan else "", parents=q.parents) for q in view.queries]
+        plan=q.plan.render() if q.plan else "", parents=q.parents, failures=q.failures)
+        for q in view.queries]
     links = [pb.LinkStatus(a=link.a, b=link.b, bandwidth_bps=link.bandwidth_bps,
                            planned_bytes_per_s=load, utilisation=load * 8 / link.bandwidth_bps)
              for link, load in view.link_load]

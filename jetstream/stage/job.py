@@ -55,10 +55,11 @@ from pyspark.sql.types import StringType, StructField, StructType
 
 from jetstream.approx.sketches import TopKItems
 from jetstream.dsl import Query
-from jetstream.errors import PlanError
 from jetstream.expr import Col, Expr
+from jetstream.local import map_record
 from jetstream.operators import (
     Join,
+    Map,
     Operator,
     Select,
     Source,
@@ -69,6 +70,7 @@ from jetstream.operators import (
 )
 from jetstream.schema import DataType, Schema
 from jetstream.stage.bookkeeping import Emit, OpenWindows
+from jetstream.stage.check import check_stage, site_chain
 from jetstream.stage.compile import spark_schema, spark_type, to_column
 from jetstream.stage.forms import Input, float_parts, form_of, scaled_exponent, scaled_parts
 
@@ -124,21 +126,15 @@ class LocalStage:
     def __init__(self, spark: SparkSession, query: Query, input_dir: str | Path, *,
                  checkpoint_dir: str | Path, quarantine_dir: str | Path, emit: Emit,
                  snapshot: Path | None = None, on_batch: OnBatch | None = None) -> None:
-        plan = query.plan()
         self.name = query.name
-        chain = _site_chain(plan, query.name)
+        check_stage(query)  # what the controller checked at submit, with the same words
+        chain = site_chain(query)
         source, partial = chain[0], chain[-1]
         assert isinstance(source, Source) and isinstance(partial, WindowAggregate)
+        assert source.schema.event_time is not None
         self.source, self.steps, self.partial = source, chain[1:-1], partial
-        if source.schema.event_time is None:
-            msg = f"query {query.name}: source {source.name} has no event time column"
-            raise PlanError(msg)
         self.event_time: str = source.schema.event_time
-        window = next((s for s in self.steps if isinstance(s, Window)), None)
-        if window is None:
-            msg = f"query {query.name}: the local stage needs a window before the aggregate"
-            raise PlanError(msg)
-        self.window = window
+        self.window = next(s for s in self.steps if isinstance(s, Window))
         self.spark, self.on_batch = spark, on_batch
         self.input_dir, self.checkpoint_dir = str(input_dir), str(checkpoint_dir)
         self.quarantine_dir = str(quarantine_dir)
@@ -149,7 +145,7 @@ class LocalStage:
         #: record landed); for windows closed because the input went idle, that moment.
         self.received_ms = 0
         self._started_ms = time.time_ns() // 1_000_000
-        self.windows = OpenWindows(query.name, partial, window.watermark_ms, emit)
+        self.windows = OpenWindows(query.name, partial, self.window.watermark_ms, emit)
         self._stream: StreamingQuery | None = None
         self._lock = threading.Lock()  # a live stage's micro-batches against flush()
         self._stopping = False
@@ -381,6 +377,7 @@ class LocalStage:
         A ``where`` does not drop a record but clears its ``_keep`` (it still counts as read);
         a ``select`` keeps the stage's own columns."""
         steps: list[Callable[[DataFrame], DataFrame]] = []
+        steps_schema = [self.source.schema, *(step.schema for step in self.steps)]
         for step in self.steps:
             if isinstance(step, Where):
                 kept = F.col("_keep") & F.coalesce(to_column(step.predicate), F.lit(False))
@@ -394,9 +391,10 @@ class LocalStage:
                 steps.append(functools.partial(_select, columns=columns))
             elif isinstance(step, Join):
                 steps.append(self._join(step, len(steps)))
-            elif not isinstance(step, Window):
-                msg = f"{step.kind} does not run in the Spark local stage yet"
-                raise PlanError(msg)
+            elif isinstance(step, Map):
+                steps.append(_map(step, steps_schema[len(steps)]))
+            else:
+                assert isinstance(step, Window), f"check_stage let {step.kind} through"
         return steps
 
     def _join(self, join: Join, i: int) -> Callable[[DataFrame], DataFrame]:
@@ -455,6 +453,28 @@ class LocalStage:
 
 def _select(df: DataFrame, columns: list[Column]) -> DataFrame:
     return df.select(*columns)
+
+
+def _map(step: Map, schema: Schema) -> Callable[[DataFrame], DataFrame]:
+    """A ``map`` as a Python UDF over each kept record (its columns as a dict), giving the
+    record of the step's schema, checked as the reference executor checks it
+    (:func:`jetstream.local.map_record`). A record not kept is not given to the function
+    (its columns are NULL): Spark evaluates a Python UDF on every row, whatever guards it."""
+    names = schema.names
+
+    def apply(keep: bool | None, *values: Any) -> tuple[Any, ...] | None:
+        if not keep:
+            return None
+        out = map_record(step, dict(zip(names, values, strict=True)))
+        return tuple(out[f.name] for f in step.schema)
+
+    udf = F.udf(apply, spark_schema(step.schema))
+    mapped = udf(F.col("_keep"), *(F.col(f"`{n}`") for n in names)).alias("_mapped")
+    internal = [F.col(c) for c in _INTERNAL]
+
+    def run(df: DataFrame) -> DataFrame:
+        return df.select(mapped, *internal).select("_mapped.*", *internal)
+    return run
 
 
 class _Interrupted(Exception):
@@ -544,27 +564,6 @@ def _not_adaptive(spark: SparkSession) -> Iterator[None]:
         yield
     finally:
         spark.conf.set(key, before)
-
-
-def _site_chain(plan: Any, name: str) -> list[Operator]:
-    """Source, record steps, partial aggregate: the part of the plan a site runs."""
-    partials = plan.partial_aggregates()
-    if len(partials) != 1:
-        msg = (f"query {name}: the local stage runs one partial aggregate, the plan has "
-               f"{len(partials)} (optimize the query; one source per site)")
-        raise PlanError(msg)
-    chain, node = [], partials[0]
-    while True:
-        chain.append(plan.op(node))
-        inputs = plan.inputs(node)
-        if len(inputs) != 1:
-            break
-        node = inputs[0]
-    chain.reverse()
-    if not isinstance(chain[0], Source):
-        msg = f"query {name}: a union below the partial aggregate does not run in one stage"
-        raise PlanError(msg)
-    return chain
 
 
 def _parse(name: str, dtype: DataType) -> Column:

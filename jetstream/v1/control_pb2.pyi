@@ -84,8 +84,15 @@ class LinkStatus(_message.Message):
     def __init__(self, a: _Optional[str] = ..., b: _Optional[str] = ..., bandwidth_bps: _Optional[float] = ..., planned_bytes_per_s: _Optional[float] = ..., utilisation: _Optional[float] = ...) -> None: ...
 
 class QueryStatus(_message.Message):
-    __slots__ = ("name", "state", "detail", "plan", "replans", "parents")
+    __slots__ = ("name", "state", "detail", "plan", "replans", "parents", "failures")
     class ParentsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class FailuresEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -98,13 +105,15 @@ class QueryStatus(_message.Message):
     PLAN_FIELD_NUMBER: _ClassVar[int]
     REPLANS_FIELD_NUMBER: _ClassVar[int]
     PARENTS_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
     name: str
     state: str
     detail: str
     plan: str
     replans: int
     parents: _containers.ScalarMap[str, str]
-    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., detail: _Optional[str] = ..., plan: _Optional[str] = ..., replans: _Optional[int] = ..., parents: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    failures: _containers.ScalarMap[str, str]
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., detail: _Optional[str] = ..., plan: _Optional[str] = ..., replans: _Optional[int] = ..., parents: _Optional[_Mapping[str, str]] = ..., failures: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
     __slots__ = ("topology", "root", "sites", "queries", "links")
@@ -214,20 +223,30 @@ class LinkReport(_message.Message):
     def __init__(self, query: _Optional[str] = ..., level: _Optional[str] = ..., level_index: _Optional[int] = ..., pinned: _Optional[bool] = ..., sent_bytes: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("site", "links", "running", "input_bytes", "query_links", "placements")
+    __slots__ = ("site", "links", "running", "input_bytes", "query_links", "placements", "failures")
     SITE_FIELD_NUMBER: _ClassVar[int]
     LINKS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     INPUT_BYTES_FIELD_NUMBER: _ClassVar[int]
     QUERY_LINKS_FIELD_NUMBER: _ClassVar[int]
     PLACEMENTS_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
     site: str
     links: _containers.RepeatedCompositeFieldContainer[LinkMeasurement]
     running: _containers.RepeatedScalarFieldContainer[str]
     input_bytes: int
     query_links: _containers.RepeatedCompositeFieldContainer[LinkReport]
     placements: _containers.RepeatedCompositeFieldContainer[Placement]
-    def __init__(self, site: _Optional[str] = ..., links: _Optional[_Iterable[_Union[LinkMeasurement, _Mapping]]] = ..., running: _Optional[_Iterable[str]] = ..., input_bytes: _Optional[int] = ..., query_links: _Optional[_Iterable[_Union[LinkReport, _Mapping]]] = ..., placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ...) -> None: ...
+    failures: _containers.RepeatedCompositeFieldContainer[StageFailure]
+    def __init__(self, site: _Optional[str] = ..., links: _Optional[_Iterable[_Union[LinkMeasurement, _Mapping]]] = ..., running: _Optional[_Iterable[str]] = ..., input_bytes: _Optional[int] = ..., query_links: _Optional[_Iterable[_Union[LinkReport, _Mapping]]] = ..., placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ..., failures: _Optional[_Iterable[_Union[StageFailure, _Mapping]]] = ...) -> None: ...
+
+class StageFailure(_message.Message):
+    __slots__ = ("query", "error")
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    query: str
+    error: str
+    def __init__(self, query: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("queries",)
