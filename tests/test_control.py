@@ -15,6 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from prometheus_client import REGISTRY
 
+import jetstream as js
 from jetstream.aggtree.loader import load_topology, parse_topology
 from jetstream.aggtree.planner import Fragment
 from jetstream.aggtree.topology import Server, Topology

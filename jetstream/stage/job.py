@@ -377,8 +377,8 @@ class LocalStage:
         A ``where`` does not drop a record but clears its ``_keep`` (it still counts as read);
         a ``select`` keeps the stage's own columns."""
         steps: list[Callable[[DataFrame], DataFrame]] = []
-        steps_schema = [self.source.schema, *(step.schema for step in self.steps)]
-        for step in self.steps:
+        inputs = [self.source.schema, *(step.schema for step in self.steps)]  # each step's
+        for i, step in enumerate(self.steps):
             if isinstance(step, Where):
                 kept = F.col("_keep") & F.coalesce(to_column(step.predicate), F.lit(False))
                 steps.append(functools.partial(DataFrame.withColumn, colName="_keep", col=kept))
@@ -390,9 +390,9 @@ class LocalStage:
                 columns += [F.col(c) for c in _INTERNAL]
                 steps.append(functools.partial(_select, columns=columns))
             elif isinstance(step, Join):
-                steps.append(self._join(step, len(steps)))
+                steps.append(self._join(step, i))
             elif isinstance(step, Map):
-                steps.append(_map(step, steps_schema[len(steps)]))
+                steps.append(_map(step, inputs[i]))
             else:
                 assert isinstance(step, Window), f"check_stage let {step.kind} through"
         return steps
