@@ -468,7 +468,9 @@ def _map(step: Map, schema: Schema) -> Callable[[DataFrame], DataFrame]:
         out = map_record(step, dict(zip(names, values, strict=True)))
         return tuple(out[f.name] for f in step.schema)
 
-    udf = F.udf(apply, spark_schema(step.schema))
+    # Rows reach it pickled in batches: an Arrow UDF would need pyarrow and pandas at every
+    # site (pyarrow alone added 65 MB to a site's process, which the demo's memory cannot take).
+    udf = F.udf(apply, spark_schema(step.schema), useArrow=False)
     mapped = udf(F.col("_keep"), *(F.col(f"`{n}`") for n in names)).alias("_mapped")
     internal = [F.col(c) for c in _INTERNAL]
 
