@@ -57,6 +57,7 @@ from jetstream.schema import DataType, Schema
 from jetstream.tables import Table
 from jetstream.v1 import query_pb2 as pb
 from jetstream.windows import Sliding, Tumbling, format_duration
+from jetstream.wire import slo_to_proto
 
 __all__ = ["PLAN_VERSION", "query_from_bytes", "query_from_proto", "query_to_bytes",
            "query_to_proto"]
@@ -72,7 +73,7 @@ def query_to_proto(query: Query) -> pb.QueryPlan:
     plan = query.plan()
     order = plan.topological()
     index = {node: i for i, node in enumerate(order)}
-    msg = pb.QueryPlan(version=PLAN_VERSION, name=query.name, slo=_slo_to_proto(query.slo))
+    msg = pb.QueryPlan(version=PLAN_VERSION, name=query.name, slo=slo_to_proto(query.slo))
     tables: dict[str, Table] = {}
     for node in order:
         op = plan.op(node)
@@ -181,17 +182,6 @@ def _schema_to_proto(schema: Schema) -> pb.SchemaSpec:
                                 for f in schema])
     if schema.event_time is not None:
         msg.event_time = schema.event_time
-    return msg
-
-
-def _slo_to_proto(slo: SLO) -> pb.SLO:
-    msg = pb.SLO()
-    if slo.max_latency_ms is not None:
-        msg.max_latency_ms = slo.max_latency_ms
-    if slo.max_error is not None:
-        msg.max_error = slo.max_error
-    if slo.max_wan_kbps is not None:
-        msg.max_wan_kbps = slo.max_wan_kbps
     return msg
 
 
