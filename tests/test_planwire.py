@@ -191,3 +191,16 @@ def test_a_function_that_cannot_be_pickled_is_refused_at_once() -> None:
                      .window(js.tumbling("10s")).agg(n=js.count()))
     with pytest.raises(PlanError, match="map locked: the function cannot travel to the sites"):
         query_to_proto(query)
+
+
+def test_a_site_refuses_a_fragment_whose_plan_it_cannot_read() -> None:
+    from jetstream.control.wire import assignment_from_proto
+    from jetstream.v1 import control_pb2
+
+    plan = query_to_proto(load_query(ROOT / "examples" / "cdn_topk.py"))
+    fragment = control_pb2.Fragment(query="cdn-topk", sources=["cdn_logs"],
+                                    spec=pb.QuerySpec(name="cdn-topk", plan=plan))
+    assert assignment_from_proto(fragment, "ams").fragment.query == "cdn-topk"
+    fragment.spec.plan.version = PLAN_VERSION + 1
+    with pytest.raises(PlanError, match=f"format version {PLAN_VERSION + 1}, newer"):
+        assignment_from_proto(fragment, "ams")
