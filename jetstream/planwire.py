@@ -258,7 +258,10 @@ def query_from_proto(msg: pb.QueryPlan, *, allow_code: bool = False) -> Query:
 def _apply(step: pb.PlanStep, inputs: list[Stream], tables: dict[str, Table],
            allow_code: bool) -> Stream:
     kind = step.WhichOneof("op")
-    wants = {"source": 0, "union": None}.get(kind or "", 1)
+    if kind is None:
+        msg = "a step of a kind this JetStream-py does not know (a newer plan?)"
+        raise PlanError(msg)
+    wants = {"source": 0, "union": None}.get(kind, 1)
     if wants is not None and len(inputs) != wants:
         msg = f"{kind} takes {wants} input(s), the plan gives {len(inputs)}"
         raise PlanError(msg)

@@ -153,6 +153,7 @@ def _forged(edit: Any) -> pb.QueryPlan:
     (lambda m: setattr(m.steps[1].where.compare, "op", "<>"), r"step 2: unknown operator '<>'"),
     (lambda m: m.steps[1].where.Clear(), "step 2: an expression of a kind"),
     (lambda m: m.steps[1].ClearField("op"), "step 2: a step of a kind"),
+    (lambda m: m.steps[0].ClearField("op"), "step 1: a step of a kind"),
     (lambda m: m.steps[2].inputs.__setitem__(0, 4), "step 3 reads a step that does not come"),
     (lambda m: setattr(m.steps[4].aggregate.aggregates[0], "function", "median"),
      r"agg requests: unknown aggregate 'median'"),
