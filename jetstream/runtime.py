@@ -214,8 +214,11 @@ class QueryRun:
 
     def __init__(self, site: str, assignment: Assignment, options: SiteOptions,
                  spark: Callable[[], Any], publish: Publish,
-                 store: CubeStore | None = None) -> None:
+                 store: CubeStore | None = None,
+                 on_failure: Callable[[], None] = lambda: None) -> None:
         fragment = assignment.fragment
+        #: Tells the controller of a failed stage now, before the stage's input ends.
+        self.on_failure = on_failure
         self.site, self.assignment, self.options = site, assignment, options
         self.query = distributed(query_from_bytes(assignment.spec, allow_code=True))
         self.partial = partial_aggregate(self.query)
@@ -358,8 +361,11 @@ class QueryRun:
             else:
                 self._run_live()
         except Exception as e:  # the stage is lost; the others go on without its records
-            self.failure = f"local stage of {self.name} at {self.site} failed: {e}"
+            self.failure = f"local stage of {self.name} at {self.site} failed: {_cause(e)}"
             log.exception(self.failure)
+            # The controller hears of it before the input ends here, so a finite run that
+            # then finishes is not taken for a whole one.
+            self.on_failure()
             # Results say how many sites they cover, so they show what is missing.
             self.progress(self.site, ENDED, ended=self.options.replay)
 
@@ -545,6 +551,9 @@ class SiteRuntime:
 
     def __init__(self, site: str, options: SiteOptions, publish: Publish) -> None:
         self.site, self.options, self.publish = site, options, publish
+        #: Reports the runs' failures (:meth:`failures`) to the controller now; the site's
+        #: daemon sets it to a heartbeat sent at once.
+        self.on_failure: Callable[[], None] = lambda: None
         # Three locks, so that nothing a heartbeat or the data plane needs waits for Spark:
         # _lock guards only the dict of runs (held for a lookup, never across a call);
         # _changing puts deploys and stops in order (a stop may wait for Spark to stop a
@@ -590,7 +599,7 @@ class SiteRuntime:
                     del self._runs[name]
                 old.stop()
             run = QueryRun(self.site, assignment, self.options, self.session, self._published,
-                           self._store())
+                           self._store(), on_failure=lambda: self.on_failure())
             with self._lock:
                 self._runs[name] = run
 
@@ -720,6 +729,15 @@ class SiteRuntime:
         run = self.run(report.query)
         if run is not None:
             run.progress(report.origin, report.watermark_ms, report.ended)
+
+
+def _cause(error: Exception) -> str:
+    """What went wrong, in a line: a Spark job's error carries the Python error that failed
+    it (a map's DataError, say) inside a long Java and Python stack trace."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    ours = [line for line in lines if line.startswith("jetstream.errors.")]
+    line = (ours or lines or [type(error).__name__])[-1 if ours else 0]
+    return line.removeprefix("jetstream.errors.")[:500]
 
 
 def partial_aggregate(query: Query) -> WindowAggregate:

@@ -155,6 +155,28 @@ def test_a_join_and_a_map_run_at_the_sites_as_in_the_reference(tmp_path: Path, h
         (r.window_start, r.rows) for r in want]
 
 
+def test_a_stage_that_fails_at_the_sites_fails_jetstream_run(tmp_path: Path) -> None:
+    """A map that raises on a record fails the sites' stages: `jetstream run` says so and
+    exits with an error, instead of writing results that lack those sites' records."""
+    path = tmp_path / "boom.py"
+    path.write_text(f"{HEADER}\n"
+                    "def boom(record):\n"
+                    "    if record['domain'] == 'site4.example.com':\n"
+                    "        raise ValueError('no site4')\n"
+                    "    return record\n\n"
+                    "query = js.Query('boom', logs.map(boom, name='boom')"
+                    ".window(js.tumbling('10s'), watermark='5s').agg(n=js.count()))\n")
+    out = tmp_path / "out.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-m", "jetstream", "run", "--topology", str(TOPOLOGY),
+         "--query", str(path), "--input", str(LOGS), "--output", str(out)],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode != 0, done.stderr
+    assert "query boom: the local stage failed at 3 site(s)" in done.stderr
+    assert "map boom: the function raised ValueError: no site4" in done.stderr
+    assert not out.exists()
+
+
 def test_live_sites_with_quiet_neighbours_still_close_their_windows(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Only ams has data, and it arrives as files while the query runs; sfo and sin stay

@@ -352,6 +352,8 @@ def run_site(name: str, controller_address: str, *, security: Security, port: in
 
     input_bytes = _InputMeter(options.input_dir)
     stop_here = _Stops(name)
+    beats = _Beats()
+    runtime.on_failure = lambda: beats.ask(CALL_TIMEOUT_S)
 
     def beat() -> None:
         interval, registered, backoff = 2.0, False, 0.5
@@ -360,6 +362,7 @@ def run_site(name: str, controller_address: str, *, security: Security, port: in
                 if not registered:
                     interval, registered = register(), True
                 local = servicer.controller
+                asked = beats.asked
                 running = local.running() if local else []
                 links = runtime.links()
                 response = controller.Heartbeat(pb.HeartbeatRequest(
@@ -369,6 +372,7 @@ def run_site(name: str, controller_address: str, *, security: Security, port: in
                     else [], failures=[pb.StageFailure(query=q, error=e)
                                        for q, e in runtime.failures().items()]),
                     timeout=CALL_TIMEOUT_S)
+                beats.sent(asked)
                 for query in set(running) - set(response.queries):
                     assert local is not None
                     stop_here(local, query)  # the controller no longer wants it here
@@ -381,7 +385,7 @@ def run_site(name: str, controller_address: str, *, security: Security, port: in
                 stop.wait(backoff)
                 backoff = min(backoff * 2, 10.0)
                 continue
-            stop.wait(interval)
+            beats.wait(interval)
 
     threading.Thread(target=beat, name="heartbeat", daemon=True).start()
     try:
@@ -392,6 +396,34 @@ def run_site(name: str, controller_address: str, *, security: Security, port: in
             local.close()  # waits for a stop under way (e.g. a cancel) before Spark stops
         else:
             runtime.close()
+
+
+class _Beats:
+    """Heartbeats asked for out of turn: :meth:`ask` wakes the heartbeat loop and waits
+    (at most ``timeout_s``) until a heartbeat that began after the ask has reached the
+    controller."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self.asked = 0  # asks so far; a heartbeat notes the count it began at
+        self._sent = 0  # the count the last heartbeat that got through began at
+
+    def ask(self, timeout_s: float) -> None:
+        with self._changed:
+            self.asked += 1
+            wanted = self.asked
+            self._changed.notify_all()
+            self._changed.wait_for(lambda: self._sent >= wanted, timeout_s)
+
+    def sent(self, asked: int) -> None:
+        with self._changed:
+            self._sent = max(self._sent, asked)
+            self._changed.notify_all()
+
+    def wait(self, interval_s: float) -> None:
+        """Until the next heartbeat is due, or one is asked for."""
+        with self._changed:
+            self._changed.wait_for(lambda: self.asked > self._sent, interval_s)
 
 
 #: Revisions a worker sends start at ``epoch * REVISION_EPOCH``: see SiteOptions.revision_base.
