@@ -14,7 +14,8 @@ import jetstream as js
 from jetstream import col
 from jetstream.errors import PlanError
 from jetstream.queryfile import load_query
-from jetstream.tables import MAX_TABLE_BYTES, Table
+from jetstream.rewrite.push_filters import MAX_PUSHED_KEYS
+from jetstream.tables import MAX_TABLE_BYTES, MAX_TABLE_ROWS, Table
 from tests.conftest import log
 
 LOGS = js.source("cdn_logs", schema=js.CDN_LOG_SCHEMA)
@@ -81,6 +82,23 @@ def test_a_table_too_big_to_travel_is_refused(tmp_path: Path) -> None:
         js.table("big", big, schema=SCHEMA)
     with pytest.raises(PlanError, match="cannot read"):
         js.table("gone", tmp_path / "gone.csv", schema=SCHEMA)
+
+
+def test_a_table_of_too_many_rows_is_refused() -> None:
+    rows = tuple({"domain": f"d{i}", "customer": "c", "tier": "gold", "weight": 1}
+                 for i in range(MAX_TABLE_ROWS + 1))
+    with pytest.raises(PlanError, match="100,001 rows, more than the 100,000"):
+        Table("big", SCHEMA, rows)
+
+
+def test_a_filter_that_too_many_table_rows_pass_stays_above_the_join() -> None:
+    rows = tuple({"domain": f"d{i}.com", "customer": "c", "tier": "gold", "weight": i}
+                 for i in range(MAX_PUSHED_KEYS + 1))
+    query = by_customer(LOGS.join(Table("many", SCHEMA, rows), on="domain")
+                        .where(col("tier") == "gold"))
+    assert ("stays above `inner join many on domain`: 1,001 table rows pass it, more than the "
+            "1,000 keys a filter below the join may list") in js.explain(query)
+    assert js.run_local(js.optimize(query), events()) == js.run_local(query, events())
 
 
 @pytest.mark.parametrize(("build", "error"), [
