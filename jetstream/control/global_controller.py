@@ -561,8 +561,9 @@ class GlobalController:
         """Run the query whose plan is ``spec`` (refused, with a PlanError, if it does not
         check out, carries code this controller does not allow, or cannot be placed)."""
         query = query_from_proto(spec, allow_code=self.allow_code)
-        partial_aggregate(distributed(query))  # refuse now what no site could run
-        check_stage(distributed(query))
+        split = distributed(query)  # refuse now what no site could run
+        partial_aggregate(split)
+        check_stage(split)
         with self.lock:
             existing = self.queries.get(query.name)
             if existing is not None and existing.active:

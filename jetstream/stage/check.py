@@ -69,9 +69,9 @@ def site_chain(query: Query) -> list[Operator]:
     return chain
 
 
-def check_stage(query: Query) -> None:
-    """Raise PlanError, naming the step, unless every site's stage can run ``query`` (an
-    optimized, distributed query)."""
+def check_stage(query: Query) -> list[Operator]:
+    """The part of ``query`` (an optimized, distributed query) a site's stage runs, as
+    :func:`site_chain` gives it; a PlanError, naming the step, unless the stage can run it."""
     chain = site_chain(query)
     if not any(isinstance(step, Window) for step in chain):
         msg = f"query {query.name}: the local stage needs a window before the aggregate"
@@ -84,3 +84,4 @@ def check_stage(query: Query) -> None:
     if chain[0].schema.event_time is None:
         msg = f"query {query.name}: source {chain[0].describe()} has no event time column"
         raise PlanError(msg)
+    return chain

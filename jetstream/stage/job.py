@@ -70,7 +70,7 @@ from jetstream.operators import (
 )
 from jetstream.schema import DataType, Schema
 from jetstream.stage.bookkeeping import Emit, OpenWindows
-from jetstream.stage.check import check_stage, site_chain
+from jetstream.stage.check import check_stage
 from jetstream.stage.compile import spark_schema, spark_type, to_column
 from jetstream.stage.forms import Input, float_parts, form_of, scaled_exponent, scaled_parts
 
@@ -127,8 +127,7 @@ class LocalStage:
                  checkpoint_dir: str | Path, quarantine_dir: str | Path, emit: Emit,
                  snapshot: Path | None = None, on_batch: OnBatch | None = None) -> None:
         self.name = query.name
-        check_stage(query)  # what the controller checked at submit, with the same words
-        chain = site_chain(query)
+        chain = check_stage(query)  # what the controller checked at submit, in its words
         source, partial = chain[0], chain[-1]
         assert isinstance(source, Source) and isinstance(partial, WindowAggregate)
         assert source.schema.event_time is not None
