@@ -101,19 +101,21 @@ class RunMetrics:
 
     def __init__(self, site: str, query: str) -> None:
         self.site, self.query, self.link = site, query, ""
-        # What the local stage had counted at its last micro-batch: records, late, malformed.
-        self._stage: tuple[int, int, Tally[str]] = (0, 0, Tally())
+        # What each local stage had counted at its last micro-batch: records, late, malformed.
+        self._stage: dict[str, tuple[int, int, Tally[str]]] = {}
 
-    def stage_batch(self, records_in: int, late: int, malformed: Tally[str],
+    def stage_batch(self, stage: str, records_in: int, late: int, malformed: Tally[str],
                     seconds: float) -> None:
-        """After a micro-batch: the stage's running totals, and how long the batch took."""
-        labels, (records_before, late_before, malformed_before) = self._labels, self._stage
+        """After a micro-batch of the local stage ``stage`` (its input's name): the stage's
+        running totals, and how long the batch took."""
+        labels = self._labels
+        records_before, late_before, malformed_before = self._stage.get(stage, (0, 0, Tally()))
         BATCH_DURATION.labels(*labels).observe(seconds)
         RECORDS_IN.labels(*labels).inc(records_in - records_before)
         RECORDS_LATE.labels(*labels).inc(late - late_before)
         for reason, count in (malformed - malformed_before).items():
             RECORDS_MALFORMED.labels(*labels, reason).inc(count)
-        self._stage = (records_in, late, malformed.copy())
+        self._stage[stage] = (records_in, late, malformed.copy())
 
     def handed_on(self, rows: int) -> None:
         RECORDS_OUT.labels(*self._labels).inc(rows)

@@ -55,6 +55,8 @@ from jetstream.planwire import query_from_bytes
 from jetstream.results import WindowResult
 from jetstream.rewrite import distributed
 from jetstream.router import Router, own_rows
+from jetstream.stage.check import check_stage, local_inputs, source_of
+from jetstream.stage.inputs import StageInput, source_folder
 from jetstream.transport import Connect, DataPlaneServicer, PartialSender
 from jetstream.uplink import LinkLevel, Uplink
 from jetstream.v1 import dataplane_pb2 as pb
@@ -63,7 +65,8 @@ if TYPE_CHECKING:
     from jetstream.stage.job import StageStats
 
 __all__ = ["DEFAULT_DEADLINE_S", "DEFAULT_SPARK_CONF", "Assignment", "LinkState", "QueryRun",
-           "SiteOptions", "SiteRuntime", "distributed", "partial_aggregate", "site_part"]
+           "SiteOptions", "SiteRuntime", "distributed", "merge_inputs", "partial_aggregate",
+           "site_part"]
 
 log = logging.getLogger(__name__)
 
@@ -249,21 +252,19 @@ class QueryRun:
                                    publish)
         self.uplink: Uplink | None = None
         self._link(assignment)
+        #: The local stages, one per chain of the query reading a source held here.
+        self.stages = self._stage_inputs(fragment.sources) if fragment.sources else []
         if self._inbox is not None:
             self._merge_inbox(self._inbox)
         self._stop = threading.Event()
-        self.stage: Any = None
         self.failure: str | None = None
         threading.Thread(target=self._pump, name=f"merge-{fragment.query}", daemon=True).start()
-        self._stage_thread: threading.Thread | None = None
         log.info("%s at %s: version %d merges %s%s; %s", self.name, site, assignment.version,
                  ", ".join(sorted(self.merger.inputs)) or "nothing",
                  " (its key partitions, on workers)" if assignment.workers else "",
                  f"sends to {fragment.parent}" if fragment.parent else "makes the results")
-        if fragment.sources:
-            self._stage_thread = threading.Thread(target=self._run_stage, args=(spark,),
-                                                  daemon=True, name=f"stage-{fragment.query}")
-            self._stage_thread.start()
+        for stage in self.stages:
+            stage.start(spark)
 
     @property
     def name(self) -> str:
@@ -274,8 +275,7 @@ class QueryRun:
         partitions run on workers, what the workers send back."""
         if assignment.workers:
             return {name for name, _ in assignment.workers}
-        fragment = assignment.fragment
-        return set(fragment.children) | ({self.site} if fragment.sources else set())
+        return set(merge_inputs(assignment.fragment, self.query))
 
     def _link(self, assignment: Assignment, carried: Sequence[PartialBatch] = ()) -> None:
         """The uplink to the assignment's parent (none at the root); ``carried``: what the
@@ -334,76 +334,45 @@ class QueryRun:
                  assignment.fragment.parent or "none")
         return True
 
-    # -- the local stage ----------------------------------------------------------------------
-    def _run_stage(self, spark: Callable[[], Any]) -> None:
-        folder = self.options.input_dir
-        if folder is None or not folder.is_dir():
-            log.warning("site %s has no input folder (%s): %s reads nothing here", self.site,
-                        folder, self.name)
-            # Nothing to wait for here: ended when replaying, idle for good when live.
-            self.progress(self.site, ENDED, ended=self.options.replay)
-            return
-        from jetstream.stage.job import LocalStage  # Spark loads only where a stage runs
-
+    # -- the local stages -------------------------------------------------------------------
+    def _stage_inputs(self, sources: Sequence[str]) -> list[StageInput]:
+        """A stage per chain of the query that reads a source held here (see
+        :mod:`jetstream.stage.inputs`); each is an input of the merge."""
+        named = local_inputs(self.site, check_stage(self.query), sources)
+        alone = len({source_of(chain).name for _, chain in named}) == 1
         state = self.options.state_dir / self.site / self.name
         if self.options.replay:  # a fresh checkpoint: replay the whole folder every time
             state = state / f"v{self.assignment.version}-{time.time_ns()}"
-        try:
-            self.stage = LocalStage(spark(), self.query, folder,
-                                    checkpoint_dir=state / "checkpoint",
-                                    quarantine_dir=state / "quarantine", emit=self._local,
-                                    snapshot=None if self.options.replay
-                                    else state / "stage.json", on_batch=self._stage_batch)
-            if self.options.replay:
-                self.stage.run_available()
-                self.progress(self.site, ENDED, ended=True)
-                log.info("%s: replayed %s: %s", self.site, folder, self.stage.stats)
-            else:
-                self._run_live()
-        except Exception as e:  # the stage is lost; the others go on without its records
-            self.failure = f"local stage of {self.name} at {self.site} failed: {_cause(e)}"
-            log.exception(self.failure)
-            # The controller hears of it before the input ends here, so a finite run that
-            # then finishes is not taken for a whole one.
-            self.on_failure()
-            # Results say how many sites they cover, so they show what is missing.
-            self.progress(self.site, ENDED, ended=self.options.replay)
+        return [StageInput(name, self.query, chain,
+                           source_folder(self.options.input_dir, source_of(chain).name, alone),
+                           state if name == self.site else state / name[len(self.site) + 1:-1],
+                           replay=self.options.replay, trigger_s=self.options.trigger_s,
+                           idle_s=self.options.idle_s, hand_on=self._local,
+                           progress=self.progress, on_batch=self._stage_batch,
+                           on_failure=self._stage_failed)
+                for name, chain in named]
 
-    def _run_live(self) -> None:
-        if self._stop.is_set():  # stopped while Spark started
-            return
-        stream = self.stage.start(self.options.trigger_s)
-        seen, quiet_since, idle = -1, time.monotonic(), False
-        while not self._stop.wait(TICK_S):
-            if not stream.isActive:
-                raise PlanError(f"the streaming query stopped: {stream.exception()}")
-            records, status = self.stage.stats.records_in, stream.status
-            if status.get("isTriggerActive") or status.get("isDataAvailable"):
-                quiet_since = time.monotonic()  # a micro-batch runs: not idle, only slow
-            if records != seen:
-                seen, quiet_since, idle = records, time.monotonic(), False
-            elif not idle and time.monotonic() - quiet_since >= self.options.idle_s:
-                self.stage.flush()  # idle: close what is open, hold no window back
-                self.progress(self.site, ENDED)
-                idle = True
-        self.stage.stop()
+    def _stage_failed(self, message: str) -> None:
+        """A stage is lost; the others go on without its records."""
+        log.error("%s", message)
+        if self.failure is None:
+            self.failure = message
+        # The controller hears of it before the input ends here, so a finite run that then
+        # finishes is not taken for a whole one.
+        self.on_failure()
 
-    def _stage_batch(self, stats: StageStats, seconds: float) -> None:
-        """After each micro-batch: its windows are in the merger, so its watermark may go
-        (before them, the merger would take a window for one this site had nothing in)."""
-        self.metrics.stage_batch(stats.records_in, stats.late_records, stats.malformed, seconds)
-        watermark = None if self.stage is None else self.stage.watermark
-        if not self.options.replay and watermark is not None:
-            self.progress(self.site, watermark)
+    def _stage_batch(self, origin: str, stats: StageStats, seconds: float) -> None:
+        self.metrics.stage_batch(origin, stats.records_in, stats.late_records, stats.malformed,
+                                 seconds)
 
-    def _local(self, window: tuple[int, int], rows: list[dict[str, Any]], events: int,
-               revision: int) -> None:
+    def _local(self, origin: str, window: tuple[int, int], rows: list[dict[str, Any]],
+               events: int, revision: int, received_ms: int) -> None:
         if self._inbox is not None and self._inbox.has_sent(INBOX, self.name, window,
-                                                            self.site, revision):
+                                                            origin, revision):
             return  # a restarted stage hands on again what it had handed on before
-        self.receive(PartialBatch(self.name, window, self.site, tuple(rows), events=events,
+        self.receive(PartialBatch(self.name, window, origin, tuple(rows), events=events,
                                   covers=frozenset({self.site}), revision=revision,
-                                  closed_at_ms=self.stage.received_ms))
+                                  closed_at_ms=received_ms))
 
     def receive(self, batch: PartialBatch) -> None:
         """Merge a batch: a child's (acked once this returns) or the local stage's. With a
@@ -535,10 +504,8 @@ class QueryRun:
         self._stop.set()
         self.merger.changed.set()
         self.asks.close()
-        if self.stage is not None:
-            self.stage.stop()
-        if self._stage_thread is not None and self._stage_thread is not threading.current_thread():
-            self._stage_thread.join(STOP_WAIT_S)
+        for stage in self.stages:
+            stage.stop(STOP_WAIT_S)
         if self.uplink is not None:
             self.uplink.close()
         if self.router is not None:
@@ -731,15 +698,6 @@ class SiteRuntime:
             run.progress(report.origin, report.watermark_ms, report.ended)
 
 
-def _cause(error: Exception) -> str:
-    """What went wrong, in a line: a Spark job's error carries the Python error that failed
-    it (a map's DataError, say) inside a long Java and Python stack trace."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    ours = [line for line in lines if line.startswith("jetstream.errors.")]
-    line = (ours or lines or [type(error).__name__])[-1 if ours else 0]
-    return line.removeprefix("jetstream.errors.")[:500]
-
-
 def partial_aggregate(query: Query) -> WindowAggregate:
     """The partial aggregate of an optimized query: what sites send each other."""
     plan = query.plan()
@@ -751,6 +709,13 @@ def partial_aggregate(query: Query) -> WindowAggregate:
     op = plan.op(partials[0])  # a source read twice has one partial per branch, all alike
     assert isinstance(op, WindowAggregate)
     return op
+
+
+def merge_inputs(fragment: Fragment, query: Query) -> list[str]:
+    """What a site's merge of ``query`` (the optimized query) takes in: its children in the
+    tree, and its own local stages (:func:`~jetstream.stage.check.local_inputs`)."""
+    own = local_inputs(fragment.site, check_stage(query), fragment.sources)
+    return sorted({*fragment.children, *(name for name, _ in own)})
 
 
 def site_part(query: Query) -> tuple[Query, WindowAggregate]:

@@ -198,9 +198,11 @@ def test_what_no_site_could_run_is_refused_at_submit_naming_the_step(
     register_all(controller)
     logs = js.source("cdn_logs", schema=js.CDN_LOG_SCHEMA)
     more = js.source("more_logs", schema=js.CDN_LOG_SCHEMA)
-    union = js.Query("u", logs.union(more).window(js.tumbling("10s")).agg(n=js.count()))
-    with pytest.raises(PlanError, match=r"query u: `union` does not run at the sites.*it "
-                                        r"reads cdn_logs, more_logs"):
+    windowed = [s.window(js.tumbling("10s")).group_by("pop").agg(n=js.count())
+                for s in (logs, more)]
+    union = js.Query("u", windowed[0].union(windowed[1]))
+    with pytest.raises(PlanError, match=r"query u: the local stage runs one partial aggregate, "
+                                        r"the plan has 2 .*union the raw streams, then window"):
         controller.submit(_plan_of_query(union))
     mapped = js.Query("m", logs.map(lambda r: r, name="same").window(js.tumbling("10s"))
                       .agg(n=js.count()))

@@ -156,15 +156,18 @@ def test_the_local_stage_counts_per_micro_batch(sites: TwoSites) -> None:
     before = (value("jetstream_records_in_total", **labels),
               value("jetstream_records_late_total", **labels),
               value("jetstream_stage_batch_duration_seconds_count", **labels))
-    # The stage's stats are running totals; the metrics take what each micro-batch added.
-    sites.run._stage_batch(StageStats(records_in=100, late_records=2, batches=1,
-                                      malformed=Counter({"wrong field count": 3})), 0.3)
-    sites.run._stage_batch(StageStats(records_in=150, late_records=2, batches=2,
-                                      malformed=Counter({"wrong field count": 3,
-                                                         "ill-typed field": 1})), 0.2)
-    assert value("jetstream_records_in_total", **labels) - before[0] == 150
-    assert value("jetstream_records_late_total", **labels) - before[1] == 2
-    assert value("jetstream_stage_batch_duration_seconds_count", **labels) - before[2] == 2
+    # The stage's stats are running totals; the metrics take what each micro-batch added,
+    # each stage's apart (a union's inputs have a stage each).
+    sites.run._stage_batch("edge", StageStats(records_in=100, late_records=2, batches=1,
+                                              malformed=Counter({"wrong field count": 3})), 0.3)
+    sites.run._stage_batch("edge", StageStats(records_in=150, late_records=2, batches=2,
+                                              malformed=Counter({"wrong field count": 3,
+                                                                 "ill-typed field": 1})), 0.2)
+    sites.run._stage_batch("edge[more]", StageStats(records_in=40, late_records=1, batches=1),
+                           0.1)
+    assert value("jetstream_records_in_total", **labels) - before[0] == 190
+    assert value("jetstream_records_late_total", **labels) - before[1] == 3
+    assert value("jetstream_stage_batch_duration_seconds_count", **labels) - before[2] == 3
     assert value("jetstream_records_malformed_total", **labels,
                  reason="wrong field count") >= 3
     assert value("jetstream_records_malformed_total", **labels, reason="ill-typed field") >= 1

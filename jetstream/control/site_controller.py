@@ -28,7 +28,9 @@ from jetstream.aggtree.topology import Server
 from jetstream.control.wire import fragment_to_proto
 from jetstream.control.workers import WorkerPool
 from jetstream.errors import ControlPlaneError
-from jetstream.runtime import Assignment, SiteRuntime
+from jetstream.planwire import query_from_bytes
+from jetstream.rewrite import distributed
+from jetstream.runtime import Assignment, SiteRuntime, merge_inputs
 from jetstream.uplink import LinkLevel
 from jetstream.v1 import control_pb2 as pb
 from jetstream.v1 import control_pb2_grpc as rpc
@@ -206,8 +208,9 @@ class SiteController:
         if self.workers is None or fragment.partitions <= 1 or not (
                 fragment.children or fragment.final):
             return dataclasses.replace(assignment, workers=())
-        inputs = tuple(sorted(set(fragment.children)
-                              | ({self.site} if fragment.sources else set())))
+        # The site's children and its local stages (one per input of a union held here).
+        query = distributed(query_from_bytes(assignment.spec, allow_code=True))
+        inputs = tuple(merge_inputs(fragment, query))
         workers = []
         for i, server in enumerate(self.servers[:fragment.partitions]):
             address = self.workers.address(server.name)

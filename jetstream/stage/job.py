@@ -55,6 +55,7 @@ from pyspark.sql.types import StringType, StructField, StructType
 
 from jetstream.approx.sketches import TopKItems
 from jetstream.dsl import Query
+from jetstream.errors import PlanError
 from jetstream.expr import Col, Expr
 from jetstream.local import map_record
 from jetstream.operators import (
@@ -70,7 +71,7 @@ from jetstream.operators import (
 )
 from jetstream.schema import DataType, Schema
 from jetstream.stage.bookkeeping import Emit, OpenWindows
-from jetstream.stage.check import check_stage
+from jetstream.stage.check import Chain, check_stage
 from jetstream.stage.compile import spark_schema, spark_type, to_column
 from jetstream.stage.forms import Input, float_parts, form_of, scaled_exponent, scaled_parts
 
@@ -120,14 +121,23 @@ class _Compiled:
 
 
 class LocalStage:
-    """One query's local stage at one site, over one input folder. ``emit`` gets each window
-    it hands on; ``on_batch``, if given, the stats after each micro-batch and its duration."""
+    """One query's local stage at one site, over one input folder: the chain of steps from
+    the query's source to its partial aggregate (``chain``, one of :func:`check_stage`'s, for
+    a query with several). ``emit`` gets each window it hands on; ``on_batch``, if given, the
+    stats after each micro-batch and its duration."""
 
     def __init__(self, spark: SparkSession, query: Query, input_dir: str | Path, *,
                  checkpoint_dir: str | Path, quarantine_dir: str | Path, emit: Emit,
-                 snapshot: Path | None = None, on_batch: OnBatch | None = None) -> None:
+                 snapshot: Path | None = None, on_batch: OnBatch | None = None,
+                 chain: Chain | None = None) -> None:
         self.name = query.name
-        chain = check_stage(query)  # what the controller checked at submit, in its words
+        if chain is None:  # the query's one chain, checked as the controller did at submit
+            chains = check_stage(query)
+            if len(chains) != 1:
+                msg = (f"query {query.name}: a site runs a stage per input of its union "
+                       f"({len(chains)}); give the stage one of them")
+                raise PlanError(msg)
+            chain = chains[0]
         source, partial = chain[0], chain[-1]
         assert isinstance(source, Source) and isinstance(partial, WindowAggregate)
         assert source.schema.event_time is not None

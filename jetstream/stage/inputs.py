@@ -1,0 +1,161 @@
+"""A query's local stages at a site, each an input of the site's merge.
+
+A site runs one local stage (:class:`~jetstream.stage.job.LocalStage`) per chain of the
+query that reads a source it holds (:func:`~jetstream.stage.check.local_inputs`): one for most
+queries, one per branch for a ``union``, each with a watermark of its own, as the reference
+executor gives each input stream its own. :class:`StageInput` is one of them: a thread that
+starts the stage, runs it (live, closing its windows when its input goes idle, or over what
+its folder holds now) and tells the run its windows, its progress and its failure under its
+input's name.
+
+Where a source's files are (:func:`source_folder`): in ``<input>/<source>/`` when the site's
+input folder has a folder of that name; otherwise, for a query that reads one source at the
+site, in the input folder itself. A site whose stages read two sources keeps each in its own
+folder (``<input>/cdn_logs/``, ``<input>/origin_logs/``); a source without one has no records
+at that site.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from jetstream.aggregator import ENDED
+from jetstream.dsl import Query
+from jetstream.errors import PlanError
+from jetstream.stage.check import Chain, source_of
+
+if TYPE_CHECKING:
+    from jetstream.stage.job import LocalStage, StageStats
+
+__all__ = ["StageInput", "source_folder"]
+
+log = logging.getLogger(__name__)
+
+#: How often a live stage's input is looked at (idle, stopped).
+TICK_S = 0.2
+# (input, window, rows, events, revision, received_ms): a window the stage hands on.
+HandOn = Callable[[str, tuple[int, int], list[dict[str, Any]], int, int, int], None]
+# (input, watermark, ended): how far the input has got.
+Progress = Callable[[str, int, bool], None]
+# (input, the stage's stats so far, seconds the micro-batch took).
+OnBatch = Callable[[str, "StageStats", float], None]
+
+
+def source_folder(input_dir: Path | None, source: str, alone: bool) -> Path | None:
+    """The folder a site's stage reads ``source`` from: ``input_dir/<source>`` if there is
+    one; else, when the site's stages of the query read no other source (``alone``), the
+    input folder itself; None where the site has no records of the source."""
+    if input_dir is None:
+        return None
+    own = input_dir / source
+    if own.is_dir():
+        return own
+    return input_dir if alone and input_dir.is_dir() else None
+
+
+class StageInput:
+    """One local stage of a query at a site, run on a thread of its own."""
+
+    def __init__(self, name: str, query: Query, chain: Chain, folder: Path | None,
+                 state: Path, *, replay: bool, trigger_s: float, idle_s: float,
+                 hand_on: HandOn, progress: Progress, on_batch: OnBatch,
+                 on_failure: Callable[[str], None]) -> None:
+        self.name, self.query, self.chain, self.folder = name, query, chain, folder
+        self.state, self.replay = state, replay
+        self.trigger_s, self.idle_s = trigger_s, idle_s
+        self._hand_on, self._progress, self._on_batch = hand_on, progress, on_batch
+        self._on_failure = on_failure
+        self.stage: LocalStage | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def source(self) -> str:
+        return source_of(self.chain).name
+
+    def start(self, spark: Callable[[], Any]) -> None:
+        self._thread = threading.Thread(target=self._run, args=(spark,), daemon=True,
+                                        name=f"stage-{self.query.name}-{self.name}")
+        self._thread.start()
+
+    def stop(self, wait_s: float) -> None:
+        """Stop the stream (a micro-batch under way ends first) and wait for the thread."""
+        self._stop.set()
+        if self.stage is not None:
+            self.stage.stop()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(wait_s)
+
+    def _run(self, spark: Callable[[], Any]) -> None:
+        if self.folder is None:
+            log.warning("%s has no folder of %s records: %s reads nothing of it there",
+                        self.name, self.source, self.query.name)
+            # Nothing to wait for here: ended when replaying, idle for good when live.
+            self._progress(self.name, ENDED, self.replay)
+            return
+        from jetstream.stage.job import LocalStage  # Spark loads only where a stage runs
+
+        try:
+            self.stage = LocalStage(spark(), self.query, self.folder, chain=self.chain,
+                                    checkpoint_dir=self.state / "checkpoint",
+                                    quarantine_dir=self.state / "quarantine",
+                                    emit=self._emit, on_batch=self._batch,
+                                    snapshot=None if self.replay
+                                    else self.state / "stage.json")
+            if self.replay:
+                self.stage.run_available()
+                self._progress(self.name, ENDED, True)
+                log.info("%s: replayed %s: %s", self.name, self.folder, self.stage.stats)
+            else:
+                self._run_live(self.stage)
+        except Exception as e:  # the stage is lost; the others go on without its records
+            self._on_failure(f"local stage of {self.query.name} at {self.name} failed: "
+                             f"{_cause(e)}")
+            # Results say how many sites they cover, so they show what is missing.
+            self._progress(self.name, ENDED, self.replay)
+
+    def _run_live(self, stage: LocalStage) -> None:
+        if self._stop.is_set():  # stopped while Spark started
+            return
+        stream = stage.start(self.trigger_s)
+        seen, quiet_since, idle = -1, time.monotonic(), False
+        while not self._stop.wait(TICK_S):
+            if not stream.isActive:
+                raise PlanError(f"the streaming query stopped: {stream.exception()}")
+            records, status = stage.stats.records_in, stream.status
+            if status.get("isTriggerActive") or status.get("isDataAvailable"):
+                quiet_since = time.monotonic()  # a micro-batch runs: not idle, only slow
+            if records != seen:
+                seen, quiet_since, idle = records, time.monotonic(), False
+            elif not idle and time.monotonic() - quiet_since >= self.idle_s:
+                stage.flush()  # idle: close what is open, hold no window back
+                self._progress(self.name, ENDED, False)
+                idle = True
+        stage.stop()
+
+    def _batch(self, stats: StageStats, seconds: float) -> None:
+        """After each micro-batch: its windows are in the merge, so its watermark may go
+        (before them, the merge would take a window for one this input had nothing in)."""
+        self._on_batch(self.name, stats, seconds)
+        watermark = None if self.stage is None else self.stage.watermark
+        if not self.replay and watermark is not None:
+            self._progress(self.name, watermark, False)
+
+    def _emit(self, window: tuple[int, int], rows: list[dict[str, Any]], events: int,
+              revision: int) -> None:
+        assert self.stage is not None, "a stage hands on windows only once it runs"
+        self._hand_on(self.name, window, rows, events, revision, self.stage.received_ms)
+
+
+def _cause(error: Exception) -> str:
+    """What went wrong, in a line: a Spark job's error carries the Python error that failed
+    it (a map's DataError, say) inside a long Java and Python stack trace."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    ours = [line for line in lines if line.startswith("jetstream.errors.")]
+    line = (ours or lines or [type(error).__name__])[-1 if ours else 0]
+    return line.removeprefix("jetstream.errors.")[:500]
