@@ -116,6 +116,11 @@ class Aggregate:
         """The largest relative error ``extract`` can have: 0.0 for exact aggregates."""
         return 0.0
 
+    def is_exact(self, acc: Any) -> bool:
+        """Whether ``extract(acc)`` is exact: an exact aggregate's partial stepped down to a
+        sketch on a thin link no longer is."""
+        return self.exact
+
     def __str__(self) -> str:
         return f"{self.name}({'' if self.expr is None else self.expr})"
 
@@ -279,7 +284,9 @@ class Avg(Sum):
 
 @dataclass(frozen=True, eq=False)
 class CountDistinct(Aggregate):
-    """The exact number of distinct values: holistic, its partial is the set of values."""
+    """The exact number of distinct values: holistic, its partial is the set of values — or,
+    once a thin link has stepped it down, an HLL sketch (:mod:`jetstream.approx.holistic`),
+    and the count an estimate with its ``error_bound``."""
 
     name: ClassVar[str] = "count_distinct"
     partial: ClassVar[str] = "the set of values"
@@ -294,25 +301,45 @@ class CountDistinct(Aggregate):
     def create(self) -> set[Any]:
         return set()
 
-    def add(self, acc: set[Any], value: Any) -> set[Any]:
-        acc.add(value)
+    def add(self, acc: Any, value: Any) -> Any:
+        if isinstance(acc, set):
+            acc.add(value)
+        else:
+            acc.update(value)
         return acc
 
-    def merge(self, acc: set[Any], other: set[Any]) -> set[Any]:
-        acc |= other
-        return acc
+    def merge(self, acc: Any, other: Any) -> Any:
+        if isinstance(acc, set) and isinstance(other, set):
+            acc |= other
+            return acc
+        return _holistic().merge_distinct(acc, other)
 
-    def extract(self, acc: set[Any]) -> int:
-        return len(acc)
+    def extract(self, acc: Any) -> int:
+        return len(acc) if isinstance(acc, set) else round(acc.get_estimate())
 
-    def encode(self, acc: set[Any]) -> list[Any]:
-        return list(acc)
+    def is_exact(self, acc: Any) -> bool:
+        return isinstance(acc, set)
 
-    def decode(self, data: Any) -> set[Any]:
+    def error_bound(self, acc: Any) -> float:
+        return 0.0 if isinstance(acc, set) else _holistic().distinct_error(acc)
+
+    def encode(self, acc: Any) -> Any:
+        return list(acc) if isinstance(acc, set) else _holistic().encode(acc)
+
+    def decode(self, data: Any) -> Any:
+        if isinstance(data, dict):
+            return _holistic().decode(self.name, data)
         if not isinstance(data, list):
             msg = f"{self.name}: not a list of values: {data!r:.80}"
             raise ValueError(msg)
         return set(data)
+
+
+def _holistic() -> Any:
+    """:mod:`jetstream.approx.holistic`, imported where a partial was stepped down."""
+    from jetstream.approx import holistic
+
+    return holistic
 
 
 def check_int(value: int, low: int, high: int, what: str) -> None:
@@ -340,7 +367,9 @@ class Quantile(Aggregate):
     """The exact ``q``-quantile by nearest rank: the smallest value with rank >= q.
 
     That is the ``inclusive`` definition DataSketches' KLL uses, so approximate and exact
-    quantiles answer the same question. Holistic: its partial is every value.
+    quantiles answer the same question. Holistic: its partial is every value — or, once a
+    thin link has stepped it down, a KLL sketch (:mod:`jetstream.approx.holistic`), and the
+    quantile one within the sketch's rank error (its ``error_bound``).
     """
 
     q: float = 0.5
@@ -357,26 +386,44 @@ class Quantile(Aggregate):
     def create(self) -> list[Any]:
         return []
 
-    def add(self, acc: list[Any], value: Any) -> list[Any]:
-        acc.append(value)
+    def add(self, acc: Any, value: Any) -> Any:
+        if isinstance(acc, list):
+            acc.append(value)
+        else:
+            acc = _holistic().merge_quantile(acc, [value])
         return acc
 
-    def merge(self, acc: list[Any], other: list[Any]) -> list[Any]:
-        acc.extend(other)
-        return acc
+    def merge(self, acc: Any, other: Any) -> Any:
+        if isinstance(acc, list) and isinstance(other, list):
+            acc.extend(other)
+            return acc
+        return _holistic().merge_quantile(acc, other)
 
-    def decode(self, data: Any) -> list[Any]:
+    def encode(self, acc: Any) -> Any:
+        return acc if isinstance(acc, list) else _holistic().encode(acc)
+
+    def decode(self, data: Any) -> Any:
+        if isinstance(data, dict):
+            return _holistic().decode(self.name, data)
         if not isinstance(data, list):
             msg = f"{self.name}: not a list of values: {data!r:.80}"
             raise ValueError(msg)
         return data
 
-    def extract(self, acc: list[Any]) -> Any:
+    def extract(self, acc: Any) -> Any:
+        if not isinstance(acc, list):
+            return _holistic().quantile_of(acc, self.q)
         if not acc:
             return None
         ordered = sorted(acc)
         rank = max(math.ceil(self.q * len(ordered)), 1)
         return ordered[rank - 1]
+
+    def is_exact(self, acc: Any) -> bool:
+        return self.error_bound(acc) == 0.0
+
+    def error_bound(self, acc: Any) -> float:
+        return 0.0 if isinstance(acc, list) else _holistic().quantile_error(acc)
 
     def __str__(self) -> str:
         return f"{self.name}({self.expr}, {self.q})"

@@ -255,6 +255,7 @@ def _output(op: WindowAggregate, groups: Mapping[tuple[WindowBounds, tuple[Any, 
             if op.phase.extracts:
                 row[name] = agg.extract(acc)
                 batch.error_bound = max(batch.error_bound, agg.error_bound(acc))
+                batch.exact = batch.exact and agg.is_exact(acc)
             else:
                 row[name] = agg.compact(acc)
         batch.rows.append(row)

@@ -27,7 +27,7 @@ import grpc
 
 from jetstream import metrics
 from jetstream.aggregator import MergedWindow
-from jetstream.approx.levels import Ranking, degrade, levels_for
+from jetstream.approx.levels import Ranking, ladder
 from jetstream.approx.policy import LinkPolicy
 from jetstream.asks import ROUND_REVISIONS, Answerer, ask_from_proto
 from jetstream.cubes import CubeStore
@@ -93,6 +93,7 @@ class Uplink:
         self._measuring = threading.Lock()  # the policy hears one ack at a time
         self.policy: LinkPolicy | None = None
         self._top_k = ranking if top_k_only else None
+        self.ladder = ladder(ranking, partial)  # the link's levels, and what each sends
         self.local = options.worker  # to its own site: no policy, no compression
         self.revision_base = options.revision_base
         if not (options.replay or options.worker):
@@ -100,7 +101,7 @@ class Uplink:
             plan = query.plan()
             window = plan.window_of(plan.partial_aggregates()[0])
             assert window is not None, "the DSL windows every aggregate"
-            self.policy = LinkPolicy(levels_for(ranking), slo=query.slo,
+            self.policy = LinkPolicy(self.ladder.levels, slo=query.slo,
                                      window_s=window.spec.every_ms / 1000,
                                      min_interval_s=options.level_interval_s)
         # Held by query, not by parent: a re-planned parent gets what the last one lacks.
@@ -391,12 +392,12 @@ class Uplink:
                          tuple(lv.name for lv in self.policy.levels))
 
     def _degraded(self, batch: PartialBatch, merged: MergedWindow) -> PartialBatch:
-        """The batch at the link's current level: truncated to its top keys, or a sketch of
-        them, with bounds."""
-        if self.policy is None or self.ranking is None:
+        """The batch at the link's current level: its distinct counts and quantiles as
+        sketches, truncated to its top keys, or a sketch of them, with bounds."""
+        if self.policy is None or self.policy.level.index == 0:
             return batch
         level = self.policy.level
-        return summarised(batch, degrade(merged.bounded, self.partial, self.ranking, level),
+        return summarised(batch, self.ladder.degrade(merged.bounded, self.partial, level),
                           level.index)
 
     def _warnings(self, merged: MergedWindow) -> tuple[str, ...]:

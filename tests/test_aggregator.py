@@ -5,16 +5,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import networkx as nx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jetstream as js
 from jetstream.aggregator import MergedWindow, WindowMerger
 from jetstream.local import finish_from_partials
-from jetstream.operators import Phase, TopK, WindowAggregate
+from jetstream.operators import TopK, WindowAggregate
 from jetstream.partials import PartialBatch, decode_batch, encode_batch
-from jetstream.plan import LogicalPlan
+from jetstream.runtime import distributed, site_part
 from tests.conftest import log
 
 LOGS = js.source("cdn_logs", schema=js.CDN_LOG_SCHEMA)
@@ -22,15 +21,11 @@ SITES = ("ams", "sfo", "sin")
 
 
 def split(query: js.Query) -> tuple[js.Query, js.Query, WindowAggregate]:
-    """The optimized query, the part each site runs (up to its partial), and that partial."""
-    optimized = js.optimize(query)
-    plan = optimized.plan()
-    node = next(n for n in plan.topological() if isinstance(plan.op(n), WindowAggregate)
-                and plan.op(n).phase is Phase.PARTIAL)  # type: ignore[attr-defined]
-    graph = plan.graph.subgraph(nx.ancestors(plan.graph, node) | {node}).copy()
-    partial = plan.op(node)
-    assert isinstance(partial, WindowAggregate)
-    return optimized, js.Query("site", js.Stream(LogicalPlan(graph, node))), partial
+    """The query as the sites run it, the part each site runs (up to its partial), and that
+    partial."""
+    optimized = distributed(query)
+    site, partial = site_part(optimized)
+    return optimized, site, partial
 
 
 def site_batches(site_query: js.Query, partial: WindowAggregate, site: str,

@@ -194,6 +194,43 @@ def test_a_thin_link_degrades_with_bounds_that_hold_and_recovers() -> None:
         assert result.error_bound is not None and result.error_bound >= 0
 
 
+HOLISTIC = """
+import jetstream as js
+logs = js.source('cdn_logs', schema=js.CDN_LOG_SCHEMA)
+query = js.Query('thin', logs.window(js.tumbling('1s'), watermark='0s')
+                 .agg(clients=js.count_distinct('client_ip'), p90=js.quantile('latency_ms', 0.9)))
+"""
+
+
+def test_a_thin_link_steps_distinct_counts_and_quantiles_down_to_sketches() -> None:
+    """An exact distinct count and quantile carry every value; on a thin link they go as HLL
+    and KLL sketches, and each result says so and keeps within its bound."""
+    query = query_from_source(HOLISTIC, "<test>")
+    rnd = random.Random(11)
+    events = [[log(w * 1000 + i % 1000, client_ip=f"10.{rnd.randrange(4)}.{rnd.randrange(256)}"
+                   f".{rnd.randrange(256)}", latency_ms=round(rnd.expovariate(1 / 40), 2))
+               for i in range(3000)] for w in range(12)]
+    results, levels, policy = through_thin_link(HOLISTIC, events, range(2, 12))
+    history = [(c.from_level.name, c.to_level.name, c.reason[:40]) for c in policy.history]
+    assert max(levels[2:2 + REACTION]) > 0, (levels, history)
+    assert policy.levels[1].name == "HLL 2^12, KLL k=200"
+    latest = {r.window_start: r for r in results}
+    assert len(latest) == len(events)
+    assert any(not r.exact for r in latest.values()), history
+    for start, result in latest.items():
+        (truth,) = js.run_local(query, events[start // 1000])
+        if result.exact:
+            assert result.rows == truth.rows
+            continue
+        (row,), (want,), bound = result.rows, truth.rows, result.error_bound
+        assert 0 < bound < 0.1
+        assert abs(row["clients"] - want["clients"]) <= bound * row["clients"] + 1, (row, want)
+        latencies = [e["latency_ms"] for e in events[start // 1000]]
+        below, at_most = sum(x < row["p90"] for x in latencies), sum(
+            x <= row["p90"] for x in latencies)
+        assert at_most / len(latencies) >= 0.9 - bound and below / len(latencies) <= 0.9 + bound
+
+
 def test_a_busy_receiver_and_bursts_of_windows_leave_a_fast_link_exact() -> None:
     # Loopback, but the root takes a quarter of a window over every message, and the edge's
     # stage hands on three windows at once: acks come late and windows wait unacknowledged,

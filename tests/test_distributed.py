@@ -171,7 +171,8 @@ def test_a_union_runs_a_stage_per_input_at_the_sites_as_in_the_reference(
     folder, ``<input>/<source>/``), sfo only cdn_logs; each site runs a stage per input of the
     union it holds, and the answer is the reference's."""
     topology = tmp_path / "two-sources.yaml"
-    extra = "      - {name: origin_logs, events_per_s: 50, bytes_per_event: 110, distinct_keys: 50}\n"
+    extra = ("      - {name: origin_logs, events_per_s: 50, bytes_per_event: 110, "
+             "distinct_keys: 50}\n")
     text, sites = TOPOLOGY.read_text().split("  - name: "), []
     for part in text[1:]:
         if part.startswith(("ams", "sin")):

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import jetstream as js
+from jetstream.approx.holistic import SketchSize
 from jetstream.approx.items import ItemsSketch
-from jetstream.approx.levels import Encoding, Ranking, degrade, encoding, levels_for, ranking
+from jetstream.approx.levels import Encoding, Ranking, ladder, ranking
 from jetstream.approx.policy import LinkPolicy
 from jetstream.approx.truncate import exact_partial
 from jetstream.runtime import distributed, partial_aggregate
@@ -27,27 +28,52 @@ def test_a_top_k_by_a_count_or_sum_can_degrade() -> None:
     assert ranking(query(GROUPED.agg(n=js.count()))) is None
 
 
+def names(rank: Ranking | None, top: js.Query | None = None) -> list[str]:
+    return [lv.name for lv in ladder(rank, partial_aggregate(top) if top else None).levels]
+
+
 def test_the_ladder_goes_from_exact_to_truncations_to_sketches() -> None:
-    levels = levels_for(Ranking(10, "n"))
+    steps = ladder(Ranking(10, "n"))
+    levels = steps.levels
     assert [lv.name for lv in levels] == ["exact", "top 320", "top 80", "top 20",
                                           "sketch of 24", "sketch of 12"]
-    assert encoding(levels[1], Ranking(10, "n")) == Encoding(keep=320)
-    assert encoding(levels[4], Ranking(10, "n")) == Encoding(lg_max_k=5)
+    assert steps.encoding(levels[1]) == Encoding(keep=320)
+    assert steps.encoding(levels[4]) == Encoding(lg_max_k=5)
     LinkPolicy(levels, window_s=1.0)  # heaviest to lightest, exact to coarsest
     # Float sums are not countable by a sketch; small k leaves no sketch lighter than top 2k.
-    assert [lv.name for lv in levels_for(Ranking(10, "kb", integral=False))][-1] == "top 20"
-    assert [lv.name for lv in levels_for(Ranking(3, "n"))][-1] == "top 6"
-    assert [lv.name for lv in levels_for(None)] == ["exact"]
+    assert names(Ranking(10, "kb", integral=False))[-1] == "top 20"
+    assert names(Ranking(3, "n"))[-1] == "top 6"
+    assert names(None) == ["exact"]
+
+
+def test_exact_distinct_counts_and_quantiles_step_down_to_hll_and_kll() -> None:
+    distinct = query(GROUPED.agg(users=js.count_distinct("client_ip")))
+    assert names(None, distinct) == ["exact", "HLL 2^12", "HLL 2^10"]
+    slowest = query(GROUPED.agg(p90=js.quantile("latency_ms", 0.9)))
+    assert names(None, slowest) == ["exact", "KLL k=200", "KLL k=64"]
+    both = query(GROUPED.agg(n=js.count(), users=js.count_distinct("client_ip"),
+                             p90=js.quantile("latency_ms", 0.9)).top_k(10, by="n"))
+    steps = ladder(ranking(both), partial_aggregate(both))
+    assert [lv.name for lv in steps.levels] == [
+        "exact", "HLL 2^12, KLL k=200", "top 320, HLL 2^12, KLL k=200",
+        "top 80, HLL 2^12, KLL k=200", "top 20, HLL 2^12, KLL k=200"]  # no items sketch
+    # weighs less than 20 sketched rows
+    assert steps.encoding(steps.levels[2]) == Encoding(keep=320, sketch=SketchSize(12, 200))
+    for levels in (steps.levels, ladder(None, partial_aggregate(distinct)).levels):
+        LinkPolicy(levels, window_s=1.0)  # heaviest to lightest, exact to coarsest
+    # Nominal errors: HLL's at three standard deviations, KLL's rank error.
+    assert [round(lv.error_bound, 3) for lv in steps.levels[:3]] == [0.0, 0.049, 0.049]
 
 
 def test_degrade_ships_what_the_level_says() -> None:
     top = query(GROUPED.agg(n=js.count()).top_k(10, by="n"))
     aggregate, rank = partial_aggregate(top), ranking(top)
     rows = exact_partial([{"domain": f"d{i}", "n": 1000 - i} for i in range(500)])
-    levels = levels_for(rank)
-    assert degrade(rows, aggregate, rank, levels[0]) is rows
-    cut = degrade(rows, aggregate, rank, levels[2])
+    steps = ladder(rank, aggregate)
+    levels = steps.levels
+    assert steps.degrade(rows, aggregate, levels[0]) is rows
+    cut = steps.degrade(rows, aggregate, levels[2])
     assert not isinstance(cut, ItemsSketch) and len(cut.rows) == 80 and cut.truncated
-    sketch = degrade(rows, aggregate, rank, levels[4])
+    sketch = steps.degrade(rows, aggregate, levels[4])
     assert isinstance(sketch, ItemsSketch)
     assert 0 < sketch.sketch.num_active_items <= 24

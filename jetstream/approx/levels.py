@@ -6,7 +6,11 @@ ranking value and states a bound on the rest (:mod:`jetstream.approx.truncate`).
 when the ranking value is an integer, come frequent-items sketches of shrinking size
 (:mod:`jetstream.approx.items`): they keep only the ranking value, with a looser bound, and
 weigh less per key. The root then reports each row with its lower and upper bound and
-whether it is certainly in the top-k. A query without such a top-k has only the exact level.
+whether it is certainly in the top-k.
+
+A query with exact distinct counts or quantiles steps down first to HLL and KLL sketches of
+them (:mod:`jetstream.approx.holistic`): two sizes without a top-k, the finer one (and its
+truncations) with one. A query with neither has only the exact level.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import math
 from dataclasses import dataclass
 
 from jetstream.aggregates import Avg, Count, Sum
+from jetstream.approx.holistic import SketchSize, holistic, sketched
 from jetstream.approx.items import MIN_LG_MAX_K, ItemsSketch, to_items
 from jetstream.approx.policy import DegradationLevel, degradation_ladder
 from jetstream.approx.sketches import datasketches
@@ -24,12 +29,12 @@ from jetstream.operators import Phase, TopK, WindowAggregate
 from jetstream.schema import DataType
 
 __all__ = [
+    "HOLISTIC_SIZES",
     "TRUNCATION_FACTORS",
     "Encoding",
+    "Ladder",
     "Ranking",
-    "degrade",
-    "encoding",
-    "levels_for",
+    "ladder",
     "ranking",
 ]
 
@@ -60,10 +65,12 @@ class Ranking:
 @dataclass(frozen=True)
 class Encoding:
     """How a window goes over the wire at one level: every row (``keep`` and ``lg_max_k``
-    None), the top ``keep`` rows, or a frequent-items sketch of ``2**lg_max_k`` items."""
+    None), the top ``keep`` rows, or a frequent-items sketch of ``2**lg_max_k`` items; with
+    ``sketch``, the rows' exact distinct counts and quantiles as sketches of that size."""
 
     keep: int | None = None
     lg_max_k: int | None = None
+    sketch: SketchSize | None = None
 
 
 def ranking(query: Query) -> Ranking | None:
@@ -84,48 +91,80 @@ def ranking(query: Query) -> Ranking | None:
     return None
 
 
-def levels_for(rank: Ranking | None) -> tuple[DegradationLevel, ...]:
-    """Exact first, then truncation to ``factor * k`` keys for each factor, then (integer
-    rankings only) frequent-items sketches, coarser down."""
-    if rank is None:
-        return degradation_ladder([("exact", 1.0, 0.0)])
-    exact = max(EXACT_ROWS_GUESS * rank.k, TRUNCATION_FACTORS[0] * rank.k * 2)
-    epsilon = datasketches().frequent_strings_sketch.get_epsilon_for_lg_size
-    sketches = [(f"sketch of {_capacity(lg)}", SKETCH_ITEM_WEIGHT * _capacity(lg),
-                 max(NOMINAL_ERRORS[-1], epsilon(lg)))
-                for lg in _sketch_sizes(rank)]
-    return degradation_ladder([("exact", float(exact), 0.0)] + [
-        (f"top {factor * rank.k}", float(factor * rank.k), error)
-        for factor, error in zip(TRUNCATION_FACTORS, NOMINAL_ERRORS, strict=True)] + sketches)
+#: The sketch levels of exact distinct counts and quantiles (:mod:`jetstream.approx.holistic`),
+#: finer to coarser, and what a window is taken to weigh at each against its exact partial
+#: (the policy learns the real bytes from the windows it sees). A query with a top-k steps
+#: down to the first, then truncates the sketched rows.
+HOLISTIC_SIZES = (SketchSize(lg_k=12, k=200), SketchSize(lg_k=10, k=64))
+HOLISTIC_WEIGHTS = (0.25, 0.1)
 
 
-def encoding(level: DegradationLevel, rank: Ranking | None) -> Encoding:
-    """What a window keeps at ``level`` of :func:`levels_for`."""
-    if level.index == 0 or rank is None:
-        return Encoding()
-    if level.index <= len(TRUNCATION_FACTORS):
-        return Encoding(keep=TRUNCATION_FACTORS[level.index - 1] * rank.k)
-    return Encoding(lg_max_k=_sketch_sizes(rank)[level.index - len(TRUNCATION_FACTORS) - 1])
+@dataclass(frozen=True)
+class Ladder:
+    """A query's degradation levels, most accurate first, and what a window keeps at each
+    (see :func:`ladder`)."""
 
+    rank: Ranking | None
+    levels: tuple[DegradationLevel, ...]
+    encodings: tuple[Encoding, ...]
 
-def degrade(partial: BoundedPartial, aggregate: WindowAggregate, rank: Ranking | None,
-            level: DegradationLevel) -> BoundedPartial | ItemsSketch:
-    """A window's partial as ``level`` ships it: unchanged, truncated, or sketched."""
-    how = encoding(level, rank)
-    if rank is None or (how.keep is None and how.lg_max_k is None):
+    def encoding(self, level: DegradationLevel) -> Encoding:
+        return self.encodings[level.index]
+
+    def degrade(self, partial: BoundedPartial, aggregate: WindowAggregate,
+                level: DegradationLevel) -> BoundedPartial | ItemsSketch:
+        """A window's partial as ``level`` ships it: unchanged, its holistic aggregates
+        sketched, truncated, or a frequent-items sketch of its keys."""
+        how = self.encodings[level.index]
+        if how.lg_max_k is not None:
+            assert self.rank is not None, "only a top-k has frequent-items levels"
+            return to_items(partial, aggregate, self.rank.by, how.lg_max_k)
+        if how.keep is not None:
+            assert self.rank is not None, "only a top-k has truncated levels"
+            partial = truncate(partial, aggregate, self.rank.by, how.keep)
+        if how.sketch is not None:
+            partial = sketched(partial, aggregate, how.sketch)
         return partial
-    if how.lg_max_k is not None:
-        return to_items(partial, aggregate, rank.by, how.lg_max_k)
-    assert how.keep is not None
-    return truncate(partial, aggregate, rank.by, how.keep)
 
 
-def _sketch_sizes(rank: Ranking) -> list[int]:
+def ladder(rank: Ranking | None, aggregate: WindowAggregate | None = None) -> Ladder:
+    """The levels of a query whose final top-k is ``rank`` (None: it has none) and whose
+    partial aggregate is ``aggregate``: exact first; HLL and KLL sketches of its exact
+    distinct counts and quantiles, if it has any; for a top-k, truncation to ``factor * k``
+    keys for each factor (of sketched rows, if any), then, for an integer ranking, frequent-
+    items sketches of shrinking size."""
+    kinds = holistic(aggregate) if aggregate is not None else set()
+    exact = 1.0 if rank is None else float(max(EXACT_ROWS_GUESS * rank.k,
+                                               TRUNCATION_FACTORS[0] * rank.k * 2))
+    steps: list[tuple[str, float, float, Encoding]] = [("exact", exact, 0.0, Encoding())]
+    sketch, row_weight, floor = None, 1.0, 0.0
+    if kinds:
+        sizes = zip(HOLISTIC_SIZES if rank is None else HOLISTIC_SIZES[:1], HOLISTIC_WEIGHTS,
+                    strict=False)
+        steps += [(size.label(kinds), exact * weight, size.error(kinds), Encoding(sketch=size))
+                  for size, weight in sizes]
+        sketch, row_weight = HOLISTIC_SIZES[0], HOLISTIC_WEIGHTS[0]
+        floor = sketch.error(kinds)
+    if rank is not None:
+        also = f", {sketch.label(kinds)}" if sketch is not None else ""
+        steps += [(f"top {factor * rank.k}{also}", factor * rank.k * row_weight,
+                   max(error, floor), Encoding(keep=factor * rank.k, sketch=sketch))
+                  for factor, error in zip(TRUNCATION_FACTORS, NOMINAL_ERRORS, strict=True)]
+        epsilon = datasketches().frequent_strings_sketch.get_epsilon_for_lg_size
+        steps += [(f"sketch of {_capacity(lg)}", SKETCH_ITEM_WEIGHT * _capacity(lg),
+                   max(NOMINAL_ERRORS[-1], floor, epsilon(lg)), Encoding(lg_max_k=lg))
+                  for lg in _sketch_sizes(rank, row_weight)]
+    return Ladder(rank, degradation_ladder((name, size, error) for name, size, error, _ in steps),
+                  tuple(how for *_, how in steps))
+
+
+def _sketch_sizes(rank: Ranking, row_weight: float = 1.0) -> list[int]:
     """Sketch sizes, halving from one that holds the coarsest truncation's keys, that weigh
-    less than that truncation (none for small k, nor for a ranking that is not an integer)."""
+    less than that truncation (none for small k, nor for a ranking that is not an integer);
+    ``row_weight``: what a truncated row weighs against an exact one."""
     if not rank.integral:
         return []
-    rows = TRUNCATION_FACTORS[-1] * rank.k
+    rows = TRUNCATION_FACTORS[-1] * rank.k * row_weight
     largest = math.ceil(math.log2(rows / 0.75))
     fits = [lg for lg in range(largest, MIN_LG_MAX_K - 1, -1)
             if SKETCH_ITEM_WEIGHT * _capacity(lg) < rows]

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     import datasketches as ds
 
 __all__ = ["ApproxCountDistinct", "ApproxQuantile", "TopKItems", "check_frequent_strings",
-           "check_hll", "check_kll_doubles"]
+           "check_hll", "check_kll_doubles", "datasketches", "hll_error"]
 
 def datasketches() -> Any:
     """The datasketches module, imported when a sketch is first needed: it loads numpy
@@ -117,12 +117,17 @@ class ApproxCountDistinct(_Sketch):
         return round(acc.get_estimate())
 
     def error_bound(self, acc: ds.hll_sketch) -> float:
-        estimate = acc.get_estimate()
-        if estimate == 0:
-            return 0.0
-        spread = max(acc.get_upper_bound(_HLL_STD_DEVS) - estimate,
-                     estimate - acc.get_lower_bound(_HLL_STD_DEVS))
-        return float(spread / estimate)
+        return hll_error(acc)
+
+
+def hll_error(acc: ds.hll_sketch) -> float:
+    """An HLL estimate's relative error, at three standard deviations."""
+    estimate = acc.get_estimate()
+    if estimate == 0:
+        return 0.0
+    spread = max(acc.get_upper_bound(_HLL_STD_DEVS) - estimate,
+                 estimate - acc.get_lower_bound(_HLL_STD_DEVS))
+    return float(spread / estimate)
 
 
 @dataclass(frozen=True, eq=False)

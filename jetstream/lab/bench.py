@@ -24,7 +24,7 @@ import yaml
 
 from jetstream.aggregator import WindowMerger
 from jetstream.aggtree.loader import load_topology
-from jetstream.approx.levels import Ranking, degrade, levels_for, ranking
+from jetstream.approx.levels import Ranking, ladder, ranking
 from jetstream.approx.policy import DegradationLevel
 from jetstream.approx.truncate import TopKBounds, exact_partial, top_k_bounds, truncate
 from jetstream.control.launch import LocalCluster, replay
@@ -152,7 +152,8 @@ def through_levels(partial: WindowAggregate, rank: Ranking, sent: Sequence[list[
     dict for every window of a run)."""
     window = (0, 1)
     origins = [f"site{i}" for i in range(len(sent))]
-    for level in levels_for(rank):
+    levels = ladder(rank, partial)
+    for level in levels.levels:
         merger = WindowMerger(partial, [*origins, *(["root"] if local is not None else [])],
                               deadline_s=0)
         if local is not None:
@@ -161,7 +162,7 @@ def through_levels(partial: WindowAggregate, rank: Ranking, sent: Sequence[list[
         for origin, rows in zip(origins, sent, strict=True):
             message = encode_batch(summarised(
                 PartialBatch("bench", window, origin, ()),
-                degrade(exact_partial(rows), partial, rank, level), level.index), partial)
+                levels.degrade(exact_partial(rows), partial, level), level.index), partial)
             keys = None
             if dictionaries is not None:
                 coder, keys = dictionaries.setdefault((level.name, origin),
