@@ -132,11 +132,17 @@ def test_a_query_is_placed_planned_around_a_dead_site_and_cancelled(cluster: Clu
     assert sorted(sites(up)) == list(SITES)
     assert all(site["address"].startswith("127.0.0.1:") for site in up["sites"])
 
-    submitted = cluster.ok("submit", str(EXAMPLE))
+    # The query file counts its runs: `submit` runs it once, the controller and sites never.
+    counted = cluster.logs / "cdn_topk.py"
+    counted.write_text("from pathlib import Path\n"
+                       "with open(Path(__file__).parent / 'runs.txt', 'a') as runs:\n"
+                       "    runs.write('ran\\n')\n" + EXAMPLE.read_text())
+    submitted = cluster.ok("submit", str(counted))
     assert submitted.startswith(f"submitted {QUERY}\nphysical plan on local-3dc (root ams)")
 
     placed = cluster.wait_for("placements on every site", lambda s: all(
         pieces(s, site) == expected for site, expected in EXPECTED_PIECES.items()))
+    assert (cluster.logs / "runs.txt").read_text() == "ran\n"
     running = query(placed)
     assert (running["state"], running["replans"]) == ("running", 0)
     assert running["parents"] == {"sfo": "ams", "sin": "ams"}
