@@ -35,6 +35,8 @@ from jetstream.results import WindowResult, write_json_lines
 from jetstream.rewrite import explain
 from jetstream.runtime import SiteOptions
 from jetstream.units import parse_bandwidth
+from jetstream.windows import parse_duration
+from jetstream.wire import result_from_proto
 
 __all__ = ["main"]
 
@@ -136,6 +138,44 @@ def _submit(args: argparse.Namespace) -> int:
     response = _client(args).submit(args.query)
     print(f"submitted {response.query}\n{response.plan}")
     return 0
+
+
+def _history(args: argparse.Namespace) -> int:
+    now_ms = time.time_ns() // 1_000_000
+    since = parse_time(args.since, now_ms, "--since")
+    until = parse_time(args.until, now_ms, "--until") if args.until else now_ms
+    response = _client(args).history(args.query, since, until)
+    results = [result_from_proto(r) for r in response.results]
+    if args.json or not sys.stdout.isatty():
+        write_json_lines(results, sys.stdout)
+    else:
+        console = Console()
+        for result in results:
+            console.print(render_window(result))
+    print(f"jetstream history: {len(results)} window(s) from the "
+          f"{response.resolution_ms // 1000} s cubes of {response.stored}; the sites sent "
+          f"{response.bytes:,} bytes", file=sys.stderr)
+    return 0
+
+
+def parse_time(text: str, now_ms: int, what: str) -> int:
+    """Epoch ms from ``text``: a duration ago (``1h``), an ISO 8601 time (UTC unless it
+    says otherwise), or epoch milliseconds."""
+    if text.isdigit():
+        return int(text)
+    try:
+        return now_ms - parse_duration(text, what)
+    except PlanError:
+        pass
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        msg = (f"{what} {text!r}: give a duration ago (30m, 1h, 2d), an ISO 8601 time "
+               "(2026-11-24T10:00:00Z) or epoch milliseconds")
+        raise PlanError(msg) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -722,6 +762,26 @@ def _parser() -> argparse.ArgumentParser:
     submit.add_argument("--controller", default=DEFAULT_CONTROLLER, metavar="HOST:PORT")
     _security_options(submit)
     submit.set_defaults(run=_submit)
+
+    history = commands.add_parser(
+        "history", help="a windowed aggregate over the past, from the sites' cubes",
+        description="Answer QUERY.py over the windows inside [--since, --until) from the "
+                    "cubes the sites keep of a query that ran: its group keys among the "
+                    "stored query's, its aggregates among its, the same steps before the "
+                    "window (filters on the stored keys aside), a window made of a kept "
+                    "resolution (10 s windows for an hour, 1 min rollups for a day, 1 h for "
+                    "30 days by default). Refused, naming what is missing, otherwise. A table "
+                    "in a terminal, JSON lines (each with \"history\": true) when piped or "
+                    "with --json.")
+    history.add_argument("query", metavar="QUERY.py")
+    history.add_argument("--since", required=True, metavar="TIME",
+                         help="the start: a duration ago (30m, 1h), an ISO 8601 time, or "
+                              "epoch ms")
+    history.add_argument("--until", metavar="TIME", help="the end (default: now)")
+    history.add_argument("--json", action="store_true", help="JSON lines even in a terminal")
+    history.add_argument("--controller", default=DEFAULT_CONTROLLER, metavar="HOST:PORT")
+    _security_options(history)
+    history.set_defaults(run=_history)
 
     status = commands.add_parser("status", help="sites, queries, trees and link utilisation")
     status.add_argument("--controller", default=DEFAULT_CONTROLLER, metavar="HOST:PORT")

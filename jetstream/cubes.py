@@ -19,10 +19,9 @@ import logging
 import math
 import sqlite3
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from jetstream.aggregator import WindowMerger
 from jetstream.errors import DataError, PlanError
@@ -212,36 +211,69 @@ class CubeStore:
 
     # -- backfill and history -------------------------------------------------------------------
     def windows(self, query: str, aggregate: WindowAggregate, start_ms: int, end_ms: int,
-                resolution_ms: int | None = None) -> list[PartialBatch]:
+                resolution_ms: int | None = None, origins: Collection[str] | None = None
+                ) -> list[PartialBatch]:
         """The partials of ``query`` for the windows inside ``[start_ms, end_ms)``, decoded,
-        by window start: per window, origin and partition only the newest revision.
-
-        ``resolution_ms``: windows of that length (the query's own, or a rollup level);
-        None: the windows as the query made them (sent upward).
+        by window start: per window, origin and partition only the newest revision (see
+        :meth:`messages`).
 
         Raises
         ------
         DataError
             If a kept partial does not decode with ``aggregate``.
         """
-        which = "destination != ''" if resolution_ms is None else "resolution = ?"
-        args: tuple[Any, ...] = (INBOX,) if resolution_ms is None else (INBOX, resolution_ms)
+        return [decode_batch(message, aggregate) for message in
+                self.messages(query, start_ms, end_ms, resolution_ms, origins)]
+
+    def messages(self, query: str, start_ms: int, end_ms: int,
+                 resolution_ms: int | None = None, origins: Collection[str] | None = None
+                 ) -> list[pb.PartialBatch]:
+        """The kept partials of ``query`` for the windows inside ``[start_ms, end_ms)``, as
+        they were kept, by window start: per window, origin and partition only the newest
+        revision.
+
+        ``origins`` None: the windows the site sent upward (``resolution_ms`` None), or
+        their rollups of that length. ``origins`` given: the windows those inputs of the
+        site's merge made — its own local stages', the site's history — as they came
+        (``resolution_ms`` None), or their rollups of that length (see :meth:`roll_up`).
+        """
+        where, args = ["query = ?", "window_start >= ?", "window_end <= ?"], [
+            query, start_ms, end_ms]
+        if origins is None:
+            where.append("destination NOT IN ('', ?)" if resolution_ms is None
+                         else "destination != ?")
+            args.append(INBOX)
+        else:
+            where.append(f"origin IN ({', '.join('?' * len(origins))})")
+            args += list(origins)
+            where.append("destination = ?" if resolution_ms is None else "destination = ''")
+            args += [INBOX] if resolution_ms is None else []
+        if resolution_ms is not None:
+            where.append("resolution = ?")
+            args.append(resolution_ms)
         with self._transaction() as db:
             rows = db.execute(
                 f"SELECT window_start, window_end, origin, partition, revision, id, message "
-                f"FROM partials WHERE query = ? AND window_start >= ? AND window_end <= ? "
-                f"AND destination != ? AND {which} "
+                f"FROM partials WHERE {' AND '.join(where)} "
                 f"ORDER BY window_start, window_end, origin, partition, revision, id",
-                (query, start_ms, end_ms, *args)).fetchall()
+                args).fetchall()
         newest = {tuple(row[:4]): row[6] for row in rows}  # the order puts the newest last
-        return [decode_batch(self._message(raw), aggregate) for raw in newest.values()]
+        return [self._message(raw) for raw in newest.values()]
+
+    def origins(self, query: str) -> list[str]:
+        """Every origin of a window of ``query`` the store keeps."""
+        with self._transaction() as db:
+            return [origin for origin, in db.execute(
+                "SELECT DISTINCT origin FROM partials WHERE query = ?", (query,))]
 
     # -- rollups --------------------------------------------------------------------------------
     def roll_up(self, query: str, aggregate: WindowAggregate, window: WindowSpec,
-                now_ms: int) -> int:
+                now_ms: int, origins: Collection[str] | None = None) -> int:
         """Merge the finished windows of ``query`` into each coarser resolution of the
         retention, finest first; a rollup whose windows changed since (a correction) is
-        merged again. How many rollups were written.
+        merged again. How many rollups were written. ``origins``: roll up the windows those
+        inputs of the site's merge made (its own local stages: the site's history), kept
+        in its inbox; None: the windows the site sent upward.
 
         Only windows that tile time roll up: tumbling ones, and of sliding ones those that
         start at a multiple of their size (when the size is a multiple of the slide; other
@@ -257,21 +289,27 @@ class CubeStore:
                 continue
             horizon = now_ms - int(self._retention_of(finer) * 1000)
             written += self._roll(query, aggregate, finer, level, finer == window.size_ms,
-                                  horizon, now_ms)
+                                  horizon, now_ms, origins)
             finer = level
         return written
 
     def _roll(self, query: str, aggregate: WindowAggregate, finer: int, level: int, sent: bool,
-              horizon: int, now_ms: int) -> int:
+              horizon: int, now_ms: int, origins: Collection[str] | None) -> int:
         first = -(-horizon // level) * level  # the first rollup whose windows are all kept
         last = now_ms - now_ms % level
-        kind = f"destination NOT IN ('', '{INBOX}') AND window_start % resolution = 0" \
-            if sent else "destination = ''"
+        kind = "destination = ''"
+        if sent:
+            kind = ("window_start % resolution = 0 AND " + (
+                f"destination NOT IN ('', '{INBOX}')" if origins is None else
+                f"destination = '{INBOX}'"))
+        if origins is not None:
+            kind += f" AND origin IN ({', '.join('?' * len(origins))})"
         with self._transaction() as db:
             found = db.execute(
                 f"SELECT origin, partition, window_start, revision, id FROM partials "
-                f"WHERE query = ? AND resolution = ? AND {kind} AND window_start >= ? "
-                f"AND window_end <= ? ORDER BY revision, id", (query, finer, first, last))
+                f"WHERE query = ? AND resolution = ? AND window_start >= ? "
+                f"AND window_end <= ? AND {kind} ORDER BY revision, id",
+                (query, finer, first, last, *(origins or ())))
             groups: dict[tuple[str, int, int], dict[int, int]] = {}  # -> window -> newest id
             changed: dict[tuple[str, int, int], int] = {}  # -> the newest id of any row
             for origin, partition, start, _, row_id in found:

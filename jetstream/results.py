@@ -41,6 +41,8 @@ class WindowResult:
     revision: int = 0
     warnings: list[str] = field(default_factory=list)
     missing_sites: list[str] = field(default_factory=list)
+    #: Answered from the sites' cubes (``jetstream history``), not by a live query.
+    history: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -442,7 +442,7 @@ class QueryRun:
                 self.tick()
             except Exception:  # keep merging what arrives; the next tick tries again
                 log.exception("%s at %s: forwarding failed", self.name, self.site)
-            if self.store is not None and time.monotonic() - tended >= CUBE_INTERVAL_S:
+            if self._store is not None and time.monotonic() - tended >= CUBE_INTERVAL_S:
                 tended = time.monotonic()
                 try:
                     self.tend_cubes(time.time_ns() // 1_000_000)
@@ -450,14 +450,18 @@ class QueryRun:
                     log.exception("%s at %s: rolling up the cubes failed", self.name, self.site)
 
     def tend_cubes(self, now_ms: int) -> None:
-        """Roll up the finished windows kept of this query, and apply retention."""
-        if self.store is None:
+        """Roll up the finished windows of this site's own local stages (the site's history,
+        :mod:`jetstream.history`), and apply retention."""
+        store = self._store
+        if store is None:
             return
-        plan = self.query.plan()
-        window = plan.window_of(plan.partial_aggregates()[0])
-        assert window is not None, "the DSL windows every aggregate"
-        self.store.roll_up(self.name, self.partial, window.spec, now_ms)
-        self.store.expire(now_ms)
+        if self._inbox is not None and self.stages:
+            plan = self.query.plan()
+            window = plan.window_of(plan.partial_aggregates()[0])
+            assert window is not None, "the DSL windows every aggregate"
+            store.roll_up(self.name, self.partial, window.spec, now_ms,
+                          origins=[stage.name for stage in self.stages])
+        store.expire(now_ms)
 
     def tick(self) -> None:
         """Send (or, at the root, finish) every ready window, then report progress."""
@@ -569,6 +573,13 @@ class SiteRuntime:
                            self._store(), on_failure=lambda: self.on_failure())
             with self._lock:
                 self._runs[name] = run
+
+    def cube_store(self) -> CubeStore | None:
+        """The site's cube store (``SiteOptions.cubes``), opened if need be; None without."""
+        if self._cubes is not None:
+            return self._cubes
+        with self._changing:  # as a deploy opens it
+            return self._store()
 
     def _store(self) -> CubeStore | None:
         """The site's cube store, opened when the first run needs it (with ``cubes``)."""

@@ -59,7 +59,7 @@ def result_to_proto(result: WindowResult) -> pb.WindowResult:
                           sites_expected=result.sites_expected or 0,
                           latency_s=result.latency_s or 0.0, wan_bytes=result.wan_bytes or 0,
                           revision=result.revision, warnings=result.warnings,
-                          missing_sites=result.missing_sites,
+                          missing_sites=result.missing_sites, history=result.history,
                           columns=list(dict.fromkeys(c for row in result.rows for c in row)))
     if result.error_bound is not None:
         msg.error_bound = result.error_bound
@@ -79,7 +79,7 @@ def result_from_proto(msg: pb.WindowResult) -> WindowResult:
                         latency_s=msg.latency_s if msg.sites_expected else None,
                         wan_bytes=msg.wan_bytes if msg.sites_expected else None,
                         revision=msg.revision, warnings=list(msg.warnings),
-                        missing_sites=list(msg.missing_sites))
+                        missing_sites=list(msg.missing_sites), history=msg.history)
 
 
 def _check_result(msg: pb.WindowResult) -> None:

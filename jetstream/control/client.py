@@ -33,9 +33,9 @@ class ControllerClient:
         self._channel = security.channel(address)
         self._stub = rpc.GlobalControllerStub(self._channel)
 
-    def _call(self, method: str, request: object) -> Any:
+    def _call(self, method: str, request: object, timeout_s: float | None = None) -> Any:
         try:
-            return getattr(self._stub, method)(request, timeout=self.timeout_s)
+            return getattr(self._stub, method)(request, timeout=timeout_s or self.timeout_s)
         except grpc.RpcError as e:
             raise self._error(e) from None
 
@@ -77,6 +77,16 @@ class ControllerClient:
 
     def cancel(self, query: str) -> None:
         self._call("CancelQuery", pb.CancelQueryRequest(query=query))
+
+    def history(self, query: Query | str | Path, since_ms: int, until_ms: int
+                ) -> pb.HistoryResponse:
+        """The results of ``query`` (or the query file at that path, run here once) over the
+        windows inside ``[since_ms, until_ms)`` (event time, epoch ms), answered from the
+        sites' cubes of a query that ran (see :mod:`jetstream.history`); each result has
+        ``history`` set (``wire.result_from_proto`` reads them)."""
+        response: pb.HistoryResponse = self._call("History", pb.HistoryRequest(
+            query=self._spec(query), since_ms=since_ms, until_ms=until_ms), timeout_s=120.0)
+        return response
 
     def set_level(self, query: str, site: str, level: str = "") -> pb.SetLevelResponse:
         response: pb.SetLevelResponse = self._call("SetLevel", pb.SetLevelRequest(

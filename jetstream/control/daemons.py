@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 CALL_TIMEOUT_S = 5.0
 #: The deadline of a deploy: a site may wait for its workers to start and register.
 DEPLOY_TIMEOUT_S = 30.0
+#: The deadline of a site's answer to a history query (its kept windows of the range).
+HISTORY_TIMEOUT_S = 30.0
 
 
 class _SiteClients:
@@ -74,6 +76,11 @@ class _SiteClients:
 
     def set_level(self, address: str, request: pb.SetLevelRequest) -> pb.SetLevelResponse:
         response: pb.SetLevelResponse = self._call(address, "SetLevel", request)
+        return response
+
+    def read_cubes(self, address: str, request: pb.ReadCubesRequest) -> pb.ReadCubesResponse:
+        response: pb.ReadCubesResponse = self._call(address, "ReadCubes", request,
+                                                    HISTORY_TIMEOUT_S)
         return response
 
     def _call(self, address: str, method: str, request: object,
@@ -133,7 +140,9 @@ def run_controller(topology: Topology, port: int, *, security: Security,
     servicer = GlobalControllerServicer(controller, heartbeat_interval_s,
                                         set_level=lambda site, address, request: calls.wait(
                                             site, lambda: clients.set_level(address, request),
-                                            2 * CALL_TIMEOUT_S))
+                                            2 * CALL_TIMEOUT_S),
+                                        read_cubes=lambda site, address, request:
+                                            clients.read_cubes(address, request))
     server, bound = start_server([(rpc.add_GlobalControllerServicer_to_server, servicer,
                                    "jetstream.v1.GlobalController")], port, host,
                                  security=security)

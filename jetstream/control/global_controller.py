@@ -37,6 +37,7 @@ from jetstream.aggtree.planner import Fragment, PhysicalPlan, plan_query
 from jetstream.aggtree.topology import Link, Topology
 from jetstream.dsl import Query
 from jetstream.errors import ControlPlaneError, JetstreamError, PlacementError
+from jetstream.history import HistoryAnswer, ReadCubes, answer, plan_history
 from jetstream.operators import Source
 from jetstream.planwire import query_from_bytes, query_from_proto
 from jetstream.results import WindowResult
@@ -584,6 +585,24 @@ class GlobalController:
         with self.lock:
             plan = self._plan(query)
         return f"{explain(query)}\n\n{plan.render()}"
+
+    def history(self, spec: QueryPlan, since_ms: int, until_ms: int, read: ReadCubes,
+                now_ms: int | None = None) -> HistoryAnswer:
+        """Answer the query of ``spec`` over ``[since_ms, until_ms)`` from the cubes the
+        sites keep of a query that ran here (see :mod:`jetstream.history`); ``read`` asks a
+        site for its kept windows. Refused, naming what is missing, when no stored query's
+        cubes hold what it needs."""
+        query = query_from_proto(spec, allow_code=self.allow_code)
+        with self.lock:
+            # Running queries first, then the newest of the others.
+            states = sorted(self.queries.values(), key=lambda q: not q.active)
+            addresses = {name: (site.address or "") if site.alive else ""
+                         for name, site in self.sites.items()}
+        plan = plan_history(query, [state.query for state in states], since_ms=since_ms,
+                            until_ms=until_ms,
+                            now_ms=time.time_ns() // 1_000_000 if now_ms is None else now_ms)
+        state = next(s for s in states if s.name == plan.stored.name)
+        return answer(plan, {site: addresses.get(site, "") for site in state.expected}, read)
 
     def publish(self, name: str, results: list[WindowResult], finished: bool) -> None:
         """The root's results for a query; ``finished``: its finite input is all done."""

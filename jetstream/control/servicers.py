@@ -16,6 +16,7 @@ from jetstream.control.global_controller import (
 from jetstream.control.site_controller import SiteController
 from jetstream.control.wire import assignment_from_proto, placement_to_proto, server_to_proto
 from jetstream.errors import ControlPlaneError, JetstreamError, PlacementError, PlanError
+from jetstream.history import ReadCubes
 from jetstream.v1 import control_pb2 as pb
 from jetstream.v1 import control_pb2_grpc as rpc
 from jetstream.v1 import query_pb2
@@ -52,10 +53,11 @@ LevelRelay = Callable[[str, str, pb.SetLevelRequest], pb.SetLevelResponse]
 
 class GlobalControllerServicer(rpc.GlobalControllerServicer):
     def __init__(self, controller: GlobalController, heartbeat_interval_s: float, *,
-                 set_level: LevelRelay | None = None) -> None:
+                 set_level: LevelRelay | None = None,
+                 read_cubes: ReadCubes | None = None) -> None:
         self.controller = controller
         self.heartbeat_interval_s = heartbeat_interval_s
-        self._set_level = set_level
+        self._set_level, self._read_cubes = set_level, read_cubes
 
     def SubmitQuery(self, request: pb.SubmitQueryRequest,
                     context: grpc.ServicerContext) -> pb.SubmitQueryResponse:
@@ -135,6 +137,20 @@ class GlobalControllerServicer(rpc.GlobalControllerServicer):
         except JetstreamError as e:
             _abort(context, e)
 
+    def History(self, request: pb.HistoryRequest,
+                context: grpc.ServicerContext) -> pb.HistoryResponse:
+        if self._read_cubes is None:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "this controller reads no cubes")
+        assert self._read_cubes is not None
+        try:
+            found = self.controller.history(_plan(request.query), request.since_ms,
+                                            request.until_ms, self._read_cubes)
+        except JetstreamError as e:
+            _abort(context, e)
+        return pb.HistoryResponse(results=[result_to_proto(r) for r in found.results],
+                                  stored=found.stored, resolution_ms=found.resolution_ms,
+                                  bytes=found.bytes)
+
     def PublishResults(self, request: pb.PublishResultsRequest,
                        context: grpc.ServicerContext) -> pb.PublishResultsResponse:
         try:
@@ -206,6 +222,15 @@ class SiteControllerServicer(rpc.SiteControllerServicer):
         except JetstreamError as e:
             _abort(context, e)
         return pb.RegisterWorkerResponse()
+
+    def ReadCubes(self, request: pb.ReadCubesRequest,
+                  context: grpc.ServicerContext) -> pb.ReadCubesResponse:
+        try:
+            batches = self._ready(context).read_cubes(request.query, request.start_ms,
+                                                      request.end_ms, request.resolution_ms)
+        except JetstreamError as e:
+            _abort(context, e)
+        return pb.ReadCubesResponse(batches=batches)
 
     def SetLevel(self, request: pb.SetLevelRequest,
                  context: grpc.ServicerContext) -> pb.SetLevelResponse:

@@ -200,6 +200,21 @@ class SiteController:
                 pieces.append(Piece(query, label, self.servers[i].name, on_worker=spread))
         return pieces
 
+    def read_cubes(self, query: str, start_ms: int, end_ms: int,
+                   resolution_ms: int) -> list[Any]:
+        """The windows this site's own local stages made of ``query`` inside ``[start_ms,
+        end_ms)``, as its cube store keeps them: as made (``resolution_ms`` 0) or rolled up to
+        that length. A ControlPlaneError if the site keeps no cubes."""
+        store = None if self.runtime is None else self.runtime.cube_store()
+        if store is None:
+            msg = f"site {self.site} keeps no cubes (it was started with --no-cubes)"
+            raise ControlPlaneError(msg)
+        own = [o for o in store.origins(query)
+               if o == self.site or o.startswith(f"{self.site}[")]
+        if not own:
+            return []
+        return store.messages(query, start_ms, end_ms, resolution_ms or None, own)
+
     # -- workers ------------------------------------------------------------------------------
     def _on_workers(self, assignment: Assignment) -> Assignment:
         """The assignment with its partitions deployed to the servers' workers (started if

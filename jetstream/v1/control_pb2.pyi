@@ -1,3 +1,4 @@
+from jetstream.v1 import dataplane_pb2 as _dataplane_pb2
 from jetstream.v1 import query_pb2 as _query_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
@@ -345,3 +346,43 @@ class SetLevelResponse(_message.Message):
     pinned: bool
     levels: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, link: _Optional[str] = ..., level: _Optional[str] = ..., pinned: _Optional[bool] = ..., levels: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class HistoryRequest(_message.Message):
+    __slots__ = ("query", "since_ms", "until_ms")
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    SINCE_MS_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_MS_FIELD_NUMBER: _ClassVar[int]
+    query: _query_pb2.QuerySpec
+    since_ms: int
+    until_ms: int
+    def __init__(self, query: _Optional[_Union[_query_pb2.QuerySpec, _Mapping]] = ..., since_ms: _Optional[int] = ..., until_ms: _Optional[int] = ...) -> None: ...
+
+class HistoryResponse(_message.Message):
+    __slots__ = ("results", "stored", "resolution_ms", "bytes")
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    RESOLUTION_MS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[_query_pb2.WindowResult]
+    stored: str
+    resolution_ms: int
+    bytes: int
+    def __init__(self, results: _Optional[_Iterable[_Union[_query_pb2.WindowResult, _Mapping]]] = ..., stored: _Optional[str] = ..., resolution_ms: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
+
+class ReadCubesRequest(_message.Message):
+    __slots__ = ("query", "start_ms", "end_ms", "resolution_ms")
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    START_MS_FIELD_NUMBER: _ClassVar[int]
+    END_MS_FIELD_NUMBER: _ClassVar[int]
+    RESOLUTION_MS_FIELD_NUMBER: _ClassVar[int]
+    query: str
+    start_ms: int
+    end_ms: int
+    resolution_ms: int
+    def __init__(self, query: _Optional[str] = ..., start_ms: _Optional[int] = ..., end_ms: _Optional[int] = ..., resolution_ms: _Optional[int] = ...) -> None: ...
+
+class ReadCubesResponse(_message.Message):
+    __slots__ = ("batches",)
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    batches: _containers.RepeatedCompositeFieldContainer[_dataplane_pb2.PartialBatch]
+    def __init__(self, batches: _Optional[_Iterable[_Union[_dataplane_pb2.PartialBatch, _Mapping]]] = ...) -> None: ...

@@ -60,6 +60,11 @@ class GlobalControllerStub:
                 request_serializer=jetstream_dot_v1_dot_control__pb2.StreamResultsRequest.SerializeToString,
                 response_deserializer=jetstream_dot_v1_dot_query__pb2.WindowResult.FromString,
                 _registered_method=True)
+        self.History = channel.unary_unary(
+                '/jetstream.v1.GlobalController/History',
+                request_serializer=jetstream_dot_v1_dot_control__pb2.HistoryRequest.SerializeToString,
+                response_deserializer=jetstream_dot_v1_dot_control__pb2.HistoryResponse.FromString,
+                _registered_method=True)
         self.RegisterSite = channel.unary_unary(
                 '/jetstream.v1.GlobalController/RegisterSite',
                 request_serializer=jetstream_dot_v1_dot_control__pb2.RegisterSiteRequest.SerializeToString,
@@ -112,6 +117,13 @@ class GlobalControllerServicer:
 
     def StreamResults(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def History(self, request, context):
+        """A windowed aggregate over the past, answered from the sites' cubes (jetstream history).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -170,6 +182,11 @@ def add_GlobalControllerServicer_to_server(servicer, server):
                     servicer.StreamResults,
                     request_deserializer=jetstream_dot_v1_dot_control__pb2.StreamResultsRequest.FromString,
                     response_serializer=jetstream_dot_v1_dot_query__pb2.WindowResult.SerializeToString,
+            ),
+            'History': grpc.unary_unary_rpc_method_handler(
+                    servicer.History,
+                    request_deserializer=jetstream_dot_v1_dot_control__pb2.HistoryRequest.FromString,
+                    response_serializer=jetstream_dot_v1_dot_control__pb2.HistoryResponse.SerializeToString,
             ),
             'RegisterSite': grpc.unary_unary_rpc_method_handler(
                     servicer.RegisterSite,
@@ -338,6 +355,33 @@ class GlobalController:
             _registered_method=True)
 
     @staticmethod
+    def History(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/jetstream.v1.GlobalController/History',
+            jetstream_dot_v1_dot_control__pb2.HistoryRequest.SerializeToString,
+            jetstream_dot_v1_dot_control__pb2.HistoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def RegisterSite(request,
             target,
             options=(),
@@ -475,6 +519,11 @@ class SiteControllerStub:
                 request_serializer=jetstream_dot_v1_dot_control__pb2.RegisterWorkerRequest.SerializeToString,
                 response_deserializer=jetstream_dot_v1_dot_control__pb2.RegisterWorkerResponse.FromString,
                 _registered_method=True)
+        self.ReadCubes = channel.unary_unary(
+                '/jetstream.v1.SiteController/ReadCubes',
+                request_serializer=jetstream_dot_v1_dot_control__pb2.ReadCubesRequest.SerializeToString,
+                response_deserializer=jetstream_dot_v1_dot_control__pb2.ReadCubesResponse.FromString,
+                _registered_method=True)
 
 
 class SiteControllerServicer:
@@ -505,6 +554,13 @@ class SiteControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReadCubes(self, request, context):
+        """The windows a query's own local stages made at the site, as kept in its cubes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SiteControllerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -527,6 +583,11 @@ def add_SiteControllerServicer_to_server(servicer, server):
                     servicer.RegisterWorker,
                     request_deserializer=jetstream_dot_v1_dot_control__pb2.RegisterWorkerRequest.FromString,
                     response_serializer=jetstream_dot_v1_dot_control__pb2.RegisterWorkerResponse.SerializeToString,
+            ),
+            'ReadCubes': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReadCubes,
+                    request_deserializer=jetstream_dot_v1_dot_control__pb2.ReadCubesRequest.FromString,
+                    response_serializer=jetstream_dot_v1_dot_control__pb2.ReadCubesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -637,6 +698,33 @@ class SiteController:
             '/jetstream.v1.SiteController/RegisterWorker',
             jetstream_dot_v1_dot_control__pb2.RegisterWorkerRequest.SerializeToString,
             jetstream_dot_v1_dot_control__pb2.RegisterWorkerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadCubes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/jetstream.v1.SiteController/ReadCubes',
+            jetstream_dot_v1_dot_control__pb2.ReadCubesRequest.SerializeToString,
+            jetstream_dot_v1_dot_control__pb2.ReadCubesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -274,7 +274,7 @@ class CallExpr(_message.Message):
     def __init__(self, fn: _Optional[str] = ..., operand: _Optional[_Union[Expr, _Mapping]] = ...) -> None: ...
 
 class WindowResult(_message.Message):
-    __slots__ = ("query", "window_start_ms", "window_end_ms", "rows", "exact", "error_bound", "sites_reporting", "sites_expected", "latency_s", "wan_bytes", "revision", "warnings", "columns", "missing_sites")
+    __slots__ = ("query", "window_start_ms", "window_end_ms", "rows", "exact", "error_bound", "sites_reporting", "sites_expected", "latency_s", "wan_bytes", "revision", "warnings", "columns", "missing_sites", "history")
     QUERY_FIELD_NUMBER: _ClassVar[int]
     WINDOW_START_MS_FIELD_NUMBER: _ClassVar[int]
     WINDOW_END_MS_FIELD_NUMBER: _ClassVar[int]
@@ -289,6 +289,7 @@ class WindowResult(_message.Message):
     WARNINGS_FIELD_NUMBER: _ClassVar[int]
     COLUMNS_FIELD_NUMBER: _ClassVar[int]
     MISSING_SITES_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
     query: str
     window_start_ms: int
     window_end_ms: int
@@ -303,4 +304,5 @@ class WindowResult(_message.Message):
     warnings: _containers.RepeatedScalarFieldContainer[str]
     columns: _containers.RepeatedScalarFieldContainer[str]
     missing_sites: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, query: _Optional[str] = ..., window_start_ms: _Optional[int] = ..., window_end_ms: _Optional[int] = ..., rows: _Optional[_Iterable[_Union[Record, _Mapping]]] = ..., exact: _Optional[bool] = ..., error_bound: _Optional[float] = ..., sites_reporting: _Optional[int] = ..., sites_expected: _Optional[int] = ..., latency_s: _Optional[float] = ..., wan_bytes: _Optional[int] = ..., revision: _Optional[int] = ..., warnings: _Optional[_Iterable[str]] = ..., columns: _Optional[_Iterable[str]] = ..., missing_sites: _Optional[_Iterable[str]] = ...) -> None: ...
+    history: bool
+    def __init__(self, query: _Optional[str] = ..., window_start_ms: _Optional[int] = ..., window_end_ms: _Optional[int] = ..., rows: _Optional[_Iterable[_Union[Record, _Mapping]]] = ..., exact: _Optional[bool] = ..., error_bound: _Optional[float] = ..., sites_reporting: _Optional[int] = ..., sites_expected: _Optional[int] = ..., latency_s: _Optional[float] = ..., wan_bytes: _Optional[int] = ..., revision: _Optional[int] = ..., warnings: _Optional[_Iterable[str]] = ..., columns: _Optional[_Iterable[str]] = ..., missing_sites: _Optional[_Iterable[str]] = ..., history: _Optional[bool] = ...) -> None: ...

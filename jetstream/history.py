@@ -1,0 +1,320 @@
+"""History queries: a windowed aggregate over the past, answered from the sites' cubes.
+
+Every site keeps the windows its own local stages make, rolled up into coarser resolutions
+(10 s -> 1 min -> 1 h by default) and kept for a time per resolution (:mod:`jetstream.cubes`).
+Each source site's own windows cover only its own records, so the union over the sites
+counts every record once, whatever the aggregation tree was. A history query is answered
+from the cubes of a query that ran (its *stored* query) when they hold what it needs —
+:func:`plan_history` checks that, and refuses naming what is missing:
+
+- the same source and the same record steps before the window (the stored query's filters
+  and columns, applied identically), plus, at most, filters that read only the stored
+  query's group keys;
+- group keys among the stored query's, and aggregates among its (the same function of the
+  same input; names may differ);
+- a window whose size and slide are multiples of a resolution the sites keep — the stored
+  query's tumbling window, or one of the coarser rollups — kept back far enough for the range
+  asked (the sites' default retention, :data:`~jetstream.cubes.DEFAULT_RETENTION`).
+
+:meth:`HistoryPlan.finish` turns the sites' stored windows into the history query's results:
+each stored row filtered, its keys cut to the history query's, its aggregates renamed, merged
+per history window with the aggregates' own merge, and finished by the reference executor's
+operators, as the root finishes live windows. Results say which sites answered and whether
+every stored window was exact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from jetstream.aggregates import Aggregate
+from jetstream.cubes import DEFAULT_RETENTION
+from jetstream.dsl import Query
+from jetstream.errors import ControlPlaneError, DataError, PlanError
+from jetstream.expr import Expr
+from jetstream.local import finish_from_partials
+from jetstream.operators import Operator, Source, Where, Window, WindowAggregate
+from jetstream.partials import PartialBatch, decode_batch
+from jetstream.results import WindowResult
+from jetstream.rewrite import distributed
+from jetstream.runtime import partial_aggregate
+from jetstream.stage.check import site_chains
+from jetstream.v1 import control_pb2 as pb
+
+__all__ = ["HistoryAnswer", "HistoryPlan", "ReadCubes", "answer", "plan_history"]
+
+Row = dict[str, Any]
+Windows = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class HistoryPlan:
+    """How a history query is answered from a stored query's cubes (see the module)."""
+
+    query: Query  # the history query, as the sites' partials finish it (distributed)
+    stored: Query  # the stored query, as it ran (distributed)
+    resolution_ms: int  # the length of the stored windows read
+    rollup: bool  # read from the rollups (else the stored query's own windows)
+    start_ms: int  # the history windows asked for lie in [start_ms, end_ms)
+    end_ms: int
+    keys: tuple[str, ...]  # the history query's group keys
+    aggregates: tuple[tuple[str, str], ...]  # (history name, stored name)
+    where: tuple[Expr, ...]  # the history query's filters on stored keys
+
+    @property
+    def window(self) -> Window:
+        found = _window(_chain(self.query))
+        assert found is not None, "plan_history checked the window"
+        return found
+
+    def windows(self) -> list[Windows]:
+        """Every history window inside ``[start_ms, end_ms)``, in order."""
+        spec = self.window.spec
+        first = -(-self.start_ms // spec.every_ms) * spec.every_ms
+        return [(s, s + spec.size_ms) for s in range(first, self.end_ms - spec.size_ms + 1,
+                                                     spec.every_ms)]
+
+    def finish(self, batches: Iterable[PartialBatch], *, expected: Collection[str],
+               unanswered: Mapping[str, str]) -> list[WindowResult]:
+        """The history query's results from the stored windows the source sites
+        (``expected``) sent; ``unanswered``: those that did not, and why."""
+        answered = set(expected) - set(unanswered)
+        partial = partial_aggregate(self.query)
+        aggs = dict(partial.aggregates)
+        spec = self.window.spec
+        wanted = set(self.windows())
+        groups: dict[Windows, dict[tuple[Any, ...], list[Any]]] = {}
+        inexact: set[Windows] = set()
+        for batch in batches:
+            start = batch.window[0]
+            # The history windows this stored window lies in (it lies wholly in each).
+            owners = [w for w in spec.windows_of(start) if w in wanted
+                      and w[0] <= start and batch.window[1] <= w[1]]
+            for window in owners:
+                if batch.level or not batch.complete:
+                    inexact.add(window)
+                into = groups.setdefault(window, {})
+                for row in batch.rows:
+                    if not all(expr.evaluate(row) for expr in self.where):
+                        continue
+                    key = tuple(row[k] for k in self.keys)
+                    accs = into.setdefault(key, [aggs[name].create() for name, _ in
+                                                 self.aggregates])
+                    for i, (name, stored) in enumerate(self.aggregates):
+                        accs[i] = aggs[name].merge(accs[i], row[stored])
+        results = []
+        for window in sorted(groups):
+            rows = [{**dict(zip(self.keys, key, strict=True)),
+                     **{name: acc for (name, _), acc in zip(self.aggregates, accs,
+                                                           strict=True)}}
+                    for key, accs in groups[window].items()]
+            for result in finish_from_partials(self.query, {window: rows}):
+                missing = sorted(unanswered)
+                warnings = [f"site {site} did not answer ({unanswered[site]}): its records "
+                            "are missing" for site in missing]
+                if window in inexact:
+                    warnings.append("a stored window was degraded or incomplete")
+                results.append(dataclasses.replace(
+                    result, exact=result.exact and window not in inexact,
+                    sites_reporting=len(answered),
+                    sites_expected=len(expected), missing_sites=missing, warnings=warnings,
+                    history=True))
+        return results
+
+
+@dataclass(frozen=True)
+class HistoryAnswer:
+    """A history query's results, the stored query and resolution that answered it, and the
+    bytes the sites sent for it."""
+
+    results: list[WindowResult]
+    stored: str
+    resolution_ms: int
+    bytes: int
+
+
+#: Reads one site's kept windows: (site, its controller's address, request) -> response.
+ReadCubes = Callable[[str, str, pb.ReadCubesRequest], pb.ReadCubesResponse]
+
+
+def answer(plan: HistoryPlan, sites: Mapping[str, str], read: ReadCubes) -> HistoryAnswer:
+    """Ask each source site of the stored query (name -> address, "" when it is down) for
+    its kept windows in the plan's range, and finish them into the history's results."""
+    windows = plan.windows()
+    if not windows:
+        return HistoryAnswer([], plan.stored.name, plan.resolution_ms, 0)
+    request = pb.ReadCubesRequest(query=plan.stored.name, start_ms=windows[0][0],
+                                  end_ms=windows[-1][1],
+                                  resolution_ms=plan.resolution_ms if plan.rollup else 0)
+    stored = partial_aggregate(plan.stored)
+    batches: list[PartialBatch] = []
+    unanswered: dict[str, str] = {}
+    size = 0
+    for site, address in sorted(sites.items()):
+        if not address:
+            unanswered[site] = "it is down"
+            continue
+        try:
+            response = read(site, address, request)
+            got = [decode_batch(message, stored) for message in response.batches]
+        except (ControlPlaneError, DataError) as e:
+            unanswered[site] = str(e)
+            continue
+        size += response.ByteSize()
+        batches += got
+    return HistoryAnswer(plan.finish(batches, expected=list(sites), unanswered=unanswered),
+                         plan.stored.name, plan.resolution_ms, size)
+
+
+def plan_history(history: Query, stored: Sequence[Query], *, since_ms: int, until_ms: int,
+                 now_ms: int, retention: Mapping[int, float] = DEFAULT_RETENTION
+                 ) -> HistoryPlan:
+    """How to answer ``history`` over ``[since_ms, until_ms)`` from the cubes of one of the
+    ``stored`` queries (as written); a PlanError naming what each one lacks otherwise."""
+    if until_ms <= since_ms:
+        msg = f"history of {history.name}: the range is empty (--until is not after --since)"
+        raise PlanError(msg)
+    if not stored:
+        msg = (f"history of {history.name}: no query has run here yet, so no site keeps "
+               "cubes to answer it from")
+        raise PlanError(msg)
+    reasons = []
+    for candidate in stored:
+        try:
+            return _derive(history, candidate, since_ms, until_ms, now_ms, retention)
+        except PlanError as e:
+            reasons.append(f"{candidate.name}: {e}")
+    msg = (f"history of {history.name}: no stored cubes answer it; " + "; ".join(reasons))
+    raise PlanError(msg)
+
+
+def _derive(history: Query, stored: Query, since_ms: int, until_ms: int, now_ms: int,
+            retention: Mapping[int, float]) -> HistoryPlan:
+    h_chain, s_chain = _chain(history), _chain(stored)
+    h_source, s_source = h_chain[0], s_chain[0]
+    assert isinstance(h_source, Source) and isinstance(s_source, Source)
+    if (h_source.name, h_source.schema) != (s_source.name, s_source.schema):
+        msg = f"it reads source {s_source.name}, not {h_source.name}"
+        raise PlanError(msg)
+    h_partial, s_partial = partial_aggregate(distributed(history)), partial_aggregate(
+        distributed(stored))
+    missing = [k for k in h_partial.keys if k not in s_partial.keys]
+    if missing:
+        msg = (f"its cubes keep no group key {', '.join(missing)} (its keys: "
+               f"{', '.join(s_partial.keys) or 'none'})")
+        raise PlanError(msg)
+    where = _steps_match(h_chain, s_chain, s_partial.keys)
+    aggregates = []
+    for name, agg in h_partial.aggregates:
+        same = next((s for s, other in s_partial.aggregates if _same(agg, other)), None)
+        if same is None:
+            kept = ", ".join(f"{n}={a}" for n, a in s_partial.aggregates)
+            msg = f"its cubes hold {kept}; not {name}={agg}"
+            raise PlanError(msg)
+        aggregates.append((name, same))
+    h_window, s_window = _window(h_chain), _window(s_chain)
+    assert h_window is not None and s_window is not None, "the DSL windows every aggregate"
+    if s_window.spec.size_ms != s_window.spec.every_ms:
+        msg = "its windows slide; history reads tumbling windows"
+        raise PlanError(msg)
+    if h_window.time_column != s_window.time_column:
+        msg = f"its windows are on {s_window.time_column}, not {h_window.time_column}"
+        raise PlanError(msg)
+    resolution = _resolution(h_window, s_window.spec.size_ms, since_ms, now_ms, retention)
+    return HistoryPlan(distributed(history), distributed(stored), resolution,
+                       resolution != s_window.spec.size_ms, since_ms, until_ms,
+                       h_partial.keys, tuple(aggregates), where)
+
+
+def _chain(query: Query) -> list[Operator]:
+    """The query's one chain from its source to its aggregate, as written."""
+    chains = site_chains(distributed(query))
+    if len(chains) != 1:
+        msg = f"query {query.name} reads a union; history reads one source"
+        raise PlanError(msg)
+    plan = query.plan()
+    node = next(n for n in plan.topological() if isinstance(plan.op(n), WindowAggregate))
+    chain = [plan.op(node), *plan.upstream(node)]
+    chain.reverse()
+    return chain
+
+
+def _window(chain: Sequence[Operator]) -> Window | None:
+    return next((op for op in chain if isinstance(op, Window)), None)
+
+
+def _steps_match(history: Sequence[Operator], stored: Sequence[Operator],
+                 keys: Sequence[str]) -> tuple[Expr, ...]:
+    """The history query's filters on stored keys, once its other steps before the window
+    are found to be the stored query's; a PlanError naming the first that is not."""
+    def steps(chain: Sequence[Operator]) -> list[Operator]:
+        return [op for op in chain[1:] if not isinstance(op, Window | WindowAggregate)]
+
+    made = {c for op in steps(stored) if not isinstance(op, Where)
+            for c in op.schema.names}  # columns a stored step may have made or changed
+    own, extra = steps(history), []
+    theirs = [op.describe() for op in steps(stored)]
+    mine = []
+    for op in own:
+        if (isinstance(op, Where) and op.describe() not in theirs
+                and op.predicate.columns() <= set(keys)
+                and not op.predicate.columns() & (made - set(history[0].schema.names))):
+            extra.append(op.predicate)
+        else:
+            mine.append(op.describe())
+    if mine != theirs:
+        first = next((m for m, t in zip(mine, theirs, strict=False) if m != t),
+                     (mine + theirs)[min(len(mine), len(theirs))])
+        msg = (f"its steps before the window are {'; '.join(theirs) or 'none'}, the history "
+               f"query's differ at `{first}` (its filters on other columns than the stored "
+               "keys, and its columns, must be the stored query's)")
+        raise PlanError(msg)
+    return tuple(extra)
+
+
+def _same(a: Aggregate, b: Aggregate) -> bool:
+    """The same function of the same input (names aside)."""
+    def fields(agg: Aggregate) -> dict[str, Any]:
+        return {f.name: getattr(agg, f.name) for f in dataclasses.fields(agg)
+                if f.name != "expr"}
+    return type(a) is type(b) and str(a.expr) == str(b.expr) and fields(a) == fields(b)
+
+
+def _resolution(window: Window, stored_ms: int, since_ms: int, now_ms: int,
+                retention: Mapping[int, float]) -> int:
+    """The coarsest kept resolution the window is made of that reaches back to ``since_ms``."""
+    levels, finer = [stored_ms], stored_ms
+    for level in sorted(r for r in retention if r > stored_ms):
+        if level % finer == 0:  # the rollups the sites make (CubeStore.roll_up)
+            levels.append(level)
+            finer = level
+    spec = window.spec
+    fits = [r for r in levels if spec.size_ms % r == 0 and spec.every_ms % r == 0]
+    if not fits:
+        kept = ", ".join(_duration(r) for r in levels)
+        msg = (f"its cubes are of {kept}; a window of {_duration(spec.size_ms)} every "
+               f"{_duration(spec.every_ms)} is not made of any: use a multiple of one")
+        raise PlanError(msg)
+    for r in sorted(fits, reverse=True):
+        if now_ms - _kept_s(r, retention) * 1000 <= since_ms:
+            return r
+    longest = max(fits, key=lambda r: _kept_s(r, retention))
+    kept = _duration(int(_kept_s(longest, retention) * 1000))
+    msg = (f"its {_duration(longest)} cubes are kept for {kept}, not back to --since; ask "
+           "for less, or for a window of a coarser resolution")
+    raise PlanError(msg)
+
+
+def _kept_s(resolution: int, retention: Mapping[int, float]) -> float:
+    listed = [r for r in retention if r <= resolution] or [min(retention)]
+    return retention[max(listed)]
+
+
+def _duration(ms: int) -> str:
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("min", 60_000), ("s", 1000)):
+        if ms % size == 0:
+            return f"{ms // size} {unit}"
+    return f"{ms} ms"
