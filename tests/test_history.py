@@ -228,10 +228,10 @@ def test_history_of_a_live_query_from_the_sites_cubes_equals_the_reference(
 def test_history_times_are_durations_ago_iso_times_or_epoch_ms() -> None:
     from jetstream.cli import parse_time
 
-    now = 1_764_000_000_000
+    now = 1_795_520_000_000
     assert parse_time("1h", now, "--since") == now - HOUR
-    assert parse_time("2026-11-24T10:00:00Z", now, "--since") == 1_763_978_400_000
-    assert parse_time("2026-11-24T10:00:00", now, "--since") == 1_763_978_400_000  # UTC
-    assert parse_time("1763978400000", now, "--until") == 1_763_978_400_000
+    assert parse_time("2026-11-24T10:00:00Z", now, "--since") == 1_795_514_400_000
+    assert parse_time("2026-11-24T10:00:00", now, "--since") == 1_795_514_400_000  # UTC
+    assert parse_time("1795514400000", now, "--until") == 1_795_514_400_000
     with pytest.raises(PlanError, match="--since 'yesterday': give a duration ago"):
         parse_time("yesterday", now, "--since")
