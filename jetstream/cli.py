@@ -135,8 +135,12 @@ def _spark_setting(text: str) -> tuple[str, str]:
 
 
 def _submit(args: argparse.Namespace) -> int:
-    response = _client(args).submit(args.query)
+    since = None if args.since is None else parse_time(
+        args.since, time.time_ns() // 1_000_000, "--since")
+    response = _client(args).submit(args.query, since)
     print(f"submitted {response.query}\n{response.plan}")
+    if response.backfill:
+        print(response.backfill)
     return 0
 
 
@@ -757,8 +761,17 @@ def _parser() -> argparse.ArgumentParser:
                           "compresses time, so sites finish far apart)")
     run.set_defaults(run=_run)
 
-    submit = commands.add_parser("submit", help="submit a query to the controller")
+    submit = commands.add_parser(
+        "submit", help="submit a query to the controller",
+        description="Submit QUERY.py to the controller, which places it on the sites. With "
+                    "--since, its results start with the windows since then, answered from "
+                    "the sites' cubes of a query that ran (as `jetstream history` answers), "
+                    "and it runs live from the end of that query's newest complete window: "
+                    "no gap, nothing counted twice.")
     submit.add_argument("query", metavar="QUERY.py")
+    submit.add_argument("--since", metavar="TIME",
+                        help="backfill from then: a duration ago (30m), an ISO 8601 time, or "
+                             "epoch ms")
     submit.add_argument("--controller", default=DEFAULT_CONTROLLER, metavar="HOST:PORT")
     _security_options(submit)
     submit.set_defaults(run=_submit)

@@ -32,19 +32,20 @@ from typing import Any
 
 from jetstream.aggregates import Aggregate
 from jetstream.cubes import DEFAULT_RETENTION
-from jetstream.dsl import Query
+from jetstream.dsl import Query, Stream
 from jetstream.errors import ControlPlaneError, DataError, PlanError
-from jetstream.expr import Expr
+from jetstream.expr import Col, Expr
 from jetstream.local import finish_from_partials
 from jetstream.operators import Operator, Source, Where, Window, WindowAggregate
 from jetstream.partials import PartialBatch, decode_batch
 from jetstream.results import WindowResult
 from jetstream.rewrite import distributed
+from jetstream.rewrite.edit import insert_below, plan_of
 from jetstream.runtime import partial_aggregate
 from jetstream.stage.check import site_chains
 from jetstream.v1 import control_pb2 as pb
 
-__all__ = ["HistoryAnswer", "HistoryPlan", "ReadCubes", "answer", "plan_history"]
+__all__ = ["HistoryAnswer", "HistoryPlan", "ReadCubes", "answer", "plan_history", "seamed"]
 
 Row = dict[str, Any]
 Windows = tuple[int, int]
@@ -169,11 +170,36 @@ def answer(plan: HistoryPlan, sites: Mapping[str, str], read: ReadCubes) -> Hist
                          plan.stored.name, plan.resolution_ms, size)
 
 
+def seamed(query: Query, seam_ms: int) -> Query:
+    """``query`` reading only the records stamped at or after ``seam_ms``: the live part of
+    a query backfilled from the cubes, which hold the windows before the seam. A PlanError
+    unless its window is tumbling (a sliding window across the seam would be counted in
+    part on each side)."""
+    plan = query.plan()
+    node = next(n for n in plan.topological() if isinstance(plan.op(n), Window))
+    window = plan.op(node)
+    assert isinstance(window, Window)
+    if window.spec.size_ms != window.spec.every_ms:
+        msg = (f"query {query.name}: a backfill takes a tumbling window (a sliding one across "
+               "the seam between the cubes and the live records would be split)")
+        raise PlanError(msg)
+    if seam_ms % window.spec.size_ms:
+        msg = f"query {query.name}: the seam {seam_ms} is not at a window's start"
+        raise PlanError(msg)
+    graph = plan.graph.copy()
+    below = plan.op(plan.inputs(node)[0])
+    insert_below(graph, node, 0, Where(schema=below.schema,
+                                       predicate=Col(window.time_column) >= seam_ms))
+    return Query(query.name, Stream(plan_of(graph)), query.slo)
+
+
 def plan_history(history: Query, stored: Sequence[Query], *, since_ms: int, until_ms: int,
-                 now_ms: int, retention: Mapping[int, float] = DEFAULT_RETENTION
-                 ) -> HistoryPlan:
+                 now_ms: int, retention: Mapping[int, float] = DEFAULT_RETENTION,
+                 finest: bool = False) -> HistoryPlan:
     """How to answer ``history`` over ``[since_ms, until_ms)`` from the cubes of one of the
-    ``stored`` queries (as written); a PlanError naming what each one lacks otherwise."""
+    ``stored`` queries (as written); a PlanError naming what each one lacks otherwise.
+    ``finest``: read the finest resolution that reaches back, not the coarsest (a backfill
+    reads up to the newest windows, which are rolled up only once the rollup has ended)."""
     if until_ms <= since_ms:
         msg = f"history of {history.name}: the range is empty (--until is not after --since)"
         raise PlanError(msg)
@@ -184,7 +210,7 @@ def plan_history(history: Query, stored: Sequence[Query], *, since_ms: int, unti
     reasons = []
     for candidate in stored:
         try:
-            return _derive(history, candidate, since_ms, until_ms, now_ms, retention)
+            return _derive(history, candidate, since_ms, until_ms, now_ms, retention, finest)
         except PlanError as e:
             reasons.append(f"{candidate.name}: {e}")
     msg = (f"history of {history.name}: no stored cubes answer it; " + "; ".join(reasons))
@@ -192,7 +218,7 @@ def plan_history(history: Query, stored: Sequence[Query], *, since_ms: int, unti
 
 
 def _derive(history: Query, stored: Query, since_ms: int, until_ms: int, now_ms: int,
-            retention: Mapping[int, float]) -> HistoryPlan:
+            retention: Mapping[int, float], finest: bool) -> HistoryPlan:
     h_chain, s_chain = _chain(history), _chain(stored)
     h_source, s_source = h_chain[0], s_chain[0]
     assert isinstance(h_source, Source) and isinstance(s_source, Source)
@@ -223,7 +249,8 @@ def _derive(history: Query, stored: Query, since_ms: int, until_ms: int, now_ms:
     if h_window.time_column != s_window.time_column:
         msg = f"its windows are on {s_window.time_column}, not {h_window.time_column}"
         raise PlanError(msg)
-    resolution = _resolution(h_window, s_window.spec.size_ms, since_ms, now_ms, retention)
+    resolution = _resolution(h_window, s_window.spec.size_ms, since_ms, now_ms, retention,
+                             finest)
     return HistoryPlan(distributed(history), distributed(stored), resolution,
                        resolution != s_window.spec.size_ms, since_ms, until_ms,
                        h_partial.keys, tuple(aggregates), where)
@@ -284,8 +311,9 @@ def _same(a: Aggregate, b: Aggregate) -> bool:
 
 
 def _resolution(window: Window, stored_ms: int, since_ms: int, now_ms: int,
-                retention: Mapping[int, float]) -> int:
-    """The coarsest kept resolution the window is made of that reaches back to ``since_ms``."""
+                retention: Mapping[int, float], finest: bool) -> int:
+    """The coarsest (or ``finest``) kept resolution the window is made of that reaches back
+    to ``since_ms``."""
     levels, finer = [stored_ms], stored_ms
     for level in sorted(r for r in retention if r > stored_ms):
         if level % finer == 0:  # the rollups the sites make (CubeStore.roll_up)
@@ -298,7 +326,7 @@ def _resolution(window: Window, stored_ms: int, since_ms: int, now_ms: int,
         msg = (f"its cubes are of {kept}; a window of {_duration(spec.size_ms)} every "
                f"{_duration(spec.every_ms)} is not made of any: use a multiple of one")
         raise PlanError(msg)
-    for r in sorted(fits, reverse=True):
+    for r in sorted(fits, reverse=not finest):
         if now_ms - _kept_s(r, retention) * 1000 <= since_ms:
             return r
     longest = max(fits, key=lambda r: _kept_s(r, retention))

@@ -224,6 +224,31 @@ def test_history_of_a_live_query_from_the_sites_cubes_equals_the_reference(
             assert response.stored == "stored" and response.bytes > 0
             assert response.resolution_ms == (10_000 if size == "10s" else MINUTE)
 
+        # Backfill, then live: a new query starts with the past from the cubes, up to the end
+        # of the stored query's newest complete window, and counts the records from there.
+        seam = base + 2 * MINUTE
+        later = tmp_path / "later.py"
+        later.write_text(HISTORY_FILE.replace("SIZE", "'1m'").replace('"past"', '"later"'))
+        submitted = cluster.client.submit(later, since_ms=base - MINUTE)
+        assert f"live from {seam}" in submitted.backfill, submitted.backfill
+        for site in SITES:  # records after the seam, read by both queries
+            rows = sorted((log(seam + rng.randrange(40_000), f"d{rng.randrange(5)}.com",
+                               pop=site, cache=rng.choice(["HIT", "MISS"]))
+                           for _ in range(100)), key=lambda r: r["ts"])
+            staged = tmp_path / f"{site}-1.csv"
+            staged.write_text(",".join(names) + "\n" + "".join(
+                ",".join(str(r[n]) for n in names) + "\n" for r in rows))
+            staged.rename(tmp_path / "input" / site / "part-1.csv")
+        want = js.run_local(load_query(later), tmp_path / "input")
+        got_later: dict[int, Any] = {}
+        for result in cluster.client.results("later", timeout_s=120):
+            got_later[result.window_start] = result
+            if len(got_later) == len(want) and got_later[seam].sites_reporting == 3:
+                break
+    assert [(r.window_start, r.rows) for r in want] == [
+        (w, got_later[w].rows) for w in sorted(got_later)]
+    assert [got_later[w].history for w in sorted(got_later)] == [True, True, False]
+
 
 def test_history_times_are_durations_ago_iso_times_or_epoch_ms() -> None:
     from jetstream.cli import parse_time
@@ -235,3 +260,19 @@ def test_history_times_are_durations_ago_iso_times_or_epoch_ms() -> None:
     assert parse_time("1795514400000", now, "--until") == 1_795_514_400_000
     with pytest.raises(PlanError, match="--since 'yesterday': give a duration ago"):
         parse_time("yesterday", now, "--since")
+
+
+def test_a_backfilled_query_runs_live_from_the_seam_and_takes_tumbling_windows_only() -> None:
+    from jetstream.history import seamed
+
+    query = history(kept(LOGS).window(js.tumbling("1m")).group_by("domain")
+                    .agg(n=js.count()))
+    records = [log(t, "a.com") for t in range(0, 4 * MINUTE, 7_000)]
+    live = js.run_local(seamed(query, 2 * MINUTE), records)
+    assert [r.window_start for r in live] == [2 * MINUTE, 3 * MINUTE]
+    assert live == [r for r in js.run_local(query, records) if r.window_start >= 2 * MINUTE]
+    sliding = history(kept(LOGS).window(js.sliding("1m", every="10s")).agg(n=js.count()))
+    with pytest.raises(PlanError, match="a backfill takes a tumbling window"):
+        seamed(sliding, 2 * MINUTE)
+    with pytest.raises(PlanError, match="is not at a window's start"):
+        seamed(query, 2 * MINUTE + 1)

@@ -60,10 +60,16 @@ class ControllerClient:
         plan = query_to_proto(query)
         return query_pb2.QuerySpec(name=query.name, slo=plan.slo, plan=plan)
 
-    def submit(self, query: Query | str | Path) -> pb.SubmitQueryResponse:
-        """Submit ``query`` (or the query file at that path, run here once)."""
+    def submit(self, query: Query | str | Path, since_ms: int | None = None
+               ) -> pb.SubmitQueryResponse:
+        """Submit ``query`` (or the query file at that path, run here once); with
+        ``since_ms``, its results start with the windows since then, backfilled from the
+        sites' cubes (see ``GlobalController.backfill``)."""
+        request = pb.SubmitQueryRequest(query=self._spec(query))
+        if since_ms is not None:
+            request.since_ms = since_ms
         response: pb.SubmitQueryResponse = self._call(
-            "SubmitQuery", pb.SubmitQueryRequest(query=self._spec(query)))
+            "SubmitQuery", request, timeout_s=None if since_ms is None else 120.0)
         return response
 
     def explain(self, query: Query | str | Path) -> str:

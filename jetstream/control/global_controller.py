@@ -16,6 +16,7 @@ import concurrent.futures
 import contextlib
 import copy
 import dataclasses
+import datetime as dt
 import functools
 import json
 import logging
@@ -36,10 +37,10 @@ from jetstream import metrics
 from jetstream.aggtree.planner import Fragment, PhysicalPlan, plan_query
 from jetstream.aggtree.topology import Link, Topology
 from jetstream.dsl import Query
-from jetstream.errors import ControlPlaneError, JetstreamError, PlacementError
-from jetstream.history import HistoryAnswer, ReadCubes, answer, plan_history
+from jetstream.errors import ControlPlaneError, JetstreamError, PlacementError, PlanError
+from jetstream.history import HistoryAnswer, ReadCubes, answer, plan_history, seamed
 from jetstream.operators import Source
-from jetstream.planwire import query_from_bytes, query_from_proto
+from jetstream.planwire import query_from_bytes, query_from_proto, query_to_proto
 from jetstream.results import WindowResult
 from jetstream.rewrite import explain
 from jetstream.runtime import distributed, partial_aggregate
@@ -190,6 +191,7 @@ class QueryState:
     deployed: set[str] = field(default_factory=set)  # sites that hold the current fragment
     expected: tuple[str, ...] = ()  # every source site of the query, alive or not
     failures: dict[str, str] = field(default_factory=dict)  # site -> why its stage failed
+    backfill: str = ""  # what its backfill from the cubes did, readable
 
     @property
     def active(self) -> bool:
@@ -558,10 +560,22 @@ class GlobalController:
             return plan_query(query, self.effective_topology(measured=False))
 
     # -- queries ----------------------------------------------------------------------------
-    def submit(self, spec: QueryPlan) -> QueryState:
+    def submit(self, spec: QueryPlan, since_ms: int | None = None,
+               read: ReadCubes | None = None) -> QueryState:
         """Run the query whose plan is ``spec`` (refused, with a PlanError, if it does not
-        check out, carries code this controller does not allow, or cannot be placed)."""
+        check out, carries code this controller does not allow, or cannot be placed).
+
+        With ``since_ms``, its results start with the windows since then, from the cubes of
+        a query that ran (see :meth:`backfill`; ``read`` asks a site for its kept windows),
+        and it runs live from the seam on."""
         query = query_from_proto(spec, allow_code=self.allow_code)
+        backfill, seam = None, 0
+        if since_ms is not None:
+            if read is None:
+                msg = "this controller reads no cubes: it cannot backfill"
+                raise ControlPlaneError(msg)
+            query, backfill, seam = self.backfill(query, since_ms, read)
+            spec = query_to_proto(query)
         split = distributed(query)  # refuse now what no site could run
         partial_aggregate(split)
         check_stage(split)
@@ -573,9 +587,17 @@ class GlobalController:
             self.planned_bandwidth = self._measured_bps()
             plan = self._plan(query)  # refuse what cannot be placed
             self.results.reset(query.name)
+            for result in backfill.results if backfill is not None else ():
+                self.results.publish(result)  # before the first live window
             state = self.queries[query.name] = QueryState(
                 query.name, spec.SerializeToString(deterministic=True), query, plan,
                 expected=tuple(sorted(self._source_sites(query))))
+            if backfill is not None:
+                state.backfill = (
+                    f"backfilled {len(backfill.results)} window(s) from the "
+                    f"{backfill.resolution_ms // 1000} s cubes of {backfill.stored} "
+                    f"({backfill.bytes:,} bytes from the sites); live from {seam} "
+                    f"({_utc(seam)})")
             self._deploy_all(state)
             self._save()
             return state
@@ -585,6 +607,39 @@ class GlobalController:
         with self.lock:
             plan = self._plan(query)
         return f"{explain(query)}\n\n{plan.render()}"
+
+    def backfill(self, query: Query, since_ms: int, read: ReadCubes
+                 ) -> tuple[Query, HistoryAnswer, int]:
+        """``query`` from a seam on, its windows from ``since_ms`` to the seam answered
+        from the cubes of a query that ran (another name): the seam is the end of that
+        query's newest window every site has reported, at a window of ``query``. So the
+        cubes hold every window before the seam, and the live query counts only the records
+        at or after it (:func:`~jetstream.history.seamed`): no gap, nothing twice. And the
+        seam."""
+        with self.lock:
+            states = sorted((s for s in self.queries.values() if s.name != query.name),
+                            key=lambda q: not q.active)
+            addresses = {name: (site.address or "") if site.alive else ""
+                         for name, site in self.sites.items()}
+        now_ms = time.time_ns() // 1_000_000
+        plan = plan_history(query, [state.query for state in states], since_ms=since_ms,
+                            until_ms=now_ms, now_ms=now_ms, finest=True)
+        state = next(s for s in states if s.name == plan.stored.name)
+        complete = [r.window_end for r in self.results.newest(state.name, MAX_RESULTS)
+                    if not r.history and r.sites_expected
+                    and r.sites_reporting == r.sites_expected]
+        if not complete:
+            msg = (f"backfill of {query.name}: {state.name}, whose cubes would answer it, has "
+                   "no window every site reported yet; try again once it has")
+            raise PlanError(msg)
+        size = plan.window.spec.size_ms
+        seam = max(complete) // size * size
+        live = seamed(query, seam)
+        found = answer(dataclasses.replace(plan, end_ms=max(seam, since_ms)),
+                       {site: addresses.get(site, "") for site in state.expected}, read)
+        log.info("%s: backfilled %d windows from the cubes of %s, live from %d", query.name,
+                 len(found.results), state.name, seam)
+        return live, found, seam
 
     def history(self, spec: QueryPlan, since_ms: int, until_ms: int, read: ReadCubes,
                 now_ms: int | None = None) -> HistoryAnswer:
@@ -823,3 +878,7 @@ def _write_atomically(path: Path, text: str) -> None:
         out.flush()
         os.fsync(out.fileno())
     os.replace(staged, path)
+
+
+def _utc(ms: int) -> str:
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat(timespec="seconds")

@@ -62,11 +62,14 @@ class GlobalControllerServicer(rpc.GlobalControllerServicer):
     def SubmitQuery(self, request: pb.SubmitQueryRequest,
                     context: grpc.ServicerContext) -> pb.SubmitQueryResponse:
         try:
-            state = self.controller.submit(_plan(request.query))
+            state = self.controller.submit(
+                _plan(request.query),
+                request.since_ms if request.HasField("since_ms") else None, self._read_cubes)
         except JetstreamError as e:
             _abort(context, e)
         assert state.plan is not None
-        return pb.SubmitQueryResponse(query=state.name, plan=state.plan.render())
+        return pb.SubmitQueryResponse(query=state.name, plan=state.plan.render(),
+                                      backfill=state.backfill)
 
     def Explain(self, request: pb.ExplainRequest,
                 context: grpc.ServicerContext) -> pb.ExplainResponse:

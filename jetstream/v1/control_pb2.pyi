@@ -9,18 +9,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SubmitQueryRequest(_message.Message):
-    __slots__ = ("query",)
+    __slots__ = ("query", "since_ms")
     QUERY_FIELD_NUMBER: _ClassVar[int]
+    SINCE_MS_FIELD_NUMBER: _ClassVar[int]
     query: _query_pb2.QuerySpec
-    def __init__(self, query: _Optional[_Union[_query_pb2.QuerySpec, _Mapping]] = ...) -> None: ...
+    since_ms: int
+    def __init__(self, query: _Optional[_Union[_query_pb2.QuerySpec, _Mapping]] = ..., since_ms: _Optional[int] = ...) -> None: ...
 
 class SubmitQueryResponse(_message.Message):
-    __slots__ = ("query", "plan")
+    __slots__ = ("query", "plan", "backfill")
     QUERY_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
+    BACKFILL_FIELD_NUMBER: _ClassVar[int]
     query: str
     plan: str
-    def __init__(self, query: _Optional[str] = ..., plan: _Optional[str] = ...) -> None: ...
+    backfill: str
+    def __init__(self, query: _Optional[str] = ..., plan: _Optional[str] = ..., backfill: _Optional[str] = ...) -> None: ...
 
 class ExplainRequest(_message.Message):
     __slots__ = ("query",)
