@@ -30,6 +30,7 @@ from jetstream.cubes import parse_retention
 from jetstream.dsl import Query
 from jetstream.errors import JetstreamError, PlanError
 from jetstream.local import LocalRun, run_local
+from jetstream.planwire import query_to_proto
 from jetstream.queryfile import load_query
 from jetstream.results import WindowResult, write_json_lines
 from jetstream.rewrite import explain
@@ -87,12 +88,14 @@ def _controller(args: argparse.Namespace) -> int:
     topology = load_topology(args.topology)
     print(f"jetstream controller: {topology.name} ({len(topology.sites)} sites, root "
           f"{topology.root}) on {args.host}:{args.port}; Ctrl-C stops", file=sys.stderr)
+    cubes = [query_to_proto(load_query(path)) for path in args.cube or ()]
     run_controller(topology, args.port, security=_security(args), host=args.host,
                    heartbeat_interval_s=args.heartbeat_interval,
                    heartbeat_timeout_s=args.heartbeat_timeout,
                    state_dir=Path(args.state_dir) if args.state_dir else None,
                    metrics_port=args.metrics_port, dashboard_port=args.dashboard_port,
-                   dashboard_host=args.dashboard_host, allow_code=args.allow_code)
+                   dashboard_host=args.dashboard_host, allow_code=args.allow_code,
+                   cubes=cubes)
     return 0
 
 
@@ -668,6 +671,10 @@ def _parser() -> argparse.ArgumentParser:
                                  "(default: 0, off; read-only, plain HTTP, no token)")
     controller.add_argument("--dashboard-host", default="127.0.0.1", metavar="HOST",
                             help="the address the dashboard listens on (default: 127.0.0.1)")
+    controller.add_argument("--cube", action="append", metavar="QUERY.py",
+                            help="keep cubes of this query at the sites for questions asked "
+                                 "later (jetstream history): it runs from start, as soon as "
+                                 "it can be placed, like a submitted query (repeatable)")
     controller.add_argument("--allow-code", action="store_true",
                             help="accept queries with map steps: their Python functions "
                                  "travel pickled and run on the sites, so whoever can submit "

@@ -1108,3 +1108,19 @@ def test_a_site_is_deployed_only_once_its_parent_has_registered(
     assert sites.deploys == [] and second.heartbeat("sfo", {}) == [QUERY]
     second.register_site("ams", address("ams"))
     assert [a for a, _, _ in sites.deploys] == [address("ams"), address("sfo")]
+
+
+def test_a_declared_cube_runs_from_the_first_registration_and_is_not_started_twice(
+        topology: Topology, sites: FakeSites, clock: FakeClock, source: QueryPlan) -> None:
+    controller = GlobalController(topology, sites.deploy, sites.stop,
+                                  heartbeat_timeout_s=TIMEOUT_S, clock=clock, cubes=[source])
+    assert QUERY not in controller.queries
+    controller.register_site("sfo", address("sfo"))  # submitted at the first registration
+    assert controller.queries[QUERY].active
+    register_all(controller)
+    state = controller.queries[QUERY]
+    assert state.active and sorted(state.deployed) == sorted(SITES) and state.version == 0
+    deploys = len(sites.deploys)
+    controller.cancel(QUERY)  # an operator's cancel holds: the cube does not come back
+    controller.register_site("sin", address("sin"))
+    assert controller.queries[QUERY].state == "cancelled" and len(sites.deploys) == deploys

@@ -9,7 +9,7 @@ import queue
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 from wsgiref.simple_server import WSGIServer
@@ -33,6 +33,7 @@ from jetstream.runtime import LinkState, SiteOptions, SiteRuntime
 from jetstream.v1 import control_pb2 as pb
 from jetstream.v1 import control_pb2_grpc as rpc
 from jetstream.v1 import dataplane_pb2_grpc as dataplane_rpc
+from jetstream.v1.query_pb2 import QueryPlan
 from jetstream.wire import result_to_proto
 
 __all__ = ["CALL_TIMEOUT_S", "run_controller", "run_site", "run_worker"]
@@ -124,18 +125,19 @@ def run_controller(topology: Topology, port: int, *, security: Security,
                    ready: Callable[[int], None] | None = None,
                    stop: threading.Event | None = None, metrics_port: int = 0,
                    dashboard_port: int = 0, dashboard_host: str = "127.0.0.1",
-                   allow_code: bool = False) -> None:
+                   allow_code: bool = False, cubes: Sequence[QueryPlan] = ()) -> None:
     """Serve the global controller until SIGINT/SIGTERM (or ``stop``); ``security`` guards
     its server and its channels to the sites. With a ``state_dir`` its queries and their
     results outlive it (see :class:`GlobalController`). A ``metrics_port`` serves Prometheus
     metrics (:mod:`jetstream.metrics`) on ``host``; a ``dashboard_port`` the live dashboard
     (:mod:`jetstream.control.dashboard`) on ``dashboard_host``. ``allow_code``: accept
-    queries whose ``map`` functions travel as code (see :mod:`jetstream.planwire`)."""
+    queries whose ``map`` functions travel as code (see :mod:`jetstream.planwire`).
+    ``cubes``: queries to run from the start, for history (see :class:`GlobalController`)."""
     clients = _SiteClients(security)
     calls = SiteCalls()  # deploys and stops never hold the controller's lock
     controller = GlobalController(topology, clients.deploy, clients.stop,
                                   heartbeat_timeout_s=heartbeat_timeout_s, state_dir=state_dir,
-                                  dispatch=calls, allow_code=allow_code)
+                                  dispatch=calls, allow_code=allow_code, cubes=cubes)
     clients.addresses = lambda site: controller.sites[site].address or ""
     servicer = GlobalControllerServicer(controller, heartbeat_interval_s,
                                         set_level=lambda site, address, request: calls.wait(

@@ -25,7 +25,7 @@ import queue
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -343,8 +343,12 @@ class GlobalController:
     def __init__(self, topology: Topology, deploy: Deployer, stop: Stopper, *,
                  heartbeat_timeout_s: float = 6.0, clock: Callable[[], float] = time.monotonic,
                  state_dir: Path | None = None, dispatch: Dispatch = call_now,
-                 allow_code: bool = False):
+                 allow_code: bool = False, cubes: Sequence[QueryPlan] = ()):
         self.topology = topology
+        #: Declared cubes: queries run from the start so that the sites keep their windows
+        #: for history (``jetstream controller --cube``); each is submitted once it can be
+        #: placed (a site registers), unless a query of its name runs already.
+        self._cubes = list(cubes)
         #: Whether queries may carry code (a ``map`` function, pickled) to run on the sites.
         self.allow_code = allow_code
         self.heartbeat_timeout_s = heartbeat_timeout_s
@@ -420,6 +424,23 @@ class GlobalController:
             for query in self.queries.values():
                 query.deployed.discard(name)  # a fresh controller holds nothing yet
             self._replan_all(f"site {name} is back" if came_back else "")
+            self._start_cubes()
+
+    def _start_cubes(self) -> None:
+        """Submit each declared cube not running yet that can be placed now."""
+        for spec in list(self._cubes):
+            existing = self.queries.get(spec.name)
+            if existing is None or not existing.active:
+                try:
+                    self.submit(spec)
+                except PlacementError as e:  # the root is not up yet, say: the next one
+                    log.info("cube %s waits to be placed: %s", spec.name, e)
+                    continue
+                except JetstreamError as e:
+                    log.error("cube %s cannot run: %s", spec.name, e)
+                else:
+                    log.info("cube %s runs: the sites keep its windows", spec.name)
+            self._cubes.remove(spec)
 
     def heartbeat(self, name: str, links: dict[str, float], *, input_bytes: int = 0,
                   reports: dict[str, LinkReport] | None = None,
