@@ -187,3 +187,21 @@ def test_the_cli_says_when_no_controller_answers() -> None:
                           capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=30)
     assert done.returncode == 1
     assert "cannot reach the controller at 127.0.0.1:" in done.stderr
+
+
+def test_a_cube_given_to_the_controller_runs_once_the_sites_register(tmp_path: Path) -> None:
+    """`jetstream controller --cube QUERY.py`: the query runs from the start, without a
+    submit, so that the sites keep its windows for `jetstream history`."""
+    cluster = Cluster(f"127.0.0.1:{free_port()}", tmp_path)
+    try:
+        cluster.start("controller", "controller", "--topology", str(TOPOLOGY),
+                      "--port", cluster.address.rsplit(":", 1)[1], "--cube", str(EXAMPLE))
+        for site in SITES:
+            cluster.start(site, "site", "--name", site, "--controller", cluster.address)
+        placed = cluster.wait_for("the cube placed on every site", lambda s: all(
+            pieces(s, site) == expected for site, expected in EXPECTED_PIECES.items()))
+        assert query(placed)["state"] == "running"
+    finally:
+        for process in cluster.processes.values():
+            process.kill()
+            process.wait(timeout=10)
