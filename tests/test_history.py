@@ -4,6 +4,7 @@ the reference executor's over the same records."""
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from pathlib import Path
@@ -173,7 +174,7 @@ query = js.Query("past", logs.where(col("status") < 500)
 
 
 def test_history_of_a_live_query_from_the_sites_cubes_equals_the_reference(
-        tmp_path: Path) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Three sites run a query live over the last few minutes' records; a history query at
     10 s (the sites' own windows) and at 1 min (their rollups) answers from what the sites
     kept, through the controller, as the reference executor does over the same records."""
@@ -223,6 +224,17 @@ def test_history_of_a_live_query_from_the_sites_cubes_equals_the_reference(
             assert all(r.history and r.exact and r.sites_reporting == 3 for r in got)
             assert response.stored == "stored" and response.bytes > 0
             assert response.resolution_ms == (10_000 if size == "10s" else MINUTE)
+        # The same from the command line, as JSON lines.
+        from jetstream.cli import main
+
+        capsys.readouterr()
+        assert main(["history", str(past), "--since", str(base - MINUTE), "--until", str(now),
+                     "--json", "--controller", cluster.address,
+                     "--tls-dir", str(cluster.tls_dir)]) == 0
+        printed = capsys.readouterr()
+        assert [json.loads(line) for line in printed.out.splitlines()] == [
+            r.to_dict() for r in got]
+        assert "from the 60 s cubes of stored; the sites sent" in printed.err
 
         # Backfill, then live: a new query starts with the past from the cubes, up to the end
         # of the stored query's newest complete window, and counts the records from there.
