@@ -354,7 +354,6 @@ class QueryRun:
 
     def _stage_failed(self, message: str) -> None:
         """A stage is lost; the others go on without its records."""
-        log.error("%s", message)
         if self.failure is None:
             self.failure = message
         # The controller hears of it before the input ends here, so a finite run that then

@@ -114,8 +114,9 @@ class StageInput:
             else:
                 self._run_live(self.stage)
         except Exception as e:  # the stage is lost; the others go on without its records
-            self._on_failure(f"local stage of {self.query.name} at {self.name} failed: "
-                             f"{_cause(e)}")
+            message = f"local stage of {self.query.name} at {self.name} failed: {_cause(e)}"
+            log.exception(message)
+            self._on_failure(message)
             # Results say how many sites they cover, so they show what is missing.
             self._progress(self.name, ENDED, self.replay)
 
