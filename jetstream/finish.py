@@ -15,13 +15,13 @@ from collections.abc import Callable, Collection
 from jetstream import metrics
 from jetstream.aggregator import MergedWindow
 from jetstream.approx.levels import Ranking
-from jetstream.approx.truncate import top_k_bounds
+from jetstream.approx.truncate import BoundedPartial, top_k_bounds
 from jetstream.dsl import Query
 from jetstream.local import finish_from_partials
 from jetstream.operators import WindowAggregate
 from jetstream.results import WindowResult
 
-__all__ = ["Publish", "RootResults"]
+__all__ = ["Publish", "RootResults", "with_top_k_bounds"]
 
 #: Publishes a query's final results; ``finished``: there will be no more.
 Publish = Callable[[str, list[WindowResult], bool], None]
@@ -62,16 +62,22 @@ class RootResults:
             warnings=list(merged.warnings)) for r in results]
 
     def _with_bounds(self, result: WindowResult, merged: MergedWindow) -> WindowResult:
-        """Each top-k row with its ranking value's ``lb``/``ub`` and whether it is certain."""
         assert self.ranking is not None
-        top = top_k_bounds(merged.bounded, self.partial, self.ranking.by, self.ranking.k)
-        keys = self.partial.keys
-        known = {tuple(row[k] for k in keys): (lb, ub, sure, whole) for row, lb, ub, sure, whole
-                 in zip(top.rows, top.lb, top.ub, top.guaranteed, top.complete, strict=True)}
-        rows = []
-        for row in result.rows:
-            lb, ub, sure, whole = known.get(tuple(row.get(k) for k in keys),
-                                            (None, None, False, False))
-            rows.append({**row, "lb": lb, "ub": ub, "guaranteed": sure, "complete": whole})
-        return dataclasses.replace(result, rows=rows, exact=False,
-                                   error_bound=max(result.error_bound or 0.0, top.error_bound))
+        return with_top_k_bounds(result, merged.bounded, self.partial, self.ranking)
+
+
+def with_top_k_bounds(result: WindowResult, bounded: BoundedPartial,
+                      partial: WindowAggregate, ranking: Ranking) -> WindowResult:
+    """Each top-k row of ``result`` (finished from ``bounded``, a window's merged partial
+    with truncation bounds) with its ranking value's ``lb``/``ub`` and whether it is certain."""
+    top = top_k_bounds(bounded, partial, ranking.by, ranking.k)
+    keys = partial.keys
+    known = {tuple(row[k] for k in keys): (lb, ub, sure, whole) for row, lb, ub, sure, whole
+             in zip(top.rows, top.lb, top.ub, top.guaranteed, top.complete, strict=True)}
+    rows = []
+    for row in result.rows:
+        lb, ub, sure, whole = known.get(tuple(row.get(k) for k in keys),
+                                        (None, None, False, False))
+        rows.append({**row, "lb": lb, "ub": ub, "guaranteed": sure, "complete": whole})
+    return dataclasses.replace(result, rows=rows, exact=False,
+                               error_bound=max(result.error_bound or 0.0, top.error_bound))

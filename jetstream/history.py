@@ -31,21 +31,27 @@ from dataclasses import dataclass
 from typing import Any
 
 from jetstream.aggregates import Aggregate
+from jetstream.approx.levels import Ladder, ladder, ranking
+from jetstream.approx.truncate import BoundedPartial, merge_bounded
 from jetstream.cubes import DEFAULT_RETENTION
 from jetstream.dsl import Query, Stream
 from jetstream.errors import ControlPlaneError, DataError, PlanError
 from jetstream.expr import Col, Expr
+from jetstream.finish import with_top_k_bounds
 from jetstream.local import finish_from_partials
 from jetstream.operators import Operator, Source, Where, Window, WindowAggregate
-from jetstream.partials import PartialBatch, decode_batch
+from jetstream.partials import PartialBatch, decode_batch, encode_batch, summarised
+from jetstream.planwire import query_to_proto
 from jetstream.results import WindowResult
 from jetstream.rewrite import distributed
 from jetstream.rewrite.edit import insert_below, plan_of
 from jetstream.runtime import partial_aggregate
 from jetstream.stage.check import site_chains
 from jetstream.v1 import control_pb2 as pb
+from jetstream.v1 import dataplane_pb2 as dataplane
 
-__all__ = ["HistoryAnswer", "HistoryPlan", "ReadCubes", "answer", "plan_history", "seamed"]
+__all__ = ["HISTORY_BUDGET_S", "HistoryAnswer", "HistoryPlan", "ReadCubes", "answer",
+           "degraded_answer", "plan_history", "seamed"]
 
 Row = dict[str, Any]
 Windows = tuple[int, int]
@@ -66,6 +72,25 @@ class HistoryPlan:
     where: tuple[Expr, ...]  # the history query's filters on stored keys
 
     @property
+    def ladder(self) -> Ladder:
+        """The stored query's degradation levels: a site's answer steps down them."""
+        return ladder(ranking(self.stored), partial_aggregate(self.stored))
+
+    @property
+    def max_level(self) -> int:
+        """The coarsest level of :attr:`ladder` a site's answer may step down to: its
+        sketches of distinct counts and quantiles, which merge whatever the keys; its
+        truncations too when the history query keeps the stored keys and ranks by the stored
+        ranking (then the rows carry top-k bounds); never its frequent-items sketches."""
+        steps = self.ladder
+        stored, mine = ranking(self.stored), ranking(self.query)
+        same_rank = (stored is not None and mine is not None and self.keys == tuple(
+            partial_aggregate(self.stored).keys) and (mine.by, stored.by) in self.aggregates)
+        allowed = [lv.index for lv in steps.levels if steps.encoding(lv).lg_max_k is None
+                   and (same_rank or steps.encoding(lv).keep is None)]
+        return max(allowed)
+
+    @property
     def window(self) -> Window:
         found = _window(_chain(self.query))
         assert found is not None, "plan_history checked the window"
@@ -81,49 +106,65 @@ class HistoryPlan:
     def finish(self, batches: Iterable[PartialBatch], *, expected: Collection[str],
                unanswered: Mapping[str, str]) -> list[WindowResult]:
         """The history query's results from the stored windows the source sites
-        (``expected``) sent; ``unanswered``: those that did not, and why."""
+        (``expected``) sent; ``unanswered``: those that did not, and why. A stored window
+        that came truncated (a site's answer stepped down on a thin link, see
+        :func:`degraded_answer`) makes its history windows' rows carry top-k bounds."""
         answered = set(expected) - set(unanswered)
         partial = partial_aggregate(self.query)
-        aggs = dict(partial.aggregates)
         spec = self.window.spec
         wanted = set(self.windows())
-        groups: dict[Windows, dict[tuple[Any, ...], list[Any]]] = {}
-        inexact: set[Windows] = set()
+        pieces: dict[Windows, list[BoundedPartial]] = {}
         for batch in batches:
             start = batch.window[0]
             # The history windows this stored window lies in (it lies wholly in each).
             owners = [w for w in spec.windows_of(start) if w in wanted
                       and w[0] <= start and batch.window[1] <= w[1]]
-            for window in owners:
-                if batch.level or not batch.complete:
-                    inexact.add(window)
-                into = groups.setdefault(window, {})
-                for row in batch.rows:
-                    if not all(expr.evaluate(row) for expr in self.where):
-                        continue
-                    key = tuple(row[k] for k in self.keys)
-                    accs = into.setdefault(key, [aggs[name].create() for name, _ in
-                                                 self.aggregates])
-                    for i, (name, stored) in enumerate(self.aggregates):
-                        accs[i] = aggs[name].merge(accs[i], row[stored])
+            if owners:
+                piece = self._piece(batch, partial)
+                for window in owners:
+                    pieces.setdefault(window, []).append(piece)
+        rank = ranking(self.query)
+        missing = sorted(unanswered)
+        warnings = [f"site {site} did not answer ({unanswered[site]}): its records are "
+                    "missing" for site in missing]
         results = []
-        for window in sorted(groups):
-            rows = [{**dict(zip(self.keys, key, strict=True)),
-                     **{name: acc for (name, _), acc in zip(self.aggregates, accs,
-                                                           strict=True)}}
-                    for key, accs in groups[window].items()]
-            for result in finish_from_partials(self.query, {window: rows}):
-                missing = sorted(unanswered)
-                warnings = [f"site {site} did not answer ({unanswered[site]}): its records "
-                            "are missing" for site in missing]
-                if window in inexact:
-                    warnings.append("a stored window was degraded or incomplete")
+        for window in sorted(pieces):
+            merged = merge_bounded(pieces[window], partial)
+            for result in finish_from_partials(self.query, {window: list(merged.rows)}):
+                if merged.truncated and rank is not None:
+                    result = with_top_k_bounds(result, merged, partial, rank)
+                elif merged.truncated:  # (degraded_answer truncates only for a top-k)
+                    result = dataclasses.replace(result, exact=False, error_bound=None)
                 results.append(dataclasses.replace(
-                    result, exact=result.exact and window not in inexact,
-                    sites_reporting=len(answered),
-                    sites_expected=len(expected), missing_sites=missing, warnings=warnings,
-                    history=True))
+                    result, sites_reporting=len(answered), sites_expected=len(expected),
+                    missing_sites=missing, warnings=list(warnings), history=True))
         return results
+
+    def _piece(self, batch: PartialBatch, partial: WindowAggregate) -> BoundedPartial:
+        """A stored window's rows as the history query's partial: filtered on the stored
+        keys, cut to the history query's keys (rows that then share a key merged), its
+        aggregates renamed; with the window's truncation bounds, if it has any."""
+        aggs = dict(partial.aggregates)
+        bounded = batch.bounded
+        rows: dict[tuple[Any, ...], dict[str, Any]] = {}
+        slack: dict[tuple[Any, ...], float] = {}
+        complete: dict[tuple[Any, ...], bool] = {}
+        for row, row_slack, whole in zip(bounded.rows, bounded.slack, bounded.complete,
+                                         strict=True):
+            if not all(expr.evaluate(row) is True for expr in self.where):
+                continue
+            key = tuple(row[k] for k in self.keys)
+            into = rows.get(key)
+            if into is None:
+                into = rows[key] = {**dict(zip(self.keys, key, strict=True)),
+                                    **{name: aggs[name].create() for name, _ in self.aggregates}}
+            for name, stored in self.aggregates:
+                into[name] = aggs[name].merge(into[name], row[stored])
+            # (A truncated window is read only with the stored keys: no two rows share one.)
+            slack[key] = slack.get(key, 0.0) + row_slack
+            complete[key] = complete.get(key, True) and whole
+        return BoundedPartial(tuple(rows.values()), tuple(slack.values()), bounded.omitted,
+                              tuple(complete.values()), bounded.truncated)
 
 
 @dataclass(frozen=True)
@@ -137,20 +178,45 @@ class HistoryAnswer:
     bytes: int
 
 
+#: Seconds of its link's time a site's answer to a history query may take: past that, the
+#: site sends it at a coarser level of the stored query's ladder (:func:`degraded_answer`).
+HISTORY_BUDGET_S = 10.0
+
+
+def degraded_answer(messages: list[dataplane.PartialBatch], stored: Query, max_bytes: int,
+                    max_level: int) -> list[dataplane.PartialBatch]:
+    """A site's kept windows (``messages``) of ``stored`` (the stored query, distributed)
+    as the finest level of its ladder, up to ``max_level``, whose answer fits ``max_bytes``
+    sends them (the coarsest allowed, if none does); ``max_bytes`` 0: no budget."""
+    if not max_bytes or sum(m.ByteSize() for m in messages) <= max_bytes:
+        return messages
+    partial = partial_aggregate(stored)
+    steps = ladder(ranking(stored), partial)
+    batches = [decode_batch(message, partial) for message in messages]
+    sent = messages
+    for level in steps.levels[1:max_level + 1]:
+        sent = [encode_batch(summarised(b, steps.degrade(b.bounded, partial, level),
+                                        level.index), partial) for b in batches]
+        if sum(m.ByteSize() for m in sent) <= max_bytes:
+            break
+    return sent
+
+
 #: Reads one site's kept windows: (site, its controller's address, request) -> response.
 ReadCubes = Callable[[str, str, pb.ReadCubesRequest], pb.ReadCubesResponse]
 
 
-def answer(plan: HistoryPlan, sites: Mapping[str, str], read: ReadCubes) -> HistoryAnswer:
+def answer(plan: HistoryPlan, sites: Mapping[str, str], read: ReadCubes,
+           budgets: Mapping[str, int] | None = None) -> HistoryAnswer:
     """Ask each source site of the stored query (name -> address, "" when it is down) for
-    its kept windows in the plan's range, and finish them into the history's results."""
+    its kept windows in the plan's range, and finish them into the history's results;
+    ``budgets``: the bytes a site's answer may take on its link (none: no limit), past which
+    it steps down the stored query's ladder."""
     windows = plan.windows()
     if not windows:
         return HistoryAnswer([], plan.stored.name, plan.resolution_ms, 0)
-    request = pb.ReadCubesRequest(query=plan.stored.name, start_ms=windows[0][0],
-                                  end_ms=windows[-1][1],
-                                  resolution_ms=plan.resolution_ms if plan.rollup else 0)
     stored = partial_aggregate(plan.stored)
+    spec, level = query_to_proto(plan.stored), plan.max_level
     batches: list[PartialBatch] = []
     unanswered: dict[str, str] = {}
     size = 0
@@ -158,6 +224,10 @@ def answer(plan: HistoryPlan, sites: Mapping[str, str], read: ReadCubes) -> Hist
         if not address:
             unanswered[site] = "it is down"
             continue
+        request = pb.ReadCubesRequest(
+            query=plan.stored.name, start_ms=windows[0][0], end_ms=windows[-1][1],
+            resolution_ms=plan.resolution_ms if plan.rollup else 0,
+            max_bytes=(budgets or {}).get(site, 0), max_level=level, stored=spec)
         try:
             response = read(site, address, request)
             got = [decode_batch(message, stored) for message in response.batches]

@@ -288,3 +288,91 @@ def test_a_backfilled_query_runs_live_from_the_seam_and_takes_tumbling_windows_o
         seamed(sliding, 2 * MINUTE)
     with pytest.raises(PlanError, match="is not at a window's start"):
         seamed(query, 2 * MINUTE + 1)
+
+
+# -- over thin links: a site's answer steps down the stored query's ladder ------------------
+
+def stored_windows(folder: Path, records: dict[str, list[dict[str, Any]]]
+                   ) -> dict[str, list[Any]]:
+    """Each site's own 10 s windows of STORED, as its cube store keeps them (messages)."""
+    site_query, partial = site_part(distributed(STORED))
+    out = {}
+    for site, rows in records.items():
+        with CubeStore(folder / f"{site}.sqlite") as store:
+            for result in js.run_local(site_query, rows):
+                store.receive(encode_batch(PartialBatch(
+                    "cdn", (result.window_start, result.window_end), site,
+                    tuple(result.rows)), partial))
+            out[site] = store.messages("cdn", 0, 2 * NOW, None, [site])
+    return out
+
+
+def busy_records(seed: int, domains: int, ips: int, n: int) -> dict[str, list[dict[str, Any]]]:
+    rng = random.Random(seed)
+    weights = [1 / (i + 1) ** 1.1 for i in range(domains)]
+    return {site: sorted((log(NOW - 20 * MINUTE + rng.randrange(MINUTE),
+                              f"d{rng.choices(range(domains), weights)[0]}.com", pop=site,
+                              cache=rng.choice(["HIT", "MISS"]), bytes=rng.randrange(1 << 20),
+                              client_ip=f"10.{rng.randrange(ips) // 65536}."
+                                        f"{rng.randrange(ips) // 256 % 256}.{rng.randrange(256)}")
+                          for _ in range(n)), key=lambda r: r["ts"]) for site in SITES}
+
+
+def thin_answers(tmp_path: Path, query: js.Query, records: dict[str, list[dict[str, Any]]]
+                 ) -> tuple[Any, list[Any]]:
+    """Each site's answer to ``query`` over a link that carries a twelfth of it, read back."""
+    from jetstream.history import degraded_answer
+
+    how = plan(query)
+    stored = distributed(STORED)
+    kept_windows = stored_windows(tmp_path, records)
+    full = sum(m.ByteSize() for ms in kept_windows.values() for m in ms)
+    _, partial = site_part(stored)
+    sent = {site: degraded_answer(ms, stored, full // 12, how.max_level)
+            for site, ms in kept_windows.items()}
+    assert sum(m.ByteSize() for ms in sent.values() for m in ms) < full
+    batches = [decode_batch(m, partial) for ms in sent.values() for m in ms]
+    assert all(b.level > 0 for b in batches)
+    (result,) = how.finish(batches, expected=SITES, unanswered={})
+    return how, [result, js.run_local(query, sorted(
+        (r for rows in records.values() for r in rows), key=lambda r: r["ts"]))[0]]
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_with_fewer_keys_a_thin_link_sends_sketches_and_the_bounds_hold(
+        tmp_path: Path, seed: int) -> None:
+    """Fewer keys than the stored ones: only the sketch levels may go (they merge whatever
+    the keys), here HLL sketches of the large sets of client addresses."""
+    users = history(kept(LOGS).window(js.tumbling("1m")).group_by("domain")
+                    .agg(n=js.count(), users=js.count_distinct("client_ip")))
+    how, (result, want) = thin_answers(tmp_path, users, busy_records(seed, 2, 1 << 20, 12_000))
+    assert how.ladder.levels[how.max_level].name == "HLL 2^12"
+    assert not result.exact and 0 < result.error_bound < 0.1
+    truth = {r["domain"]: r for r in want.rows}
+    for row in result.rows:
+        assert row["n"] == truth[row["domain"]]["n"]
+        true_users = truth[row["domain"]]["users"]
+        assert abs(row["users"] - true_users) <= result.error_bound * row["users"] + 1
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_with_the_stored_keys_and_ranking_a_thin_link_truncates_with_top_k_bounds(
+        tmp_path: Path, seed: int) -> None:
+    top = history(kept(LOGS).window(js.tumbling("1m")).group_by("domain", "cache")
+                  .agg(n=js.count()).top_k(5, by="n"))
+    records = busy_records(seed, 200, 1 << 10, 3000)
+    how, (result, want) = thin_answers(tmp_path, top, records)
+    assert how.ladder.levels[how.max_level].name == "top 20, HLL 2^12"
+    assert not result.exact and len(result.rows) == 5
+    counts: dict[tuple[str, str], int] = {}
+    for rows in records.values():
+        for r in rows:
+            if r["status"] < 500:
+                key = (r["domain"], r["cache"])
+                counts[key] = counts.get(key, 0) + 1
+    kth = want.rows[-1]["n"]
+    for row in result.rows:
+        true = counts[(row["domain"], row["cache"])]
+        assert row["lb"] <= true <= row["ub"], row
+        if row["guaranteed"]:
+            assert true >= kth

@@ -20,6 +20,7 @@ import datetime as dt
 import functools
 import json
 import logging
+import math
 import os
 import queue
 import threading
@@ -38,7 +39,14 @@ from jetstream.aggtree.planner import Fragment, PhysicalPlan, plan_query
 from jetstream.aggtree.topology import Link, Topology
 from jetstream.dsl import Query
 from jetstream.errors import ControlPlaneError, JetstreamError, PlacementError, PlanError
-from jetstream.history import HistoryAnswer, ReadCubes, answer, plan_history, seamed
+from jetstream.history import (
+    HISTORY_BUDGET_S,
+    HistoryAnswer,
+    ReadCubes,
+    answer,
+    plan_history,
+    seamed,
+)
 from jetstream.operators import Source
 from jetstream.planwire import query_from_bytes, query_from_proto, query_to_proto
 from jetstream.results import WindowResult
@@ -657,7 +665,8 @@ class GlobalController:
         seam = max(complete) // size * size
         live = seamed(query, seam)
         found = answer(dataclasses.replace(plan, end_ms=max(seam, since_ms)),
-                       {site: addresses.get(site, "") for site in state.expected}, read)
+                       {site: addresses.get(site, "") for site in state.expected}, read,
+                       self._history_budgets(state))
         log.info("%s: backfilled %d windows from the cubes of %s, live from %d", query.name,
                  len(found.results), state.name, seam)
         return live, found, seam
@@ -678,7 +687,29 @@ class GlobalController:
                             until_ms=until_ms,
                             now_ms=time.time_ns() // 1_000_000 if now_ms is None else now_ms)
         state = next(s for s in states if s.name == plan.stored.name)
-        return answer(plan, {site: addresses.get(site, "") for site in state.expected}, read)
+        return answer(plan, {site: addresses.get(site, "") for site in state.expected}, read,
+                      self._history_budgets(state))
+
+    def _history_budgets(self, state: QueryState) -> dict[str, int]:
+        """The bytes each source site's answer to a history query may take: what the
+        thinnest link on its way to the root in the stored query's tree carries in
+        HISTORY_BUDGET_S (by the measured bandwidth where there is one; the root's own, no
+        limit)."""
+        topology = self.effective_topology()
+        fragments = state.plan.fragments if state.plan is not None else {}
+        budgets = {}
+        for site in state.expected:
+            bps, node = math.inf, site
+            while node in fragments and fragments[node].parent:
+                parent = fragments[node].parent
+                assert parent is not None
+                try:
+                    bps = min(bps, topology.link(node, parent).bandwidth_bps)
+                except PlacementError:  # a site out of the tree now: no budget known
+                    break
+                node = parent
+            budgets[site] = 0 if math.isinf(bps) else int(bps / 8 * HISTORY_BUDGET_S)
+        return budgets
 
     def publish(self, name: str, results: list[WindowResult], finished: bool) -> None:
         """The root's results for a query; ``finished``: its finite input is all done."""

@@ -229,8 +229,7 @@ class SiteControllerServicer(rpc.SiteControllerServicer):
     def ReadCubes(self, request: pb.ReadCubesRequest,
                   context: grpc.ServicerContext) -> pb.ReadCubesResponse:
         try:
-            batches = self._ready(context).read_cubes(request.query, request.start_ms,
-                                                      request.end_ms, request.resolution_ms)
+            batches = self._ready(context).read_cubes(request)
         except JetstreamError as e:
             _abort(context, e)
         return pb.ReadCubesResponse(batches=batches)

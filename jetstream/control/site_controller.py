@@ -28,7 +28,8 @@ from jetstream.aggtree.topology import Server
 from jetstream.control.wire import fragment_to_proto
 from jetstream.control.workers import WorkerPool
 from jetstream.errors import ControlPlaneError
-from jetstream.planwire import query_from_bytes
+from jetstream.history import degraded_answer
+from jetstream.planwire import query_from_bytes, query_from_proto
 from jetstream.rewrite import distributed
 from jetstream.runtime import Assignment, SiteRuntime, merge_inputs
 from jetstream.uplink import LinkLevel
@@ -200,11 +201,12 @@ class SiteController:
                 pieces.append(Piece(query, label, self.servers[i].name, on_worker=spread))
         return pieces
 
-    def read_cubes(self, query: str, start_ms: int, end_ms: int,
-                   resolution_ms: int) -> list[Any]:
-        """The windows this site's own local stages made of ``query`` inside ``[start_ms,
-        end_ms)``, as its cube store keeps them: as made (``resolution_ms`` 0) or rolled up to
-        that length. A ControlPlaneError if the site keeps no cubes."""
+    def read_cubes(self, request: pb.ReadCubesRequest) -> list[Any]:
+        """The windows this site's own local stages made of ``request.query`` inside
+        ``[start_ms, end_ms)``, as its cube store keeps them: as made (``resolution_ms`` 0)
+        or rolled up to that length; stepped down the stored query's ladder when they would
+        take more than ``max_bytes``. A ControlPlaneError if the site keeps no cubes."""
+        query, start_ms, end_ms = request.query, request.start_ms, request.end_ms
         store = None if self.runtime is None else self.runtime.cube_store()
         if store is None:
             msg = f"site {self.site} keeps no cubes (it was started with --no-cubes)"
@@ -213,7 +215,11 @@ class SiteController:
                if o == self.site or o.startswith(f"{self.site}[")]
         if not own:
             return []
-        return store.messages(query, start_ms, end_ms, resolution_ms or None, own)
+        kept = store.messages(query, start_ms, end_ms, request.resolution_ms or None, own)
+        if not request.max_bytes:
+            return kept
+        stored = distributed(query_from_proto(request.stored, allow_code=True))
+        return degraded_answer(kept, stored, request.max_bytes, request.max_level)
 
     # -- workers ------------------------------------------------------------------------------
     def _on_workers(self, assignment: Assignment) -> Assignment:

@@ -374,16 +374,22 @@ class HistoryResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[_query_pb2.WindowResult, _Mapping]]] = ..., stored: _Optional[str] = ..., resolution_ms: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
 
 class ReadCubesRequest(_message.Message):
-    __slots__ = ("query", "start_ms", "end_ms", "resolution_ms")
+    __slots__ = ("query", "start_ms", "end_ms", "resolution_ms", "max_bytes", "max_level", "stored")
     QUERY_FIELD_NUMBER: _ClassVar[int]
     START_MS_FIELD_NUMBER: _ClassVar[int]
     END_MS_FIELD_NUMBER: _ClassVar[int]
     RESOLUTION_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_LEVEL_FIELD_NUMBER: _ClassVar[int]
+    STORED_FIELD_NUMBER: _ClassVar[int]
     query: str
     start_ms: int
     end_ms: int
     resolution_ms: int
-    def __init__(self, query: _Optional[str] = ..., start_ms: _Optional[int] = ..., end_ms: _Optional[int] = ..., resolution_ms: _Optional[int] = ...) -> None: ...
+    max_bytes: int
+    max_level: int
+    stored: _query_pb2.QueryPlan
+    def __init__(self, query: _Optional[str] = ..., start_ms: _Optional[int] = ..., end_ms: _Optional[int] = ..., resolution_ms: _Optional[int] = ..., max_bytes: _Optional[int] = ..., max_level: _Optional[int] = ..., stored: _Optional[_Union[_query_pb2.QueryPlan, _Mapping]] = ...) -> None: ...
 
 class ReadCubesResponse(_message.Message):
     __slots__ = ("batches",)
