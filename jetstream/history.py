@@ -70,6 +70,7 @@ class HistoryPlan:
     keys: tuple[str, ...]  # the history query's group keys
     aggregates: tuple[tuple[str, str], ...]  # (history name, stored name)
     where: tuple[Expr, ...]  # the history query's filters on stored keys
+    written: Query  # the stored query as written: what a site is sent to read its windows
 
     @property
     def ladder(self) -> Ladder:
@@ -216,7 +217,7 @@ def answer(plan: HistoryPlan, sites: Mapping[str, str], read: ReadCubes,
     if not windows:
         return HistoryAnswer([], plan.stored.name, plan.resolution_ms, 0)
     stored = partial_aggregate(plan.stored)
-    spec, level = query_to_proto(plan.stored), plan.max_level
+    spec, level = query_to_proto(plan.written), plan.max_level
     batches: list[PartialBatch] = []
     unanswered: dict[str, str] = {}
     size = 0
@@ -323,7 +324,7 @@ def _derive(history: Query, stored: Query, since_ms: int, until_ms: int, now_ms:
                              finest)
     return HistoryPlan(distributed(history), distributed(stored), resolution,
                        resolution != s_window.spec.size_ms, since_ms, until_ms,
-                       h_partial.keys, tuple(aggregates), where)
+                       h_partial.keys, tuple(aggregates), where, stored)
 
 
 def _chain(query: Query) -> list[Operator]:
