@@ -19,8 +19,15 @@ from the cubes of a query that ran (its *stored* query) when they hold what it n
 :meth:`HistoryPlan.finish` turns the sites' stored windows into the history query's results:
 each stored row filtered, its keys cut to the history query's, its aggregates renamed, merged
 per history window with the aggregates' own merge, and finished by the reference executor's
-operators, as the root finishes live windows. Results say which sites answered and whether
-every stored window was exact.
+operators, as the root finishes live windows. Results say which sites answered.
+
+A site whose answer would take more than its budget on its link (:data:`HISTORY_BUDGET_S`)
+steps it down the stored query's own degradation ladder (:func:`degraded_answer`, up to
+:attr:`HistoryPlan.max_level`): sketches of exact distinct counts and quantiles, and, for a
+history query with the stored keys and ranking, truncations whose bounds the results carry.
+
+:func:`seamed` makes the live part of a backfilled query (``jetstream submit --since``):
+the query counting only the records at or after the seam, before which the cubes answer.
 """
 
 from __future__ import annotations
