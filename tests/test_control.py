@@ -3,6 +3,7 @@ placement, the results hub, and the gRPC API served in-process."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Iterator
@@ -1124,3 +1125,27 @@ def test_a_declared_cube_runs_from_the_first_registration_and_is_not_started_twi
     controller.cancel(QUERY)  # an operator's cancel holds: the cube does not come back
     controller.register_site("sin", address("sin"))
     assert controller.queries[QUERY].state == "cancelled" and len(sites.deploys) == deploys
+
+
+def test_the_hub_keeps_one_result_per_window_and_revision_across_a_root_restart(
+        tmp_path: Path) -> None:
+    """A restarted root publishes its windows again from revision 0: a repeat is dropped,
+    new content under a used revision goes out under the next one, a newer revision as is —
+    also after the controller itself restarts (the hub reads its folder back)."""
+    hub = ResultsHub(tmp_path)
+    first = window(0)
+    hub.publish(first)
+    hub.publish(dataclasses.replace(first, latency_s=9.0, wan_bytes=5))  # the same, again
+    fuller = dataclasses.replace(first, rows=[{"domain": "a.com", "requests": 7}])
+    hub.publish(fuller)  # new rows under revision 0: published as revision 1
+    hub.publish(dataclasses.replace(first, revision=2,
+                                    rows=[{"domain": "a.com", "requests": 8}]))
+    assert [(r.revision, r.rows[0]["requests"]) for r in hub.newest(QUERY, 10)] == [
+        (0, 0), (1, 7), (2, 8)]
+    again = ResultsHub(tmp_path)  # the controller restarted
+    again.publish(dataclasses.replace(first, revision=2,
+                                      rows=[{"domain": "a.com", "requests": 8}]))
+    # An older word again, after a newer one: the root's newest word is what counts.
+    again.publish(dataclasses.replace(fuller, revision=1))
+    assert [(r.revision, r.rows[0]["requests"]) for r in again.newest(QUERY, 10)] == [
+        (0, 0), (1, 7), (2, 8), (3, 7)]

@@ -119,8 +119,11 @@ def test_the_root_killed_mid_window_loses_nothing_it_had_acked(tmp_path: Path) -
         if i == 15:
             cluster.restart("ams")
 
-    run_with(fault, tmp_path)
+    (stream, *_) = run_with(fault, tmp_path)
     assert "from the inbox" in (tmp_path / "logs" / "ams.log").read_text()
+    # The restarted root publishes its windows again: one result per (window, revision).
+    published = [(r.window_start, r.revision) for r in stream]
+    assert len(published) == len(set(published)), published
 
 
 def test_a_restarted_controller_takes_up_the_running_query(tmp_path: Path) -> None:

@@ -209,13 +209,21 @@ class QueryState:
 class ResultsHub:
     """Window results per query, to every subscriber (StreamResults) as they arrive; the
     newest ``keep`` of each query. With a ``folder``, also appended there (one JSON line a
-    result, a file a query) and read back when a restarted controller makes its hub."""
+    result, a file a query) and read back when a restarted controller makes its hub.
+
+    Exactly one result per (window, revision): a root that restarts merges its inbox again
+    and publishes windows it had published, from revision 0. A repeat of what the window's
+    newest result says is dropped; anything else under a revision already used goes out under
+    the next one: the root's newest word on the window is what a reader keeps.
+    """
 
     def __init__(self, folder: Path | None = None, keep: int = MAX_RESULTS) -> None:
         self._lock = threading.Condition()
         self._results: dict[str, list[WindowResult]] = {}
         self._dropped: dict[str, int] = {}  # query -> how many old results were let go
         self._closed: set[str] = set()
+        # query -> window -> (its newest revision published, what that result said)
+        self._newest: dict[str, dict[tuple[int, int], tuple[int, str]]] = {}
         self._folder, self._keep = folder, keep
         if folder is not None:
             folder.mkdir(parents=True, exist_ok=True)
@@ -226,14 +234,34 @@ class ResultsHub:
                     _write_atomically(path, "".join(_line(r) for r in kept))
                 if kept:
                     self._results[kept[0].query] = kept
+                    for result in kept:
+                        self._admit(result)
 
     def _file(self, query: str) -> Path | None:
         if self._folder is None:
             return None
         return self._folder / f"{urllib.parse.quote(query, safe='')}.jsonl"
 
+    def _admit(self, result: WindowResult) -> WindowResult | None:
+        """``result`` as it may go out — None for a repeat of its window's newest result,
+        renumbered for something else under a revision already used — noted as the newest."""
+        said = _said(result)
+        newest = self._newest.setdefault(result.query, {})
+        window = (result.window_start, result.window_end)
+        revision, before = newest.get(window, (-1, ""))
+        if result.revision <= revision:
+            if said == before:
+                return None
+            result = dataclasses.replace(result, revision=revision + 1)
+        newest[window] = (result.revision, said)
+        return result
+
     def publish(self, result: WindowResult) -> None:
         with self._lock:
+            admitted = self._admit(result)
+            if admitted is None:
+                return
+            result = admitted
             kept = self._results.setdefault(result.query, [])
             kept.append(result)
             path = self._file(result.query)
@@ -258,6 +286,7 @@ class ResultsHub:
         with self._lock:
             self._results.pop(query, None)
             self._dropped.pop(query, None)
+            self._newest.pop(query, None)
             self._closed.discard(query)
             path = self._file(query)
             if path is not None:
@@ -910,6 +939,13 @@ class GlobalController:
 
 def _line(result: WindowResult) -> str:
     return json.dumps(result.to_dict()) + "\n"
+
+
+def _said(result: WindowResult) -> str:
+    """What a result says of its window, apart from when and at what cost it came."""
+    return json.dumps([result.rows, result.exact, result.error_bound, result.sites_reporting,
+                       result.sites_expected, result.missing_sites, result.warnings],
+                      sort_keys=True, default=repr)
 
 
 def _result(line: str, path: Path) -> WindowResult | None:
