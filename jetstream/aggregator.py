@@ -10,9 +10,11 @@ results) replace what they had. Merging uses each aggregate's own ``merge`` on f
 accumulators, so nothing an input sent is changed.
 
 A window that went out complete is kept for ``retain_s`` more seconds, so that an input
-coming back after a failure or a partition still corrects it; past that it is forgotten, and
-a batch for a window that old is refused (counted in ``too_late``) rather than merged into a
-fresh window that would replace the full one with a part of it.
+coming back after a failure or a partition still corrects it; past that it is forgotten. A
+batch for a window that old is merged with what the window held — given back by ``recall``
+(the site's inbox, :mod:`jetstream.cubes`) — and the window goes out again, corrected;
+without it (or when it cannot) the batch is refused (counted in ``too_late``) rather than
+merged into a fresh window that would replace the full one with a part of it.
 
 When the inputs are the key partitions of one stream (``key_partitions``: the workers of a
 partitioned merge), a window covers a source site only if every partition does: a partition
@@ -39,9 +41,13 @@ from jetstream.errors import DataError
 from jetstream.operators import WindowAggregate
 from jetstream.partials import PartialBatch
 
-__all__ = ["ENDED", "RETAIN_S", "MergedWindow", "WindowMerger"]
+__all__ = ["ENDED", "RETAIN_S", "MergedWindow", "Recall", "WindowMerger"]
 
 Window = tuple[int, int]
+
+#: Gives back a window the merger has forgotten: the newest batch of each input it merged
+#: (from the site's inbox) and the last revision it went out as; None if it cannot.
+Recall = Callable[[tuple[int, int]], "tuple[list[PartialBatch], int] | None"]
 
 #: The watermark of an input that has ended, or is idle: it holds back no window.
 ENDED = 2**63 - 1
@@ -104,8 +110,10 @@ class WindowMerger:
     def __init__(self, aggregate: WindowAggregate, inputs: Iterable[str], *,
                  deadline_s: float, clock: Callable[[], float] = time.monotonic,
                  retain_s: float = RETAIN_S, key_partitions: bool = False,
-                 rounds: Ranking | None = None) -> None:
+                 rounds: Ranking | None = None, recall: Recall | None = None) -> None:
         self.aggregate, self.key_partitions, self.rounds = aggregate, key_partitions, rounds
+        #: Gives back a forgotten window (see :data:`Recall`): a batch for it corrects it.
+        self.recall = recall
         self.inputs = frozenset(inputs)
         self.deadline_s, self.retain_s = deadline_s, retain_s
         self._clock = clock
@@ -129,8 +137,14 @@ class WindowMerger:
         with self._lock:
             if batch.window not in self._windows and self._forgotten_end is not None \
                     and batch.window[1] <= self._forgotten_end:
-                self.too_late += 1
-                return
+                earlier = self.recall(batch.window) if self.recall is not None else None
+                if earlier is None:
+                    self.too_late += 1
+                    return
+                batches, revision = earlier  # what the window merged, and its last revision
+                pending = self._windows[batch.window] = _Pending(self._clock())
+                pending.batches = {b.origin: b for b in batches}
+                pending.revision = revision
             pending = self._windows.setdefault(batch.window, _Pending(self._clock()))
             held = pending.batches.get(batch.origin)
             if held is None or batch.revision > held.revision:

@@ -234,7 +234,10 @@ class QueryRun:
                                    deadline_s=options.deadline_s or slo_deadline
                                    or DEFAULT_DEADLINE_S,
                                    key_partitions=bool(assignment.workers),
-                                   rounds=self.ranking if coordinates else None)
+                                   rounds=self.ranking if coordinates else None,
+                                   recall=self._recall if store is not None
+                                   and not options.replay and not assignment.workers
+                                   else None)
         self.asks = AskBoard()  # what the merger asks of each child, until it takes it
         self._asked: set[str] = set()  # the children asked so far
         # A merge spread over workers: the inputs go to them, their partitions come back.
@@ -406,6 +409,30 @@ class QueryRun:
             self.router.progress(origin, watermark_ms, ended)
         else:
             self.merger.progress(origin, watermark_ms, ended)
+
+    def _recall(self, window: tuple[int, int]) -> tuple[list[PartialBatch], int] | None:
+        """A window the merger forgot, from the inbox: the newest batch of each input it
+        merged, and the last revision this site sent it as (-1 at the root: the controller
+        numbers what it publishes). None if the inbox holds none of it."""
+        store = self._inbox
+        if store is None:
+            return None
+        try:
+            kept = [decode_batch(m, self.partial) for m in store.messages(
+                self.name, *window, origins=sorted(self.merger.inputs))
+                    if (m.window_start_ms, m.window_end_ms) == window]
+            sent = store.messages(self.name, *window) if self.uplink is not None else []
+        except DataError as e:
+            log.warning("%s at %s: cannot recall window %s from the inbox: %s", self.name,
+                        self.site, window, e)
+            return None
+        if not kept:
+            return None
+        log.info("%s at %s: window %s corrected after the merger forgot it, from the inbox",
+                 self.name, self.site, window)
+        last = max((m.revision - self.options.revision_base for m in sent
+                    if (m.window_start_ms, m.window_end_ms) == window), default=-1)
+        return kept, last
 
     def _merge_inbox(self, store: CubeStore) -> None:
         """After a restart: merge again what the inbox holds of the windows the merger may

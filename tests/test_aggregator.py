@@ -149,6 +149,31 @@ def test_a_settled_window_is_kept_for_a_while_then_later_batches_are_refused() -
     assert merger.ready() == [] and merger.too_late == 1  # not a window of sfo's part alone
 
 
+def test_a_batch_for_a_forgotten_window_corrects_what_the_inbox_gives_back() -> None:
+    """Past ``retain_s`` a window is forgotten; a batch for it is merged with the batches the
+    window held (``recall``: the site's inbox), and the window goes out again, corrected,
+    under the revision after the last one it went out as."""
+    _, site_query, partial = split(js.Query("q", QUERIES[0]))
+    now = [0.0]
+    (ams,) = site_batches(site_query, partial, "ams", [log(1_000)])
+    (sfo,) = site_batches(site_query, partial, "sfo", [log(2_000)])
+    (later,) = site_batches(site_query, partial, "sfo", [log(2_000), log(3_000, "b.com")])
+    merger = WindowMerger(partial, ["ams", "sfo"], deadline_s=5, clock=lambda: now[0],
+                          retain_s=60, recall=lambda window: ([ams, sfo], 0))
+    merger.add(ams)
+    merger.add(sfo)
+    merger.progress("ams", 10_000)
+    merger.progress("sfo", 10_000)
+    (first,) = merger.ready()
+    now[0] = 100.0
+    assert merger.ready() == []  # forgotten
+    merger.add(dataclasses.replace(later, revision=1))  # sfo's late records, a correction
+    (fixed,) = merger.ready()
+    assert (fixed.revision, fixed.covers, merger.too_late) == (1, {"ams", "sfo"}, 0)
+    assert sorted(r["domain"] for r in fixed.rows) == ["a.com", "b.com"]
+    assert fixed.events == first.events + 1
+
+
 def test_a_batch_delivered_twice_counts_once_and_a_revision_replaces_it() -> None:
     _, site_query, partial = split(js.Query("q", QUERIES[0]))
     merger = WindowMerger(partial, ["ams"], deadline_s=5, clock=lambda: 0.0)

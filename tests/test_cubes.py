@@ -472,3 +472,49 @@ def test_a_restarted_root_merges_again_what_it_had_acked(tmp_path: Path) -> None
         edge.close()
         server.stop(grace=0).wait(5)
         second.close()
+
+
+def test_a_root_corrects_a_window_it_has_forgotten_from_its_inbox(tmp_path: Path) -> None:
+    """Past the merger's retention a window is forgotten; an edge's correction of it (its
+    late records, a new revision) is merged with what the root's inbox kept of the window,
+    and the window is published again, whole: corrections beyond 10 minutes."""
+    events = [log(1_000 * i, f"d{i % 3}.com", bytes=10 * i) for i in range(10)]
+    late = log(5_500, "late.com", bytes=7)
+    query = query_from_source(SOURCE, "<test>")
+    _, site, _ = site_part(query)
+
+    def batch(origin: str, rows: list[dict[str, Any]], revision: int) -> PartialBatch:
+        (result,) = js.run_local(site, rows)
+        return PartialBatch("q", (result.window_start, result.window_end), origin,
+                            tuple(result.rows), covers=frozenset({origin}), revision=revision)
+
+    published = Published()
+    root = SiteRuntime("dc", SiteOptions(cubes=True, state_dir=tmp_path, deadline_s=60),
+                       published)
+    try:
+        root.deploy(Assignment(Fragment("q", "dc", children=("a", "b"), final=True),
+                               spec_of(SOURCE), covers=("a", "b")))
+        run = root.run("q")
+        assert run is not None
+        run.merger.retain_s = 0.2
+        run.receive(batch("a", events[:5], 0))
+        run.receive(batch("b", events[5:], 0))
+        for origin in ("a", "b"):
+            run.progress(origin, ENDED, ended=True)
+        wait_until(lambda: len(published.results) == 1)
+        wait_until(lambda: not run.merger._windows)  # forgotten
+        run.receive(batch("b", [*events[5:], late], 1))
+        wait_until(lambda: len(published.results) == 2)
+    finally:
+        root.close()
+    first, fixed = published.results
+    assert rows([fixed]) == rows(js.run_local(query, [*events, late]))
+    assert rows([first]) == rows(js.run_local(query, events))
+    assert run.merger.too_late == 0
+
+
+def wait_until(holds: Any, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not holds():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
