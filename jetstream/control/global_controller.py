@@ -18,6 +18,7 @@ import copy
 import dataclasses
 import datetime as dt
 import functools
+import hashlib
 import json
 import logging
 import math
@@ -269,6 +270,10 @@ class ResultsHub:
                 self._dropped[result.query] = self._dropped.get(result.query, 0) + len(
                     kept) - self._keep
                 del kept[:-self._keep]
+                oldest = min(r.window_start for r in kept)  # forget the windows let go
+                newest = self._newest[result.query]
+                for window in [w for w in newest if w[0] < oldest]:
+                    del newest[window]
                 if path is not None:
                     _write_atomically(path, "".join(_line(r) for r in kept))
             elif path is not None:
@@ -942,10 +947,12 @@ def _line(result: WindowResult) -> str:
 
 
 def _said(result: WindowResult) -> str:
-    """What a result says of its window, apart from when and at what cost it came."""
-    return json.dumps([result.rows, result.exact, result.error_bound, result.sites_reporting,
+    """A digest of what a result says of its window, apart from when and at what cost it
+    came."""
+    text = json.dumps([result.rows, result.exact, result.error_bound, result.sites_reporting,
                        result.sites_expected, result.missing_sites, result.warnings],
                       sort_keys=True, default=repr)
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
 def _result(line: str, path: Path) -> WindowResult | None:
