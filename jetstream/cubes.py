@@ -405,6 +405,10 @@ class CubeStore:
                 dropped += len(doomed)
         return dropped
 
+    def kept_for(self, resolution: int) -> float:
+        """Seconds windows of ``resolution`` are kept after they end."""
+        return self._retention_of(resolution)
+
     def _retention_of(self, resolution: int) -> float:
         listed = [r for r in self.retention if r <= resolution] or [min(self.retention)]
         return self.retention[max(listed)]

@@ -32,6 +32,7 @@ the query counting only the records at or after the seam, before which the cubes
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -46,7 +47,17 @@ from jetstream.errors import ControlPlaneError, DataError, PlanError
 from jetstream.expr import Col, Expr
 from jetstream.finish import with_top_k_bounds
 from jetstream.local import finish_from_partials
-from jetstream.operators import Operator, Source, Where, Window, WindowAggregate
+from jetstream.operators import (
+    Join,
+    Map,
+    Operator,
+    Select,
+    Source,
+    Where,
+    Window,
+    WindowAggregate,
+    WithColumn,
+)
 from jetstream.partials import PartialBatch, decode_batch, encode_batch, summarised
 from jetstream.planwire import query_to_proto
 from jetstream.results import WindowResult
@@ -228,22 +239,27 @@ def answer(plan: HistoryPlan, sites: Mapping[str, str], read: ReadCubes,
     batches: list[PartialBatch] = []
     unanswered: dict[str, str] = {}
     size = 0
-    for site, address in sorted(sites.items()):
-        if not address:
-            unanswered[site] = "it is down"
-            continue
+
+    def ask(site: str, address: str) -> tuple[int, list[PartialBatch]]:
         request = pb.ReadCubesRequest(
             query=plan.stored.name, start_ms=windows[0][0], end_ms=windows[-1][1],
             resolution_ms=plan.resolution_ms if plan.rollup else 0,
             max_bytes=(budgets or {}).get(site, 0), max_level=level, stored=spec)
-        try:
-            response = read(site, address, request)
-            got = [decode_batch(message, stored) for message in response.batches]
-        except (ControlPlaneError, DataError) as e:
-            unanswered[site] = str(e)
-            continue
-        size += response.ByteSize()
-        batches += got
+        response = read(site, address, request)
+        return response.ByteSize(), [decode_batch(m, stored) for m in response.batches]
+
+    up = {site: address for site, address in sites.items() if address}
+    unanswered.update({site: "it is down" for site in sites if site not in up})
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(16, len(up)))) as pool:
+        asked = {site: pool.submit(ask, site, address) for site, address in sorted(up.items())}
+        for site, future in asked.items():  # the sites are asked at once
+            try:
+                got_bytes, got = future.result()
+            except (ControlPlaneError, DataError) as e:
+                unanswered[site] = str(e)
+                continue
+            size += got_bytes
+            batches += got
     return HistoryAnswer(plan.finish(batches, expected=list(sites), unanswered=unanswered),
                          plan.stored.name, plan.resolution_ms, size)
 
@@ -354,19 +370,23 @@ def _window(chain: Sequence[Operator]) -> Window | None:
 def _steps_match(history: Sequence[Operator], stored: Sequence[Operator],
                  keys: Sequence[str]) -> tuple[Expr, ...]:
     """The history query's filters on stored keys, once its other steps before the window
-    are found to be the stored query's; a PlanError naming the first that is not."""
+    are found to be the stored query's; a PlanError naming the first that is not. A filter
+    on a key that a stored step makes or changes is not one (the cubes hold the key as the
+    step left it), and a ``map`` is refused (two functions of one label look alike here)."""
     def steps(chain: Sequence[Operator]) -> list[Operator]:
         return [op for op in chain[1:] if not isinstance(op, Window | WindowAggregate)]
 
-    made = {c for op in steps(stored) if not isinstance(op, Where)
-            for c in op.schema.names}  # columns a stored step may have made or changed
-    own, extra = steps(history), []
+    for op in (*steps(stored), *steps(history)):
+        if isinstance(op, Map):
+            msg = f"`{op.describe()}`: history cannot tell one map function from another"
+            raise PlanError(msg)
+    written = set().union(*(_written(op) for op in steps(stored)))
+    extra, mine = [], []
     theirs = [op.describe() for op in steps(stored)]
-    mine = []
-    for op in own:
+    for op in steps(history):
         if (isinstance(op, Where) and op.describe() not in theirs
                 and op.predicate.columns() <= set(keys)
-                and not op.predicate.columns() & (made - set(history[0].schema.names))):
+                and not op.predicate.columns() & written):
             extra.append(op.predicate)
         else:
             mine.append(op.describe())
@@ -378,6 +398,18 @@ def _steps_match(history: Sequence[Operator], stored: Sequence[Operator],
                "keys, and its columns, must be the stored query's)")
         raise PlanError(msg)
     return tuple(extra)
+
+
+def _written(op: Operator) -> set[str]:
+    """The columns a record step makes or changes."""
+    if isinstance(op, WithColumn):
+        return {op.name}
+    if isinstance(op, Select):
+        return {name for name, expr in op.columns
+                if not (isinstance(expr, Col) and expr.name == name)}
+    if isinstance(op, Join):
+        return set(op.table.schema.names) - {op.on}
+    return set()
 
 
 def _same(a: Aggregate, b: Aggregate) -> bool:

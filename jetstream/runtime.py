@@ -44,7 +44,7 @@ from jetstream.aggregator import ENDED, WindowMerger
 from jetstream.aggtree.planner import Fragment
 from jetstream.approx.levels import ranking
 from jetstream.approx.policy import LinkPolicy
-from jetstream.asks import AskBoard
+from jetstream.asks import ROUND_REVISIONS, AskBoard
 from jetstream.cubes import DEFAULT_RETENTION, INBOX, CubeStore
 from jetstream.dsl import Query, Stream
 from jetstream.errors import ControlPlaneError, DataError, PlanError
@@ -430,7 +430,10 @@ class QueryRun:
             return None
         log.info("%s at %s: window %s corrected after the merger forgot it, from the inbox",
                  self.name, self.site, window)
-        last = max((m.revision - self.options.revision_base for m in sent
+        # What the uplink sent, back to the merger's numbering (TPUT's answers go out at
+        # ROUND_REVISIONS per revision).
+        per = ROUND_REVISIONS if self.uplink is not None and self.uplink.answerer else 1
+        last = max(((m.revision - self.options.revision_base) // per for m in sent
                     if (m.window_start_ms, m.window_end_ms) == window), default=-1)
         return kept, last
 

@@ -376,3 +376,43 @@ def test_with_the_stored_keys_and_ranking_a_thin_link_truncates_with_top_k_bound
         assert row["lb"] <= true <= row["ub"], row
         if row["guaranteed"]:
             assert true >= kth
+
+
+def test_a_filter_on_a_key_a_stored_step_changes_and_a_map_are_refused() -> None:
+    bumped = js.Query("bumped", LOGS.with_column("status", col("status") + 1)
+                      .window(js.tumbling("10s")).group_by("status").agg(n=js.count()))
+    asked = history(LOGS.where(col("status") == 404).with_column("status", col("status") + 1)
+                    .window(js.tumbling("1m")).group_by("status").agg(n=js.count()))
+    with pytest.raises(PlanError, match="differ at `where status == 404`"):
+        plan_history(asked, [bumped], since_ms=NOW - HOUR, until_ms=NOW, now_ms=NOW)
+    mapped = js.Query("mapped", LOGS.map(lambda r: r, name="same").window(js.tumbling("10s"))
+                      .agg(n=js.count()))
+    with pytest.raises(PlanError, match="history cannot tell one map function from another"):
+        plan_history(history(LOGS.map(lambda r: r, name="same").window(js.tumbling("1m"))
+                             .agg(n=js.count())), [mapped], since_ms=NOW - HOUR,
+                     until_ms=NOW, now_ms=NOW)
+
+
+def test_a_site_refuses_a_resolution_or_a_range_it_does_not_keep(tmp_path: Path) -> None:
+    from jetstream.aggtree.topology import Server
+    from jetstream.control.site_controller import SiteController
+    from jetstream.errors import ControlPlaneError
+    from jetstream.planwire import query_to_proto
+    from jetstream.runtime import SiteOptions, SiteRuntime
+    from jetstream.v1 import control_pb2
+
+    runtime = SiteRuntime("ams", SiteOptions(cubes=True, state_dir=tmp_path,
+                                             retention={10_000: 3600.0}), lambda *_: None)
+    try:
+        site = SiteController("ams", [Server("ams-1", 1, 1.0)], runtime)
+        now = time.time_ns() // 1_000_000
+        request = control_pb2.ReadCubesRequest(query="cdn", start_ms=now - 10 * MINUTE,
+                                               end_ms=now, resolution_ms=MINUTE,
+                                               stored=query_to_proto(STORED))
+        with pytest.raises(ControlPlaneError, match="site ams keeps no 60 s rollups"):
+            site.read_cubes(request)
+        request.resolution_ms, request.start_ms = 0, now - 3 * HOUR
+        with pytest.raises(ControlPlaneError, match="keeps its 10 s windows for 3600 s"):
+            site.read_cubes(request)
+    finally:
+        runtime.close()

@@ -696,7 +696,8 @@ class GlobalController:
                    "no window every site reported yet; try again once it has")
             raise PlanError(msg)
         size = plan.window.spec.size_ms
-        seam = max(complete) // size * size
+        # At a window's start, and not before --since: the live query starts there.
+        seam = max(max(complete) // size * size, -(-since_ms // size) * size)
         live = seamed(query, seam)
         found = answer(dataclasses.replace(plan, end_ms=max(seam, since_ms)),
                        {site: addresses.get(site, "") for site in state.expected}, read,

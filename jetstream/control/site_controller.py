@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +32,7 @@ from jetstream.errors import ControlPlaneError
 from jetstream.history import degraded_answer
 from jetstream.planwire import query_from_bytes, query_from_proto
 from jetstream.rewrite import distributed
-from jetstream.runtime import Assignment, SiteRuntime, merge_inputs
+from jetstream.runtime import Assignment, SiteRuntime, merge_inputs, partial_aggregate
 from jetstream.uplink import LinkLevel
 from jetstream.v1 import control_pb2 as pb
 from jetstream.v1 import control_pb2_grpc as rpc
@@ -61,6 +62,11 @@ class _Deployment:
     version: int
     pieces: list[Piece] = field(default_factory=list)
     assignment: Assignment | None = None  # what the runtime runs (with its workers)
+
+
+#: A history read asked from further back than a site keeps is refused only past this much:
+#: the controller plans with its own clock, and expiry runs every 10 s.
+RETENTION_MARGIN_MS = 60_000
 
 
 class SiteController:
@@ -204,21 +210,41 @@ class SiteController:
     def read_cubes(self, request: pb.ReadCubesRequest) -> list[Any]:
         """The windows this site's own local stages made of ``request.query`` inside
         ``[start_ms, end_ms)``, as its cube store keeps them: as made (``resolution_ms`` 0)
-        or rolled up to that length; stepped down the stored query's ladder when they would
-        take more than ``max_bytes``. A ControlPlaneError if the site keeps no cubes."""
+        or rolled up to that length — rolled up now, so that the rollups hold every window
+        the inbox has — and stepped down the stored query's ladder when they would take
+        more than ``max_bytes``. A ControlPlaneError if the site keeps no cubes, or none of
+        that resolution back to ``start_ms`` (its ``--retention``)."""
         query, start_ms, end_ms = request.query, request.start_ms, request.end_ms
         store = None if self.runtime is None else self.runtime.cube_store()
         if store is None:
             msg = f"site {self.site} keeps no cubes (it was started with --no-cubes)"
             raise ControlPlaneError(msg)
+        stored = distributed(query_from_proto(request.stored, allow_code=True))
+        partial = partial_aggregate(stored)
+        plan = stored.plan()
+        window = plan.window_of(plan.partial_aggregates()[0])
+        assert window is not None, "the DSL windows every aggregate"
+        resolution = request.resolution_ms or window.spec.size_ms
+        if request.resolution_ms and resolution not in store.retention:
+            msg = (f"site {self.site} keeps no {resolution // 1000} s rollups (its "
+                   f"--retention has {', '.join(str(r // 1000) for r in sorted(store.retention))}"
+                   " s)")
+            raise ControlPlaneError(msg)
+        now_ms = time.time_ns() // 1_000_000
+        kept_ms = int(store.kept_for(resolution) * 1000)
+        if start_ms + RETENTION_MARGIN_MS < now_ms - kept_ms:
+            msg = (f"site {self.site} keeps its {resolution // 1000} s windows for "
+                   f"{kept_ms // 1000} s (--retention), not back to the start asked")
+            raise ControlPlaneError(msg)
         own = [o for o in store.origins(query)
                if o == self.site or o.startswith(f"{self.site}[")]
         if not own:
             return []
+        if request.resolution_ms:
+            store.roll_up(query, partial, window.spec, now_ms, origins=own)
         kept = store.messages(query, start_ms, end_ms, request.resolution_ms or None, own)
         if not request.max_bytes:
             return kept
-        stored = distributed(query_from_proto(request.stored, allow_code=True))
         return degraded_answer(kept, stored, request.max_bytes, request.max_level)
 
     # -- workers ------------------------------------------------------------------------------
