@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -42,9 +43,23 @@ STOP_TIMEOUT_S = 30.0
 Say = Callable[[str], None]
 
 
+#: Where :func:`free_port` looks first: below Linux's default ephemeral range (32768-60999),
+#: where the kernel hands out the ports other processes bind to 0 for (a site's JVM binds
+#: several while it starts), so that a port chosen now is not taken before it is used.
+_CHOSEN_PORTS = (20_000, 32_000)
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (another process may take it)."""
-    with socket.socket() as s:
+    for _ in range(50):
+        port = random.randint(*_CHOSEN_PORTS)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # that range is busy: any port the kernel gives
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
