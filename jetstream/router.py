@@ -168,8 +168,11 @@ class Router:
                  on_ack: Callable[[int, float | None, int, int], None] | None = None,
                  on_round_trip: Callable[[float], None] | None = None,
                  store: CubeStore | None = None, destination: str = "",
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 link_bps: float | None = None) -> None:
         self.query, self.aggregate = query, aggregate
+        # The workers share the link: each sender starts from its share (jetstream.transport).
+        self._link_bps = None if link_bps is None else link_bps / max(len(workers), 1)
         self._connect, self._link, self._clock = connect, link, clock
         self._wide_area, self._on_ack, self._on_round_trip = wide_area, on_ack, on_round_trip
         self._store, self._destination = store, destination
@@ -209,7 +212,7 @@ class Router:
             link=self._link(index), destination=f"{self.query} part {index + 1}",
             wide_area=self._wide_area,
             on_ack=functools.partial(self._part_acked, index, self._generation[index]),
-            on_round_trip=self._round_trip)
+            on_round_trip=self._round_trip, link_bps=self._link_bps)
 
     def send(self, batch: PartialBatch) -> None:
         """Send each worker its part of a batch."""

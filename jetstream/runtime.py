@@ -292,7 +292,8 @@ class QueryRun:
             top_k_only=self.options.worker and assignment.fragment.final,
             retain_s=self.merger.retain_s, carried=carried,
             received=self.options.received, rounds=assignment.fragment.rounds,
-            keep_s=2 * self.merger.deadline_s + ROUNDS_MARGIN_S)
+            keep_s=2 * self.merger.deadline_s + ROUNDS_MARGIN_S,
+            link_bps=assignment.fragment.uplink_bps)
 
     @property
     def sender(self) -> PartialSender | None:

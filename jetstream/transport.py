@@ -11,6 +11,13 @@ the wide area, each stream codes the batches' group keys with a key dictionary o
 :class:`~jetstream.cubes.CubeStore`, it keeps each batch there before sending it and marks it
 when acked, so that a sender started on the same store after a restart sends first what the
 last one never got acked.
+
+A sender keeps the link's queue short, so that what else crosses the link — heartbeats and
+the controller's calls — never waits long behind partials (:class:`_Window`): it keeps
+unacknowledged no more than the link carried in :data:`QUEUE_S` by the latest acks, and sends
+a message larger than that as parts, each when the one before is acknowledged. On a fast
+link that bound is far above any batch and changes nothing; on a link of a few kbit/s it
+holds the queue to about one part.
 :class:`DataPlaneServicer` is the receiving end: it decodes each batch (garbage ends that
 sender's stream with INVALID_ARGUMENT and is counted; other streams go on), drops batches it
 has seen before by their identity, hands new ones and progress on, and acks each message.
@@ -24,10 +31,11 @@ import logging
 import queue
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterator, Mapping
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from jetstream import metrics
 from jetstream.cubes import CubeStore
@@ -38,7 +46,7 @@ from jetstream.partials import PartialBatch, decode_batch
 from jetstream.v1 import dataplane_pb2 as pb
 from jetstream.v1 import dataplane_pb2_grpc as rpc
 
-__all__ = ["Connect", "DataPlaneServicer", "PartialSender"]
+__all__ = ["MAX_MESSAGE_BYTES", "Connect", "DataPlaneServicer", "PartialSender"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +55,17 @@ log = logging.getLogger(__name__)
 STREAM_DEADLINE_S = 3600.0
 #: The call metadata of a push between a site's process and its workers: not wide-area bytes.
 SAME_SITE = ("jetstream-hop", "same-site")
+
+#: How long the bytes a sender has unacknowledged may take on the link, by its latest acks.
+QUEUE_S = 0.5
+#: The least a sender may have unacknowledged (a part's size on the thinnest link), and the
+#: most (then a fast link's batches go whole, with no wait between them).
+MIN_WINDOW_BYTES = 512
+MAX_WINDOW_BYTES = 4 << 20
+#: A message this small times the link's delay (progress reports are).
+NEAR_EMPTY_BYTES = 128
+#: The largest message a process takes, whole or joined from parts.
+MAX_MESSAGE_BYTES = 16 << 20
 
 AckKey = tuple[object, ...]
 #: Opens a channel to an address: a process's ``Security.channel`` (mutual TLS and its token).
@@ -69,6 +88,69 @@ def _key(message: pb.PushMessage) -> AckKey:
     return _batch_key(b.query, b.window_start_ms, b.origin, b.partition, b.sequence, b.revision)
 
 
+class _Window:
+    """The bytes a sender has handed to its stream and not yet seen acknowledged, and how many
+    it may have (:attr:`size`).
+
+    The receiver acknowledges every message or part, in order, with one ack; the window
+    follows each from hand-over to ack, timing what the connection spent on it alone (from
+    its hand-over, or the ack before if later). A near-empty message's time is the link's
+    delay whatever its bandwidth (a round trip, a busy receiver's time on a message): the
+    least of the latest few is set aside from the others. The window's size is what the link
+    carried in :data:`QUEUE_S` by the newest ack of at least :data:`MIN_WINDOW_BYTES`: those
+    bytes over their time less that delay. It starts from the planned bandwidth, or as large
+    as it gets; a slow receiver or a long round trip leaves it so.
+    """
+
+    def __init__(self, link_bps: float | None) -> None:
+        self.size = MAX_WINDOW_BYTES if link_bps is None else _clamp(link_bps / 8 * QUEUE_S)
+        self._flight: deque[tuple[int, float]] = deque()  # (bytes, handed at), oldest first
+        self._delays: deque[float] = deque(maxlen=16)  # near-empty messages' times
+        self._bytes = 0
+        self._free_at: float | None = None
+        self._changed = threading.Condition()
+
+    def reset(self) -> None:
+        """A new stream: nothing is on it."""
+        with self._changed:
+            self._flight.clear()
+            self._bytes, self._free_at = 0, None
+            self._changed.notify_all()
+
+    def room(self, size: int, stopped: Callable[[], bool]) -> bool:
+        """Wait until ``size`` more bytes may go (at once when nothing is unacknowledged), and
+        count them handed over; False, and nothing counted, if ``stopped()`` first."""
+        with self._changed:
+            while self._bytes and self._bytes + size > self.size:
+                if stopped():
+                    return False
+                self._changed.wait(0.2)
+            self._flight.append((size, time.monotonic()))
+            self._bytes += size
+        return True
+
+    def acked(self, arrived: float) -> None:
+        with self._changed:
+            if not self._flight:
+                return
+            size, handed = self._flight.popleft()
+            self._bytes -= size
+            started = handed if self._free_at is None else max(handed, self._free_at)
+            self._free_at = arrived
+            seconds = arrived - started
+            if size <= NEAR_EMPTY_BYTES:
+                self._delays.append(seconds)
+            elif size >= MIN_WINDOW_BYTES and self._delays:
+                link_s = seconds - min(self._delays)
+                self.size = (MAX_WINDOW_BYTES if link_s <= 0
+                             else _clamp(size / link_s * QUEUE_S))
+            self._changed.notify_all()
+
+
+def _clamp(window: float) -> int:
+    return int(min(max(window, MIN_WINDOW_BYTES), MAX_WINDOW_BYTES))
+
+
 class PartialSender:
     """Sends encoded partial batches and progress to one parent until each is acknowledged."""
 
@@ -77,7 +159,7 @@ class PartialSender:
                  on_round_trip: Callable[[float], None] | None = None,
                  store: CubeStore | None = None, destination: str = "",
                  connect: Connect | None = None, link: str = "",
-                 wide_area: bool = True) -> None:
+                 wide_area: bool = True, link_bps: float | None = None) -> None:
         """``connect`` opens the channel to the parent: the site process passes its
         ``Security.channel``; None, plaintext, is for senders within one test process.
         ``on_ack(batch, seconds, backlog)`` hears of each acknowledged batch (as it last
@@ -93,7 +175,9 @@ class PartialSender:
         ``store``: keep batches there until acked, for ``destination`` (a name that outlives
         this sender), and send first what it holds unacked for it. ``link`` names the link
         in the metrics (``"child->parent"``; default: the address); a sender that is not
-        ``wide_area`` (to a worker of its own site) leaves the wide-area byte counts alone."""
+        ``wide_area`` (to a worker of its own site) leaves the wide-area byte counts alone.
+        ``link_bps``, the link's bandwidth as planned, sizes its window until acks do
+        (None: as large as it gets)."""
         if store is not None and not destination:
             msg = f"partial sender to {address}: a store needs a destination name"
             raise DataError(msg)
@@ -116,6 +200,7 @@ class PartialSender:
         self._max_backoff_s = max_backoff_s
         self._unacked: dict[AckKey, pb.PushMessage] = {}
         self._queue: queue.Queue[pb.PushMessage] = queue.Queue()
+        self._window = _Window(link_bps)
         self._lock = threading.Condition()
         self._stop = threading.Event()
         if store is not None:  # the first stream sends everything unacked, these first
@@ -178,9 +263,13 @@ class PartialSender:
                 with self._lock:  # a new stream: nothing of ours is in flight on it
                     self._handed.clear()
                     self._free_at = None
+                self._window.reset()
                 try:
                     for ack in stub.Push(self._requests(done), timeout=STREAM_DEADLINE_S,
                                          metadata=self._metadata):
+                        self._window.acked(time.monotonic())
+                        if ack.part:
+                            continue
                         self._acked(ack, time.monotonic())
                         self._free_at = time.monotonic()  # our bookkeeping is not the link's
                         backoff = 0.1
@@ -200,31 +289,56 @@ class PartialSender:
             self._queue.get_nowait()
         # Each stream starts its key dictionary empty, as the receiver's end of it does.
         keys = KeyEncoder() if self._wide_area else None
+        def stopped() -> bool:
+            return self._stop.is_set() or done.is_set()
+
         for message in pending:
-            yield self._handed_over(message, keys)
-        while not (self._stop.is_set() or done.is_set()):
+            yield from self._pieces(self._coded(message, keys), stopped)
+        while not stopped():
             try:
                 message = self._queue.get(timeout=0.2)
             except queue.Empty:
                 continue
-            yield self._handed_over(message, keys)
+            yield from self._pieces(self._coded(message, keys), stopped)
 
-    def _handed_over(self, message: pb.PushMessage, keys: KeyEncoder | None) -> pb.PushMessage:
-        """Count the message (its keys coded with the stream's dictionary, over the wide
-        area), and note that gRPC takes it now."""
+    def _coded(self, message: pb.PushMessage, keys: KeyEncoder | None) -> pb.PushMessage:
+        """The message as it crosses: its keys coded with the stream's dictionary (over the
+        wide area), noted as what this message cost."""
         if keys is not None and message.HasField("batch"):
             message = pb.PushMessage(batch=keys.encode(message.batch))
+            key = _key(message)
+            with self._lock:
+                if key in self._unacked:
+                    self._wire[key] = message.batch
+        return message
+
+    def _pieces(self, message: pb.PushMessage,
+                stopped: Callable[[], bool]) -> Iterator[pb.PushMessage]:
+        """The message for gRPC to take, whole or, larger than the window, in parts, each
+        when the window has room; counted, and its hand-over noted, as its first piece goes."""
         size = message.ByteSize()
+        window = self._window.size
+        if size <= window:
+            pieces = [message]
+        else:
+            data = message.SerializeToString()
+            pieces = [pb.PushMessage(part=pb.Part(data=data[i:i + window],
+                                                  last=i + window >= len(data)))
+                      for i in range(0, len(data), window)]
+        for n, piece in enumerate(pieces):
+            if not self._window.room(piece.ByteSize(), stopped):
+                return
+            if n == 0:
+                self._handed_over(message, size)
+            yield piece
+
+    def _handed_over(self, message: pb.PushMessage, size: int) -> None:
         self.bytes_sent += size
         self.batches_sent += message.HasField("batch")
         if self._bytes_metric is not None:
             self._bytes_metric.inc(size)
-        key = _key(message)
         with self._lock:
-            self._handed[key] = time.monotonic()
-            if message.HasField("batch") and key in self._unacked:
-                self._wire[key] = message.batch
-        return message
+            self._handed[_key(message)] = time.monotonic()
 
     def _acked(self, ack: pb.Ack, arrived: float) -> None:
         if ack.progress:
@@ -324,7 +438,10 @@ class DataPlaneServicer(rpc.DataPlaneServicer):
              context: grpc.ServicerContext) -> Iterator[pb.Ack]:
         local = SAME_SITE in tuple(context.invocation_metadata() or ())
         keys = KeyDecoder()  # the receiving end of this stream's key dictionary
-        for message in request_iterator:
+        for message in self._joined(request_iterator, context):
+            if message is None:  # a part, not the last: acknowledged as such
+                yield pb.Ack(part=True)
+                continue
             size = message.ByteSize()
             self.bytes_received += size
             origin = (message.progress if message.HasField("progress") else message.batch).origin
@@ -365,6 +482,38 @@ class DataPlaneServicer(rpc.DataPlaneServicer):
             b = message.batch
             yield pb.Ack(query=b.query, window_start_ms=b.window_start_ms, origin=b.origin,
                          partition=b.partition, sequence=b.sequence, revision=b.revision)
+
+    def _joined(self, messages: Iterator[pb.PushMessage],
+                context: grpc.ServicerContext) -> Iterator[pb.PushMessage | None]:
+        """The stream's messages, those sent in parts joined: None for each part but the
+        last, then the message. Parts that do not make one message end the stream."""
+        parts: list[bytes] = []
+        held = 0
+        for message in messages:
+            if not message.HasField("part"):
+                if parts:
+                    self._refuse("", DataError("a message came between the parts of another"),
+                                 context)
+                yield message
+                continue
+            parts.append(message.part.data)
+            held += len(message.part.data)
+            if held > MAX_MESSAGE_BYTES:
+                self._refuse("", DataError(f"parts of over {MAX_MESSAGE_BYTES:,} bytes"),
+                             context)
+            if not message.part.last:
+                yield None
+                continue
+            try:
+                whole = pb.PushMessage.FromString(b"".join(parts))
+            except DecodeError as e:
+                whole = None
+                self._refuse("", DataError(f"parts that join into no message: {e}"), context)
+            parts, held = [], 0
+            if whole is None or whole.WhichOneof("body") not in ("batch", "progress"):
+                self._refuse("", DataError("parts that join into no batch or progress"),
+                             context)
+            yield whole
 
     def received(self) -> dict[str, int]:
         """Wide-area bytes received so far, per link."""

@@ -75,7 +75,8 @@ class Uplink:
     of the root's final step, one of key-disjoint partitions), an exact window goes up as the
     rows that can be in the final top-k: its ``k`` best by the ranking, in the final top-k's
     order, which hold every row of the global top-k that falls in this partition. With
-    ``rounds``, each window's rows are kept ``keep_s`` for the parent's asks.
+    ``rounds``, each window's rows are kept ``keep_s`` for the parent's asks. ``link_bps``,
+    the link's bandwidth in the plan, is where its sender starts (see jetstream.transport).
     """
 
     def __init__(self, site: str, parent: str, address: str, *, query: Query,
@@ -84,7 +85,8 @@ class Uplink:
                  sequence: Iterator[int], top_k_only: bool = False,
                  retain_s: float = 600.0, carried: Sequence[PartialBatch] = (),
                  received: Callable[[], Mapping[str, int]] | None = None,
-                 rounds: bool = False, keep_s: float = 120.0) -> None:
+                 rounds: bool = False, keep_s: float = 120.0,
+                 link_bps: float | None = None) -> None:
         self.site, self.parent, self.name = site, parent, query.name
         self.partial, self.ranking, self.replay = partial, ranking, options.replay
         self.store, self.metrics, self._sequence = store, run_metrics, sequence
@@ -108,11 +110,13 @@ class Uplink:
         if store is not None:
             self._check_held(store)
         self.address, self._connect, self.retain_s = address, options.connect, retain_s
+        self._link_bps = link_bps
         self.sender = PartialSender(
             address, on_ack=lambda b, seconds, backlog: self._acked(
                 b.ByteSize(), seconds, backlog, b.level),
             on_round_trip=self._round_trip, store=store, destination=self.name,
-            connect=options.connect, link=self.metrics.link, wide_area=not options.worker)
+            connect=options.connect, link=self.metrics.link, wide_area=not options.worker,
+            link_bps=link_bps)
         # The parent's workers, once it names them (see jetstream.router): sent to directly.
         self.router: Router | None = None
         self._routes: list[tuple[str, str]] = []  # its workers as the parent named them
@@ -303,7 +307,7 @@ class Uplink:
                 self.name, self.partial, workers, connect=self._connect,
                 retain_s=self.retain_s, link=lambda i: self.metrics.link, wide_area=True,
                 on_ack=self._acked, on_round_trip=self._round_trip, store=self.store,
-                destination=self.name)
+                destination=self.name, link_bps=self._link_bps)
             self._routes = routes
             # What the old way may not have delivered goes the new way too (the workers drop
             # what they have): the parent may not have passed a batch on to its workers yet

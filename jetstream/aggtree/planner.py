@@ -64,6 +64,9 @@ class Fragment:
     #: Its link to its parent runs TPUT's rounds (jetstream.approx.rounds): each window's
     #: top rows, then what the parent asks for, instead of every row.
     rounds: bool = False
+    #: The bandwidth the plan gives its link to its parent (bit/s), where its sender starts
+    #: (jetstream.transport); its acks tell it the rest, so a new figure alone is no new plan.
+    uplink_bps: float | None = field(default=None, compare=False)
 
     @property
     def roles(self) -> list[str]:
@@ -511,14 +514,16 @@ def _fragments(query: str, tree: nx.DiGraph, topology: Topology, sources: list[s
         children = tuple(sorted(tree.predecessors(name)))
         final = name == topology.root
         incoming_rows = sum(loads[c].keys for c in children) / every_s if children else 0.0
+        parent = next(iter(tree.successors(name)), None)
         fragments[name] = Fragment(
             query=query,
             site=name,
             sources=tuple(s for s in sources if site.source(s) is not None),
             children=children,
-            parent=next(iter(tree.successors(name)), None),
+            parent=parent,
             partitions=_partitions(site, incoming_rows, len(children), final and ranked, split),
-            final=final)
+            final=final,
+            uplink_bps=None if parent is None else topology.link(name, parent).bandwidth_bps)
     return fragments
 
 

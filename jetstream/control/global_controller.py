@@ -57,7 +57,8 @@ from jetstream.stage.check import check_stage
 from jetstream.v1.query_pb2 import QueryPlan
 
 __all__ = ["REPLAN_BANDWIDTH_CHANGE", "GlobalController", "LinkReport", "Measurement",
-           "Placement", "QueryState", "SiteCalls", "SiteState", "call_now"]
+           "Placement", "QueryState", "SiteCalls", "SiteState", "call_now",
+           "heartbeat_spacing"]
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,23 @@ REPLAN_BANDWIDTH_CHANGE = 0.25
 
 #: The results kept per query (the newest); a subscriber further behind skips the older.
 MAX_RESULTS = 10_000
+
+#: What a heartbeat and its answer put on a link, both ways, with their TLS, HTTP/2 and
+#: TCP/IP framing and the TCP acks (about 600 B, measured on a 4 kbit/s emulated link).
+HEARTBEAT_WIRE_BYTES = 600
+#: The share of a site's thinnest link its heartbeats may take.
+HEARTBEAT_SHARE = 0.2
+#: A site is taken for dead once it has been silent for this many of its heartbeat intervals,
+#: where its interval was stretched for a thin link (else after the controller's timeout).
+BEATS_PER_TIMEOUT = 3
+
+
+def heartbeat_spacing(topology: Topology, site: str) -> float:
+    """The least time between two heartbeats of ``site`` for them to take no more than
+    :data:`HEARTBEAT_SHARE` of its thinnest link (0 for a site with no links)."""
+    thinnest = min((link.bandwidth_bps for link in topology.links if site in link.ends),
+                   default=None)
+    return 0.0 if not thinnest else HEARTBEAT_WIRE_BYTES * 8 / (HEARTBEAT_SHARE * thinnest)
 
 #: Deploys one fragment to the site controller at an address; returns (piece, server) pairs.
 Deployer = Callable[[str, Fragment, "QueryState"], list[tuple[str, str]]]
@@ -536,7 +554,7 @@ class GlobalController:
         with self.lock:
             now = self.clock()
             dead = [s.name for s in self.sites.values() if s.alive and s.last_seen is not None
-                    and now - s.last_seen > self.heartbeat_timeout_s]
+                    and now - s.last_seen > self.timeout_of(s.name)]
             for name in dead:
                 log.warning("site %s missed its heartbeats; re-planning", name)
                 self.sites[name].alive = False
@@ -546,16 +564,22 @@ class GlobalController:
                 self._replan_all(f"site {', '.join(dead)} stopped sending heartbeats")
             return dead
 
+    def timeout_of(self, site: str) -> float:
+        """How long ``site`` may be silent before it is taken for dead: the controller's
+        heartbeat timeout, longer for a site whose thin link stretches its heartbeats."""
+        return max(self.heartbeat_timeout_s,
+                   BEATS_PER_TIMEOUT * heartbeat_spacing(self.topology, site))
+
     def expire_measurements(self) -> list[str]:
-        """Forget the link measurements no heartbeat has repeated for two heartbeat timeouts
-        (a site reports a link only while it is saturated; see
+        """Forget the link measurements no heartbeat has repeated for two of the measuring
+        site's heartbeat timeouts (a site reports a link only while it is saturated; see
         :func:`jetstream.control.daemons.link_measurements`): such a link is planned at its
         configured bandwidth again, re-planning if that is far from what the plans assumed.
         The links forgotten, as "site-peer"."""
         with self.lock:
             now = self.clock()
             stale = [ends for ends, m in self.measured.items()
-                     if now - m.at > 2 * self.heartbeat_timeout_s]
+                     if now - m.at > 2 * self.timeout_of(m.site)]
             names, moved = [], False
             for ends in stale:
                 forgotten = self.measured.pop(ends)

@@ -12,13 +12,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from jetstream.control.security import Security
+from jetstream.transport import MAX_MESSAGE_BYTES
 
 __all__ = ["MAX_MESSAGE_BYTES", "start_server"]
 
 log = logging.getLogger(__name__)
-
-#: Larger messages are refused by gRPC itself, before any of our code sees them.
-MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 
 def start_server(services: Sequence[tuple[Callable[[Any, grpc.Server], None], Any, str]],
@@ -34,6 +32,7 @@ def start_server(services: Sequence[tuple[Callable[[Any, grpc.Server], None], An
     """
     security = security or Security.plaintext()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=[
+        # Larger messages are refused by gRPC itself, before any of our code sees them.
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)],
         interceptors=security.interceptors())

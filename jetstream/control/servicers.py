@@ -12,6 +12,7 @@ from jetstream.control.global_controller import (
     GlobalController,
     LinkReport,
     Placement,
+    heartbeat_spacing,
 )
 from jetstream.control.site_controller import SiteController
 from jetstream.control.wire import assignment_from_proto, placement_to_proto, server_to_proto
@@ -108,7 +109,8 @@ class GlobalControllerServicer(rpc.GlobalControllerServicer):
         return pb.RegisterSiteResponse(
             topology=self.controller.topology.name, kind=site.kind.value,
             spark_master=site.master, spark_conf=dict(site.spark_conf),
-            heartbeat_interval_s=self.heartbeat_interval_s,
+            heartbeat_interval_s=max(self.heartbeat_interval_s,
+                                     heartbeat_spacing(self.controller.topology, site.name)),
             servers=[server_to_proto(s) for s in site.servers])
 
     def Heartbeat(self, request: pb.HeartbeatRequest,

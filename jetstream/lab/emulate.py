@@ -143,10 +143,13 @@ class WideArea:
 
     def _shape(self, site: EmulatedSite, bps: float, verb: str) -> None:
         rate = f"{int(bps)}bit"
-        # A burst of 10 ms at the rate (at least 16 kB, what TCP needs to reach it), and a
-        # queue of up to 2 s before tbf drops: a thin link delays rather than loses.
-        burst = f"{max(int(bps / 8 / 100), 16_384)}b"
-        shaping = ["root", "tbf", "rate", rate, "burst", burst, "latency", "2s"]
+        # A burst of 10 ms at the rate (at least 16 kB, what TCP needs to reach it, but no
+        # more than a quarter second of a thin link, and never under one full packet), and
+        # a queue of 2 s of the rate before tbf drops, at least 16 kB (a TCP connection's
+        # first flight): a thin link delays rather than loses.
+        burst = int(max(min(max(bps / 8 / 100, 16_384), bps / 8 / 4), 1_600))
+        limit = int(max(bps / 8 * 2, 16_384)) + burst
+        shaping = ["root", "tbf", "rate", rate, "burst", f"{burst}b", "limit", f"{limit}b"]
         self._run(["ip", "netns", "exec", site.namespace, "tc", "qdisc", verb, "dev",
                    site.inner, *shaping])
         self._run(["tc", "qdisc", verb, "dev", site.outer, *shaping])

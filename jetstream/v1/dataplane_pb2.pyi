@@ -61,12 +61,22 @@ class RoutesResponse(_message.Message):
     def __init__(self, workers: _Optional[_Iterable[str]] = ..., epochs: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PushMessage(_message.Message):
-    __slots__ = ("batch", "progress")
+    __slots__ = ("batch", "progress", "part")
     BATCH_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    PART_FIELD_NUMBER: _ClassVar[int]
     batch: PartialBatch
     progress: Progress
-    def __init__(self, batch: _Optional[_Union[PartialBatch, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ...) -> None: ...
+    part: Part
+    def __init__(self, batch: _Optional[_Union[PartialBatch, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., part: _Optional[_Union[Part, _Mapping]] = ...) -> None: ...
+
+class Part(_message.Message):
+    __slots__ = ("data", "last")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    last: bool
+    def __init__(self, data: _Optional[bytes] = ..., last: _Optional[bool] = ...) -> None: ...
 
 class Progress(_message.Message):
     __slots__ = ("query", "origin", "watermark_ms", "ended", "sequence", "received_bytes")
@@ -140,7 +150,7 @@ class PartialBatch(_message.Message):
     def __init__(self, query: _Optional[str] = ..., window_start_ms: _Optional[int] = ..., window_end_ms: _Optional[int] = ..., origin: _Optional[str] = ..., partition: _Optional[int] = ..., attempt: _Optional[int] = ..., sequence: _Optional[int] = ..., kind: _Optional[_Union[SummaryKind, str]] = ..., level: _Optional[int] = ..., payload: _Optional[bytes] = ..., compressed: _Optional[bool] = ..., events: _Optional[int] = ..., error_bound: _Optional[float] = ..., complete: _Optional[bool] = ..., covers: _Optional[_Iterable[str]] = ..., wan_bytes: _Optional[int] = ..., closed_at_ms: _Optional[int] = ..., revision: _Optional[int] = ..., ranked_by: _Optional[str] = ..., items_extra: _Optional[float] = ..., warnings: _Optional[_Iterable[str]] = ..., rounds: _Optional[bool] = ...) -> None: ...
 
 class Ack(_message.Message):
-    __slots__ = ("query", "window_start_ms", "origin", "partition", "sequence", "revision", "progress")
+    __slots__ = ("query", "window_start_ms", "origin", "partition", "sequence", "revision", "progress", "part")
     QUERY_FIELD_NUMBER: _ClassVar[int]
     WINDOW_START_MS_FIELD_NUMBER: _ClassVar[int]
     ORIGIN_FIELD_NUMBER: _ClassVar[int]
@@ -148,6 +158,7 @@ class Ack(_message.Message):
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    PART_FIELD_NUMBER: _ClassVar[int]
     query: str
     window_start_ms: int
     origin: str
@@ -155,4 +166,5 @@ class Ack(_message.Message):
     sequence: int
     revision: int
     progress: bool
-    def __init__(self, query: _Optional[str] = ..., window_start_ms: _Optional[int] = ..., origin: _Optional[str] = ..., partition: _Optional[int] = ..., sequence: _Optional[int] = ..., revision: _Optional[int] = ..., progress: _Optional[bool] = ...) -> None: ...
+    part: bool
+    def __init__(self, query: _Optional[str] = ..., window_start_ms: _Optional[int] = ..., origin: _Optional[str] = ..., partition: _Optional[int] = ..., sequence: _Optional[int] = ..., revision: _Optional[int] = ..., progress: _Optional[bool] = ..., part: _Optional[bool] = ...) -> None: ...
