@@ -28,6 +28,7 @@ from jetstream.control.global_controller import (
     QueryState,
     ResultsHub,
     SiteCalls,
+    heartbeat_spacing,
 )
 from jetstream.control.launch import free_port
 from jetstream.control.security import Security
@@ -347,6 +348,32 @@ def test_a_dead_site_that_comes_back_is_planned_in_again(
     assert sites.deploys[-1][2] == state.version == 2
     assert state.deployed == set(SITES)
     assert _placed(controller, "sfo") == [(QUERY, "local stage", "sfo-1")]
+
+
+def test_a_site_on_a_thin_link_beats_less_often_and_is_given_longer(
+        topology: Topology, sites: FakeSites, clock: FakeClock) -> None:
+    thin = dataclasses.replace(topology, links=tuple(
+        dataclasses.replace(link, bandwidth_bps=4_000) if "sin" in link.ends else link
+        for link in topology.links))
+    # 600 B of heartbeat and answer in a fifth of 4 kbit/s: one every 6 s at most.
+    assert heartbeat_spacing(thin, "sin") == pytest.approx(6.0)
+    assert heartbeat_spacing(thin, "sfo") < 0.01
+    controller = GlobalController(thin, sites.deploy, sites.stop,
+                                  heartbeat_timeout_s=TIMEOUT_S, clock=clock)
+    assert controller.timeout_of("sin") == pytest.approx(18.0)  # three of its heartbeats
+    assert controller.timeout_of("sfo") == TIMEOUT_S
+    servicer = GlobalControllerServicer(controller, 0.5)
+    intervals = {site: servicer.RegisterSite(pb.RegisterSiteRequest(
+        site=site, address=address(site)), None).heartbeat_interval_s  # type: ignore[arg-type]
+        for site in SITES}
+    assert intervals == {"ams": 0.5, "sfo": 0.5, "sin": pytest.approx(6.0)}
+
+    clock.advance(TIMEOUT_S + 1)
+    beat(controller, "ams")
+    assert controller.check_liveness() == ["sfo"]  # sin is not late: it beats every 6 s
+    clock.advance(18.0 - TIMEOUT_S)
+    beat(controller, "ams")
+    assert controller.check_liveness() == ["sin"]
 
 
 def test_the_root_dying_degrades_the_query_instead_of_raising(

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -120,3 +122,34 @@ def test_a_missing_emulation_or_privilege_is_explained(tmp_path: Path,
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     with pytest.raises(ControlPlaneError, match="apt-get install iproute2"):
         WideArea.check_host()
+
+
+@needs_root
+def test_a_site_on_a_4_kbit_link_stays_alive_while_its_partials_degrade(tmp_path: Path) -> None:
+    # Real processes in namespaces, sin's link to the root shaped to 4 kbit/s both ways: its
+    # partials must step down, and its heartbeats and the controller's calls must get
+    # through meanwhile (they waited behind partials and TLS handshakes: the site was taken
+    # for dead every few seconds, and the query re-planned each time).
+    text = (ROOT / "topologies" / "local-3dc.yaml").read_text()
+    thin = text.replace("between: [sin, ams], bandwidth: 1gbit", "between: [sin, ams], "
+                        "bandwidth: 4kbit").replace("name: local-3dc", "name: thin-3dc")
+    assert thin.count("4kbit") == 1
+    topology = tmp_path / "thin.yaml"
+    topology.write_text(thin)
+    run = subprocess.Popen(
+        [sys.executable, "-m", "jetstream", "emulate", str(topology), "--duration", "10",
+         "--rate", "50", "--no-dashboard"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True)
+    try:
+        out, _ = run.communicate(timeout=420)
+    except subprocess.TimeoutExpired:
+        run.send_signal(signal.SIGINT)  # it removes its namespaces on the way out
+        out, _ = run.communicate(timeout=60)
+    assert run.returncode == 0, out[-3000:]
+    logs = Path(re.search(r"logs in (\S+)\)", out).group(1))  # type: ignore[union-attr]
+    controller = (logs / "controller.log").read_text()
+    assert "missed its heartbeats" not in controller, controller[-3000:]
+    links = re.search(r"links: (.*)", out)
+    assert links is not None, out[-3000:]
+    assert "sin -> ams: " in links.group(1) and "sin -> ams: exact" not in links.group(1)
+    assert "complete window" in out

@@ -12,12 +12,19 @@ import grpc
 import pytest
 
 import jetstream as js
+from jetstream import transport
 from jetstream.approx.policy import LinkPolicy, degradation_ladder
 from jetstream.control.server import start_server
 from jetstream.cubes import CubeStore
 from jetstream.operators import Phase, WindowAggregate
 from jetstream.partials import PartialBatch, encode_batch
-from jetstream.transport import DataPlaneServicer, PartialSender
+from jetstream.transport import (
+    MAX_WINDOW_BYTES,
+    MIN_WINDOW_BYTES,
+    DataPlaneServicer,
+    PartialSender,
+    _Window,
+)
 from jetstream.v1 import dataplane_pb2 as pb
 from jetstream.v1 import dataplane_pb2_grpc as rpc
 
@@ -332,3 +339,128 @@ def test_a_sender_whose_store_fails_still_sends(receiver: Receiver, tmp_path: Pa
         assert "keeping a batch of q failed" in caplog.text
     finally:
         sender.close()
+
+
+# --- a thin link's queue: the window and parts ------------------------------------------------
+
+
+class WireRecorder(rpc.DataPlaneServicer):
+    """A receiver's servicer that notes each message as it comes off the wire."""
+
+    def __init__(self, inner: DataPlaneServicer) -> None:
+        self.inner = inner
+        self.messages: list[pb.PushMessage] = []
+
+    def Push(self, request_iterator: Iterator[pb.PushMessage],
+             context: grpc.ServicerContext) -> Iterator[pb.Ack]:
+        def noted() -> Iterator[pb.PushMessage]:
+            for message in request_iterator:
+                self.messages.append(message)
+                yield message
+        return self.inner.Push(noted(), context)
+
+
+def test_a_message_larger_than_a_thin_links_window_goes_in_parts_and_arrives_whole() -> None:
+    receiver = Receiver()
+    receiver.server.stop(grace=0).wait(5)
+    recorder = WireRecorder(receiver.servicer)
+    receiver.server, receiver.port = start_server(
+        [(rpc.add_DataPlaneServicer_to_server, recorder, "jetstream.v1.DataPlane")], 0)
+    # 8 kbit/s planned: 500 B in half a second, so the window starts at its least, 512 B.
+    sender = PartialSender(f"127.0.0.1:{receiver.port}", link_bps=8_000)
+    counts = {f"site{i}.example.com": i for i in range(300)}
+    try:
+        sender.send(message(0, counts=counts, sequence=1))
+        sender.send(message(10, sequence=2))  # small: whole
+        assert sender.flush(10)
+        big, small = receiver.wait_for(2)
+        assert {r["domain"]: r["n"] for r in big.rows} == counts
+        assert small.rows == ({"domain": "a.com", "n": 1},)
+        parts = [m.part for m in recorder.messages if m.HasField("part")]
+        assert len(parts) >= 4 and parts[-1].last and not any(p.last for p in parts[:-1])
+        assert all(len(p.data) <= MIN_WINDOW_BYTES for p in parts)
+        assert recorder.messages[-1].HasField("batch")
+        # Both ends count the messages as they are, not their parts' framing.
+        assert sender.bytes_sent == receiver.servicer.bytes_received
+    finally:
+        sender.close()
+        receiver.stop()
+
+
+def _acked_after(window: _Window, size: int, seconds: float, at: float) -> float:
+    """Hand ``size`` bytes to ``window`` and ack them ``seconds`` after ``at`` (the ack
+    before): the new ack's time."""
+    assert window.room(size, lambda: False)
+    window.acked(at + seconds)
+    return at + seconds
+
+
+def test_a_window_is_what_the_link_carries_in_half_a_second_whatever_the_receivers_delay(
+        ) -> None:
+    assert _Window(None).size == MAX_WINDOW_BYTES
+    assert _Window(4_000).size == MIN_WINDOW_BYTES  # 250 B: no less than the least
+    assert _Window(800_000).size == 50_000  # 100 kB/s for half a second
+    assert _Window(1e10).size == MAX_WINDOW_BYTES
+
+    # A busy receiver: 0.25 s over a near-empty message, 0.26 s over 4 kB. Its delay is set
+    # aside, and the link is fast: the window stays large.
+    busy = _Window(None)
+    t = _acked_after(busy, 50, 0.25, time.monotonic())
+    _acked_after(busy, 4_000, 0.26, t)
+    assert busy.size >= 100_000
+    # A thin link: 0.1 s for a near-empty message, 8.1 s for 4 kB: 500 B/s.
+    thin = _Window(None)
+    t = _acked_after(thin, 50, 0.1, time.monotonic())
+    _acked_after(thin, 4_000, 8.1, t)
+    assert thin.size == MIN_WINDOW_BYTES
+    # Until a near-empty message has timed the delay, nothing is measured.
+    unknown = _Window(None)
+    _acked_after(unknown, 4_000, 8.1, time.monotonic())
+    assert unknown.size == MAX_WINDOW_BYTES
+
+
+def test_a_full_window_holds_the_next_message_until_an_ack() -> None:
+    window = _Window(4_000)
+    assert window.room(400, lambda: False)
+    waited: list[bool] = []
+    stop = threading.Event()
+    waiter = threading.Thread(target=lambda: waited.append(window.room(400, stop.is_set)))
+    waiter.start()
+    waiter.join(0.5)
+    assert waiter.is_alive()  # 800 B would not fit in 512
+    window.acked(time.monotonic())
+    waiter.join(5)
+    assert waited == [True]
+    # Given up when its stream ends.
+    waiter = threading.Thread(target=lambda: waited.append(window.room(400, stop.is_set)))
+    waiter.start()
+    stop.set()
+    waiter.join(5)
+    assert waited == [True, False]
+
+
+@pytest.mark.parametrize("stream, refusal", [
+    ([pb.PushMessage(part=pb.Part(data=b"\xff\xfe not a message", last=True))],
+     "join into no message"),
+    ([pb.PushMessage(part=pb.Part(data=b"", last=True))], "no batch or progress"),
+    ([pb.PushMessage(part=pb.Part(data=b"\x0a\x02", last=False)),
+      pb.PushMessage(progress=pb.Progress(query="q", origin="x"))], "between the parts"),
+    ([pb.PushMessage(part=pb.Part(data=b"x" * 600, last=False)),
+      pb.PushMessage(part=pb.Part(data=b"x" * 600, last=True))], "parts of over 1,000 bytes"),
+])
+def test_parts_that_make_no_message_are_refused_and_other_senders_go_on(
+        receiver: Receiver, monkeypatch: pytest.MonkeyPatch,
+        stream: list[pb.PushMessage], refusal: str) -> None:
+    monkeypatch.setattr(transport, "MAX_MESSAGE_BYTES", 1_000)
+    good = sender_to(receiver.port)
+    try:
+        stub = rpc.DataPlaneStub(grpc.insecure_channel(f"127.0.0.1:{receiver.port}"))
+        with pytest.raises(grpc.RpcError) as refused:
+            list(stub.Push(iter(stream), timeout=10))
+        assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert refusal in str(refused.value.details())
+        good.send(message(0))
+        assert good.flush(10)
+        assert [b.origin for b in receiver.wait_for(1)] == ["sfo"]
+    finally:
+        good.close()
