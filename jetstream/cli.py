@@ -63,12 +63,26 @@ def _certs(args: argparse.Namespace) -> int:
         print(f"{args.out_dir} holds a CA already; keeping it (--keep)")
         return 0
     hosts = [h for h in (args.hosts or "").split(",") if h.strip()]
-    made = make_dev_certs(Path(args.out_dir), hosts, days=args.days, force=args.force)
-    print(f"a development CA, a node certificate for {', '.join(made.hosts)} and a token in "
-          f"{made.folder}, valid until {made.not_after:%Y-%m-%d}. For development only: "
-          "anyone with the folder is in the cluster.")
-    print(f"use it: jetstream controller --tls-dir {made.folder}, jetstream site --tls-dir "
-          f"{made.folder} ..., or export JETSTREAM_TLS_DIR={made.folder}")
+    sites = [s.strip() for s in (args.sites or "").split(",") if s.strip()]
+    made = make_dev_certs(Path(args.out_dir), hosts, days=args.days, force=args.force,
+                          sites=sites)
+    if not sites:
+        print(f"a development CA, a node certificate for {', '.join(made.hosts)} and a token "
+              f"in {made.folder}, valid until {made.not_after:%Y-%m-%d}. For development "
+              "only: anyone with the folder is in the cluster, as any site.")
+        print(f"use it: jetstream controller --tls-dir {made.folder}, jetstream site --tls-dir "
+              f"{made.folder} ..., or export JETSTREAM_TLS_DIR={made.folder}")
+        return 0
+    print(f"a development CA and a token in {made.folder}, and a certificate for "
+          f"{', '.join(made.hosts)} in a TLS folder each, valid until "
+          f"{made.not_after:%Y-%m-%d}: a site registers and sends partials only under the "
+          "name in its certificate.")
+    for holder, where in made.folders.items():
+        use = (f"jetstream site --name {holder} --tls-dir {where} ..." if holder in sites
+               else f"jetstream {'controller' if holder == 'controller' else 'CMD'} "
+               f"--tls-dir {where} ...")
+        print(f"  {where}: {use}")
+    print(f"keep {made.folder / 'ca-key.pem'} away from the sites: it signs certificates")
     return 0
 
 
@@ -95,7 +109,7 @@ def _controller(args: argparse.Namespace) -> int:
                    state_dir=Path(args.state_dir) if args.state_dir else None,
                    metrics_port=args.metrics_port, dashboard_port=args.dashboard_port,
                    dashboard_host=args.dashboard_host, allow_code=args.allow_code,
-                   cubes=cubes)
+                   cubes=cubes, http_token=args.http_token)
     return 0
 
 
@@ -112,7 +126,7 @@ def _site(args: argparse.Namespace) -> int:
         options.state_dir = Path(args.state_dir)
     run_site(args.name, args.controller, security=_security(args), port=args.port,
              host=args.host, advertise=args.advertise, options=options,
-             metrics_port=args.metrics_port)
+             metrics_port=args.metrics_port, http_token=args.http_token)
     return 0
 
 
@@ -591,7 +605,11 @@ def _metrics_option(parser: argparse.ArgumentParser) -> None:
     """Where a long-running process serves its Prometheus metrics."""
     parser.add_argument("--metrics-port", type=int, default=0, metavar="PORT",
                         help="serve Prometheus metrics at http://HOST:PORT/metrics, on the "
-                             "--host address (default: 0, off; plain HTTP, no token)")
+                             "--host address (default: 0, off; plain HTTP)")
+    parser.add_argument("--http-token", action="store_true",
+                        help="require the process's token (--token, JETSTREAM_TOKEN or the "
+                             "TLS folder's) on /metrics and the dashboard: Authorization: "
+                             "Bearer TOKEN, or Basic with the token as password")
 
 
 def _live_options(parser: argparse.ArgumentParser, *, duration_s: float) -> None:
@@ -637,11 +655,17 @@ def _parser() -> argparse.ArgumentParser:
         "certs", help="make a development CA, node certificate and token for --tls-dir",
         description="Write OUT_DIR/ca.pem and ca-key.pem (a development CA), node.pem and "
         "node-key.pem (one certificate for every process, valid as server and client, for "
-        "localhost, 127.0.0.1 and --hosts) and token. Key and token files are readable by "
-        "their owner only. For development: in production bring your own CA (docs/security.md).")
+        "localhost, 127.0.0.1 and --hosts) and token; with --sites, a TLS folder per site, "
+        "for the controller and for the CLI instead of the shared certificate, each naming "
+        "its holder. Key and token files are readable by their owner only. For development: "
+        "in production bring your own CA (docs/security.md).")
     certs.add_argument("out_dir", metavar="OUT_DIR", help="where to write the files")
     certs.add_argument("--hosts", metavar="H1,H2",
                        help="more names or IP addresses processes are dialled at")
+    certs.add_argument("--sites", metavar="S1,S2",
+                       help="a certificate per site instead of one for all (OUT_DIR/S1, ...), "
+                            "naming the site, and one for the controller (OUT_DIR/controller) "
+                            "and the CLI (OUT_DIR/cli)")
     certs.add_argument("--days", type=int, default=30,
                        help="how long the certificates are valid (default: 30)")
     existing = certs.add_mutually_exclusive_group()
@@ -668,7 +692,8 @@ def _parser() -> argparse.ArgumentParser:
     _metrics_option(controller)
     controller.add_argument("--dashboard-port", type=int, default=0, metavar="PORT",
                             help="serve the live dashboard at http://DASHBOARD_HOST:PORT/ "
-                                 "(default: 0, off; read-only, plain HTTP, no token)")
+                                 "(default: 0, off; read-only, plain HTTP; --http-token "
+                                 "guards it)")
     controller.add_argument("--dashboard-host", default="127.0.0.1", metavar="HOST",
                             help="the address the dashboard listens on (default: 127.0.0.1)")
     controller.add_argument("--cube", action="append", metavar="QUERY.py",

@@ -14,9 +14,13 @@ import contextlib
 import threading
 import time
 from collections import Counter as Tally
-from wsgiref.simple_server import WSGIServer
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from prometheus_client import Counter, Gauge, Histogram, make_wsgi_app, start_http_server
+
+from jetstream.control.security import http_authorized
 
 __all__ = ["BATCH_DURATION", "LINK_LEVEL", "LINK_MEASURED_BANDWIDTH", "LINK_THROUGHPUT",
            "PARTIALS_REFUSED", "RECORDS_IN", "RECORDS_LATE", "RECORDS_MALFORMED",
@@ -149,8 +153,34 @@ class RunMetrics:
         return self.site, self.query
 
 
-def serve_metrics(port: int, host: str = "127.0.0.1") -> tuple[WSGIServer, threading.Thread]:
+def serve_metrics(port: int, host: str = "127.0.0.1", *, token: str | None = None
+                  ) -> tuple[WSGIServer, threading.Thread]:
     """Serve ``/metrics`` on ``host:port`` from a daemon thread; the server and its thread.
-    Port 0 takes any free port (``server.server_port`` says which)."""
-    server, thread = start_http_server(port, addr=host)
+    Port 0 takes any free port (``server.server_port`` says which). With a ``token``, a
+    scrape must carry it (``Authorization: Bearer TOKEN``, or Basic with it as the password);
+    others get 401."""
+    if token is None:
+        server, thread = start_http_server(port, addr=host)
+        return server, thread
+    metrics_app = make_wsgi_app()
+
+    def app(environ: dict[str, Any], start_response: Any) -> Any:
+        if http_authorized(environ.get("HTTP_AUTHORIZATION"), token):
+            return metrics_app(environ, start_response)
+        start_response("401 Unauthorized", [("Content-Type", "text/plain"),
+                                            ("WWW-Authenticate", 'Basic realm="jetstream"')])
+        return [b"the process's token is required (Authorization: Bearer TOKEN)\n"]
+
+    server = make_server(host, port, app, _ThreadingServer, handler_class=_QuietHandler)
+    thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
+    thread.start()
     return server, thread
+
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass

@@ -225,6 +225,7 @@ class QueryRun:
         self.site, self.assignment, self.options = site, assignment, options
         self.query = distributed(query_from_bytes(assignment.spec, allow_code=True))
         self.partial = partial_aggregate(self.query)
+        self._planned = frozenset(merge_inputs(fragment, self.query))  # whose batches it takes
         slo_deadline = (self.query.slo.max_latency_ms / 1000
                         if self.query.slo and self.query.slo.max_latency_ms else None)
         self.ranking = ranking(self.query)
@@ -320,6 +321,7 @@ class QueryRun:
                 or assignment.fragment.rounds != before.fragment.rounds):
             return False
         self.assignment = assignment
+        self._planned = frozenset(merge_inputs(assignment.fragment, self.query))
         self.merger.set_inputs(self._inputs(assignment))
         if self.router is not None:
             for i, ((_, address), (_, was)) in enumerate(zip(assignment.workers,
@@ -381,7 +383,8 @@ class QueryRun:
         """Merge a batch: a child's (acked once this returns) or the local stage's. With a
         cube store it goes to the inbox first, durably, so that a restart merges it again
         (the child forgets it once acked; the stage's snapshot, once handed on). With
-        workers, an input's batch goes to them, and a worker's merged partition is merged."""
+        workers, an input's batch goes to them, and a worker's merged partition is merged.
+        A batch of no input in the plan raises LookupError (the sender tries again later)."""
         if self._from_worker(batch.origin):
             self.merger.add(batch)
             return
@@ -389,6 +392,10 @@ class QueryRun:
             log.info("%s at %s: dropping a batch of %s, a worker it no longer runs on",
                      self.name, self.site, batch.origin)
             return  # a partition this run does not have (a replaced plan's): never an input
+        if batch.origin not in self._planned:  # refused; sent again, for a re-plan under way
+            msg = (f"{self.name} at {self.site}: {batch.origin!r} is not one of its inputs "
+                   f"({', '.join(sorted(self._planned))})")
+            raise LookupError(msg)
         # A worker merges its key partition only; raises DataError for a row cut wrongly.
         batch = own_rows(batch, self.partial.keys, self.assignment.fragment.part, self._known)
         if self._inbox is not None:

@@ -38,6 +38,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from jetstream import metrics
+from jetstream.control.security import Identity, peer_identity
 from jetstream.cubes import CubeStore
 from jetstream.errors import DataError
 from jetstream.keydict import KeyDecoder, KeyEncoder
@@ -430,6 +431,7 @@ class DataPlaneServicer(rpc.DataPlaneServicer):
 
     def Rounds(self, request: pb.RoundsRequest,
                context: grpc.ServicerContext) -> Iterator[pb.RoundAsk]:
+        self._check_sender(peer_identity(context), request.origin, context)
         if self._aggregate_of(request.query) is None:
             context.abort(grpc.StatusCode.NOT_FOUND, f"no query named {request.query!r} runs here")
         yield from self._rounds(request.query, request.origin, context.is_active)
@@ -438,6 +440,7 @@ class DataPlaneServicer(rpc.DataPlaneServicer):
              context: grpc.ServicerContext) -> Iterator[pb.Ack]:
         local = SAME_SITE in tuple(context.invocation_metadata() or ())
         keys = KeyDecoder()  # the receiving end of this stream's key dictionary
+        sender = peer_identity(context)
         for message in self._joined(request_iterator, context):
             if message is None:  # a part, not the last: acknowledged as such
                 yield pb.Ack(part=True)
@@ -445,6 +448,7 @@ class DataPlaneServicer(rpc.DataPlaneServicer):
             size = message.ByteSize()
             self.bytes_received += size
             origin = (message.progress if message.HasField("progress") else message.batch).origin
+            self._check_sender(sender, origin, context)
             if not local:
                 link = self._link(origin)
                 metrics.WAN_BYTES_RECEIVED.labels(link).inc(size)
@@ -531,6 +535,23 @@ class DataPlaneServicer(rpc.DataPlaneServicer):
             grown = total - last if total >= last else total
             if grown > 0:
                 metrics.WAN_BYTES_RECEIVED.labels(link).inc(grown)
+
+    def _check_sender(self, sender: Identity | None, origin: str,
+                      context: grpc.ServicerContext) -> None:
+        """Refuse, PERMISSION_DENIED, what a peer sends under another site's name: a site
+        sends its own partials (and answers its own rounds); its own site's processes (its
+        workers, and it to them) may carry anyone's. Whether the origin is an input of the
+        query here is the run's to say."""
+        if sender is None or sender.role == "node" or (
+                sender.role == "site" and sender.name in (origin, self._site)):
+            return
+        with self._lock:
+            self.refused[origin or "?"] += 1
+        metrics.PARTIALS_REFUSED.labels(self._link(origin)).inc()
+        log.warning("refused partials of %s from %s", origin or "?", sender)
+        context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                      f"partials of {origin!r} refused: the sender's certificate is "
+                      f"{sender}'s")
 
     def _link(self, origin: str) -> str:
         """The link a message came over: every site sends its own partials and progress."""

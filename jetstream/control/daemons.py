@@ -93,13 +93,24 @@ class _SiteClients:
             raise ControlPlaneError(msg) from None
 
 
-def _exporter(host: str, metrics_port: int) -> WSGIServer | None:
-    """Serve ``/metrics`` on ``host:metrics_port``; 0: not at all."""
+def _exporter(host: str, metrics_port: int, token: str | None) -> WSGIServer | None:
+    """Serve ``/metrics`` on ``host:metrics_port`` (0: not at all), asking for ``token`` if
+    given."""
     if not metrics_port:
         return None
-    exporter, _ = serve_metrics(metrics_port, host)
-    log.info("serving /metrics on %s:%d", host, metrics_port)
+    exporter, _ = serve_metrics(metrics_port, host, token=token)
+    log.info("serving /metrics on %s:%d%s", host, metrics_port,
+             " (token required)" if token else "")
     return exporter
+
+
+def _http_token(security: Security, wanted: bool) -> str | None:
+    """The token ``/metrics`` and the dashboard ask for: the process's, if ``wanted``."""
+    if wanted and not security.token:
+        msg = ("--http-token: this process has no token to require (give --token, set "
+               "JETSTREAM_TOKEN, or put a token file in its TLS folder)")
+        raise ControlPlaneError(msg)
+    return security.token if wanted else None
 
 
 def _serve_until_stopped(server: grpc.Server, stop: threading.Event,
@@ -125,14 +136,17 @@ def run_controller(topology: Topology, port: int, *, security: Security,
                    ready: Callable[[int], None] | None = None,
                    stop: threading.Event | None = None, metrics_port: int = 0,
                    dashboard_port: int = 0, dashboard_host: str = "127.0.0.1",
-                   allow_code: bool = False, cubes: Sequence[QueryPlan] = ()) -> None:
+                   allow_code: bool = False, cubes: Sequence[QueryPlan] = (),
+                   http_token: bool = False) -> None:
     """Serve the global controller until SIGINT/SIGTERM (or ``stop``); ``security`` guards
     its server and its channels to the sites. With a ``state_dir`` its queries and their
     results outlive it (see :class:`GlobalController`). A ``metrics_port`` serves Prometheus
     metrics (:mod:`jetstream.metrics`) on ``host``; a ``dashboard_port`` the live dashboard
     (:mod:`jetstream.control.dashboard`) on ``dashboard_host``. ``allow_code``: accept
     queries whose ``map`` functions travel as code (see :mod:`jetstream.planwire`).
-    ``cubes``: queries to run from the start, for history (see :class:`GlobalController`)."""
+    ``cubes``: queries to run from the start, for history (see :class:`GlobalController`).
+    ``http_token``: both ask for the process's token."""
+    token = _http_token(security, http_token)
     clients = _SiteClients(security)
     calls = SiteCalls()  # deploys and stops never hold the controller's lock
     controller = GlobalController(topology, clients.deploy, clients.stop,
@@ -150,7 +164,7 @@ def run_controller(topology: Topology, port: int, *, security: Security,
                                  security=security)
     stop = stop or threading.Event()
     log.info("global controller for %s listening on %s:%d", topology.name, host, bound)
-    exporter = _exporter(host, metrics_port)
+    exporter = _exporter(host, metrics_port, token)
     if ready:
         ready(bound)
 
@@ -168,7 +182,7 @@ def run_controller(topology: Topology, port: int, *, security: Security,
     threading.Thread(target=watch, name="liveness", daemon=True).start()
     dashboard = None
     if dashboard_port:
-        dashboard = serve_dashboard(controller, dashboard_port, dashboard_host)
+        dashboard = serve_dashboard(controller, dashboard_port, dashboard_host, token=token)
         log.info("serving the dashboard on http://%s:%d/", dashboard_host, dashboard.port)
     try:
         _serve_until_stopped(server, stop, exporter)
@@ -297,10 +311,12 @@ def run_site(name: str, controller_address: str, *, security: Security, port: in
              host: str = "127.0.0.1", advertise: str | None = None,
              options: SiteOptions | None = None,
              ready: Callable[[int], None] | None = None,
-             stop: threading.Event | None = None, metrics_port: int = 0) -> None:
+             stop: threading.Event | None = None, metrics_port: int = 0,
+             http_token: bool = False) -> None:
     """Serve a site: register, send heartbeats, and run the data plane of what is deployed.
     ``security`` guards its server, its channel to the controller and those to its parents.
-    A ``metrics_port`` serves Prometheus metrics (:mod:`jetstream.metrics`) on ``host``."""
+    A ``metrics_port`` serves Prometheus metrics (:mod:`jetstream.metrics`) on ``host``,
+    asking for the process's token with ``http_token``."""
     stop = stop or threading.Event()
     options = options or SiteOptions()
     options.connect = security.channel
@@ -323,7 +339,7 @@ def run_site(name: str, controller_address: str, *, security: Security, port: in
     # Peers that reach the site through another address cannot reach its workers, nor
     # those on other machines workers that listen on a wildcard (dialled as 127.0.0.1).
     options.offer_routes = address == f"{host}:{bound}" and _dialable(host) == host
-    exporter = _exporter(host, metrics_port)
+    exporter = _exporter(host, metrics_port, _http_token(security, http_token))
     if ready:
         ready(bound)
 

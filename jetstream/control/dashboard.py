@@ -3,8 +3,9 @@
 ``/`` is ``dashboard.html`` (plain HTML, SVG and JavaScript: no build step, nothing fetched
 from elsewhere); it polls ``/api/state`` every second and draws the topology with each link's
 load and level, every query's newest window with its bounds, and wide-area against raw bytes,
-latency and degradation levels over time. The page is read-only and shows no secrets, but it
-is plain HTTP with no token: bind it to a trusted address (``--dashboard-host``).
+latency and degradation levels over time. The page is read-only and shows no secrets; it is
+plain HTTP: bind it to a trusted address (``--dashboard-host``), and with a token
+(``--http-token``) it asks for it (Basic, the token as the password: a browser asks once).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 import networkx as nx
 
 from jetstream.control.global_controller import GlobalController
+from jetstream.control.security import http_authorized
 from jetstream.metrics import link_name
 
 __all__ = ["HISTORY", "Dashboard", "DashboardState", "serve_dashboard"]
@@ -213,8 +215,16 @@ def _finite(value: Any) -> Any:
 class _Handler(BaseHTTPRequestHandler):
     state: DashboardState  # set on the subclass serve_dashboard makes
     page: bytes
+    token: str | None
 
     def do_GET(self) -> None:
+        if self.token is not None and not http_authorized(self.headers.get("Authorization"),
+                                                          self.token):
+            self.send_response(HTTPStatus.UNAUTHORIZED)
+            self.send_header("WWW-Authenticate", 'Basic realm="jetstream dashboard"')
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         path = self.path.split("?", 1)[0]
         if path in ("/", "/index.html"):
             self._send(self.page, "text/html; charset=utf-8")
@@ -271,12 +281,13 @@ class Dashboard:
 
 
 def serve_dashboard(controller: GlobalController, port: int, host: str = "127.0.0.1", *,
-                    interval_s: float = 1.0) -> Dashboard:
+                    interval_s: float = 1.0, token: str | None = None) -> Dashboard:
     """Serve the dashboard of ``controller`` on ``host:port`` (0: any free port) until
-    :meth:`Dashboard.close`."""
+    :meth:`Dashboard.close`; with a ``token``, only to requests that carry it."""
     state = DashboardState(controller)
     page = resources.files("jetstream.control").joinpath("dashboard.html").read_bytes()
-    handler = type("DashboardHandler", (_Handler,), {"state": state, "page": page})
+    handler = type("DashboardHandler", (_Handler,),
+                   {"state": state, "page": page, "token": token})
     server = ThreadingHTTPServer((host, port), handler)
     server.daemon_threads = True
     return Dashboard(state, server, interval_s)

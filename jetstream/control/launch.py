@@ -75,8 +75,10 @@ class LocalCluster:
     site in its own network namespace with them); ``site_args`` more flags for a site's
     command. The controller keeps its state in ``logs/controller-state``, so that
     :meth:`restart` of a killed controller takes up its queries again. ``tls_dir`` holds the
-    certificates and token every process uses (see :mod:`jetstream.control.security`); by default a
-    development CA is made for the cluster in ``logs/tls``, for those addresses.
+    certificates and token every process uses (see :mod:`jetstream.control.security`); by
+    default a development CA is made for the cluster in ``logs/tls``, for those addresses,
+    with a certificate per site (``logs/tls/<site>``), one for the controller and one for the
+    CLI, whose folder ``tls_dir`` then is.
     ``metrics_port`` gives a process (``"controller"`` or a site's name) the port it serves
     Prometheus metrics on, at its listening address; 0, the default, is none.
     ``dashboard_port``: the controller serves its live dashboard there, at ``host``.
@@ -114,9 +116,12 @@ class LocalCluster:
         self.logs.mkdir(parents=True, exist_ok=True)
         self._commands: dict[str, tuple[tuple[str, ...], list[str] | None]] = {}
         self.address = f"{self.host}:{free_port()}"
+        self._tls: dict[str, Path] = {}  # each process's TLS folder, when not all share one
         if self.tls_dir is None:
             hosts = sorted({self.host, *(self.site_host(s) for s in self.sites)})
-            self.tls_dir = make_dev_certs(self.logs / "tls", hosts, days=7, force=True).folder
+            self._tls = make_dev_certs(self.logs / "tls", hosts, days=7, force=True,
+                                       sites=self.sites).folders
+            self.tls_dir = self._tls["cli"]
         # The folder's token, not one in the environment: the children use the folder's too.
         self.security = Security.resolve(self.tls_dir, env={})
         self.client = ControllerClient(self.address, security=self.security)
@@ -164,7 +169,7 @@ class LocalCluster:
         self._commands[name] = (args, prefix)
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         env.pop("JETSTREAM_TOKEN", None)
-        args = (*args, "--tls-dir", str(self.tls_dir))
+        args = (*args, "--tls-dir", str(self._tls.get(name, self.tls_dir)))
         if port := self.metrics_port(name):
             args = (*args, "--metrics-port", str(port))
         with (self.logs / f"{name}.log").open("ab") as out:  # the child keeps its own handle

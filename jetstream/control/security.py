@@ -12,13 +12,22 @@ checks the token. What is authenticated how (see ``docs/security.md``):
 - **Every call** carries ``authorization: Bearer <token>`` when a token is configured, and
   every server refuses a call without it (UNAUTHENTICATED). A CA may sign certificates for
   other uses than this cluster; the token says the caller is one of ours.
+- **Who a peer is** comes from its certificate's common name (:func:`peer_identity`):
+  ``jetstream site NAME`` is that site (and its workers), ``jetstream controller`` and
+  ``jetstream cli`` those roles, ``jetstream node`` the shared development certificate, which
+  may act as anyone. The controller takes a site's registration, heartbeats and results only
+  under its certificate's name, and a site takes partials only from its planned children,
+  each under its own name.
 
-:func:`make_dev_certs` (``jetstream certs``) makes a development CA, a node certificate and
-a token; it is for development, not for production.
+:func:`make_dev_certs` (``jetstream certs``) makes a development CA, a node certificate (or
+one per site, for the controller and for the CLI) and a token; it is for development, not
+for production.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import datetime
 import hmac
 import ipaddress
@@ -34,7 +43,8 @@ import grpc
 
 from jetstream.errors import ControlPlaneError
 
-__all__ = ["CA_FILE", "CERT_FILE", "KEY_FILE", "TOKEN_FILE", "Security", "make_dev_certs"]
+__all__ = ["CA_FILE", "CERT_FILE", "KEY_FILE", "TOKEN_FILE", "Identity", "Security",
+           "http_authorized", "make_dev_certs", "peer_identity"]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +56,43 @@ CA_KEY_FILE = "ca-key.pem"
 _NO_CHOICE = ("no transport security chosen: give --tls-dir DIR (or set JETSTREAM_TLS_DIR; "
               "`jetstream certs DIR` makes a development CA and certificates there) or, to run "
               "without TLS and authentication, --insecure")
+
+
+#: The common names of the roles' certificates: a site's is ``jetstream site NAME``.
+SHARED_NAME, SITE_PREFIX, CONTROLLER_NAME, CLI_NAME = (
+    "jetstream node", "jetstream site ", "jetstream controller", "jetstream cli")
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who a peer's certificate says it is: ``role`` "site" (``name`` the site), "controller",
+    "cli", "node" (the shared development certificate: any role) or "other" (the CA signed
+    it, for something else)."""
+
+    role: str
+    name: str = ""
+
+    def acts_as(self, site: str) -> bool:
+        """Whether this peer may speak for ``site``."""
+        return self.role == "node" or (self.role == "site" and self.name == site)
+
+    def __str__(self) -> str:
+        return {"site": f"site {self.name}", "node": "the shared node certificate"}.get(
+            self.role, self.role if self.role != "other" else "a certificate of no role")
+
+
+def peer_identity(context: grpc.ServicerContext) -> Identity | None:
+    """The identity of a call's peer from its TLS certificate; None on a plaintext server (in
+    tests, or ``--insecure``), where nobody is checked."""
+    names = (context.auth_context() or {}).get("x509_common_name") or []
+    if not names:
+        return None
+    name = names[0].decode("utf-8", "replace")
+    if name == SHARED_NAME:
+        return Identity("node")
+    if name.startswith(SITE_PREFIX):
+        return Identity("site", name.removeprefix(SITE_PREFIX))
+    return Identity({CONTROLLER_NAME: "controller", CLI_NAME: "cli"}.get(name, "other"))
 
 
 @dataclass(frozen=True)
@@ -141,6 +188,21 @@ class Security:
         return f"mutual TLS ({self.tls_dir})" + (" and a token" if self.token else "")
 
 
+def http_authorized(authorization: str | None, token: str) -> bool:
+    """Whether an HTTP ``Authorization`` header carries ``token``: ``Bearer TOKEN`` (what
+    Prometheus sends) or Basic with the token as the password, any user name (what a browser
+    sends once asked)."""
+    scheme, _, value = (authorization or "").partition(" ")
+    if scheme.lower() == "basic":
+        try:
+            value = base64.b64decode(value.strip(), validate=True).decode().partition(":")[2]
+        except (binascii.Error, UnicodeDecodeError):
+            return False
+    elif scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(value.strip().encode(), token.encode())
+
+
 class _TokenCheck(grpc.ServerInterceptor):
     """Refuses, with UNAUTHENTICATED, every call whose ``authorization`` is not the token."""
 
@@ -173,25 +235,31 @@ class _TokenCheck(grpc.ServerInterceptor):
 
 @dataclass(frozen=True)
 class DevCertificates:
-    """The files :func:`make_dev_certs` wrote."""
+    """The files :func:`make_dev_certs` wrote: ``folders`` are the TLS folders made, by whom
+    they are for (``""``: every process, the shared certificate)."""
 
     folder: Path
     hosts: tuple[str, ...]
     not_after: datetime.datetime
+    folders: dict[str, Path]
 
 
 def make_dev_certs(folder: Path, hosts: Iterable[str] = (), *, days: int = 30,
-                   force: bool = False) -> DevCertificates:
-    """Write a development CA, one node certificate for both ends of every connection, and a
-    random token into ``folder``; key and token files are readable by their owner only.
+                   force: bool = False, sites: Sequence[str] = ()) -> DevCertificates:
+    """Write a development CA and a random token into ``folder``, and certificates: without
+    ``sites``, one node certificate for both ends of every connection, there too; with them,
+    a TLS folder per site (``folder/NAME``, its certificate naming the site), one for the
+    controller (``folder/controller``) and one for the CLI (``folder/cli``), each with the CA
+    and the token. Key and token files are readable by their owner only.
 
-    The node certificate names ``localhost``, ``127.0.0.1`` and each of ``hosts`` (names or IP
-    addresses). Every process of a development cluster uses the same folder.
+    Every certificate names ``localhost``, ``127.0.0.1`` and each of ``hosts`` (names or IP
+    addresses), and is valid as server and client.
 
     Raises
     ------
     ControlPlaneError
-        ``folder`` holds a CA already (give ``force`` to replace it), or ``days`` < 1.
+        ``folder`` holds a CA already (give ``force`` to replace it), ``days`` < 1, or a site
+        name that cannot be a folder or is a role's.
     """
     # Imported here: only this command needs cryptography, not every process start.
     from cryptography import x509
@@ -201,6 +269,13 @@ def make_dev_certs(folder: Path, hosts: Iterable[str] = (), *, days: int = 30,
 
     if days < 1:
         msg = f"--days {days}: certificates must be valid for at least a day"
+        raise ControlPlaneError(msg)
+    for site in sites:
+        if not site or site in ("controller", "cli") or "/" in site or site.startswith("."):
+            msg = f"--sites: {site!r} cannot be a site's folder (nor 'controller' or 'cli')"
+            raise ControlPlaneError(msg)
+    if len(set(sites)) != len(sites):
+        msg = f"--sites names a site twice: {', '.join(sites)}"
         raise ControlPlaneError(msg)
     folder = Path(folder)
     existing = [n for n in (CA_FILE, CA_KEY_FILE) if (folder / n).exists()]
@@ -218,6 +293,10 @@ def make_dev_certs(folder: Path, hosts: Iterable[str] = (), *, days: int = 30,
         return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "JetStream-py dev"),
                           x509.NameAttribute(NameOID.COMMON_NAME, common)])
 
+    def key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+        return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                 serialization.NoEncryption())
+
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = name("JetStream-py development CA")
     ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
@@ -231,41 +310,57 @@ def make_dev_certs(folder: Path, hosts: Iterable[str] = (), *, days: int = 30,
           .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()),
                          critical=False)
           .sign(ca_key, hashes.SHA256()))
-
-    node_key = ec.generate_private_key(ec.SECP256R1())
     alt: list[x509.GeneralName] = []
     for host in names:
         try:
             alt.append(x509.IPAddress(ipaddress.ip_address(host)))
         except ValueError:
             alt.append(x509.DNSName(host))
-    node = (x509.CertificateBuilder().subject_name(name("jetstream node")).issuer_name(ca_name)
-            .public_key(node_key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(not_before).not_valid_after(not_after)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.KeyUsage(
-                digital_signature=True, content_commitment=False, key_encipherment=False,
-                data_encipherment=False, key_agreement=False, key_cert_sign=False,
-                crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
-            # One certificate for both ends: every node serves and dials.
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
-                                                  ExtendedKeyUsageOID.CLIENT_AUTH]),
-                           critical=False)
-            .add_extension(x509.SubjectAlternativeName(alt), critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
-                ca_key.public_key()), critical=False)
-            .sign(ca_key, hashes.SHA256()))
 
-    def key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-        return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                 serialization.NoEncryption())
+    def issue(common: str) -> tuple[bytes, bytes]:
+        """A certificate named ``common`` and its key, as PEM."""
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = (x509.CertificateBuilder().subject_name(name(common)).issuer_name(ca_name)
+                .public_key(key.public_key()).serial_number(x509.random_serial_number())
+                .not_valid_before(not_before).not_valid_after(not_after)
+                .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+                .add_extension(x509.KeyUsage(
+                    digital_signature=True, content_commitment=False, key_encipherment=False,
+                    data_encipherment=False, key_agreement=False, key_cert_sign=False,
+                    crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
+                # Both ends: every process serves and dials.
+                .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
+                                                      ExtendedKeyUsageOID.CLIENT_AUTH]),
+                               critical=False)
+                .add_extension(x509.SubjectAlternativeName(alt), critical=False)
+                .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
+                    ca_key.public_key()), critical=False)
+                .sign(ca_key, hashes.SHA256()))
+        return cert.public_bytes(serialization.Encoding.PEM), key_pem(key)
 
+    ca_pem = ca.public_bytes(serialization.Encoding.PEM)
+    token = (secrets.token_urlsafe(32) + "\n").encode()
     _write(folder / CA_KEY_FILE, key_pem(ca_key), private=True)
-    _write(folder / CA_FILE, ca.public_bytes(serialization.Encoding.PEM))
-    _write(folder / KEY_FILE, key_pem(node_key), private=True)
-    _write(folder / CERT_FILE, node.public_bytes(serialization.Encoding.PEM))
-    _write(folder / TOKEN_FILE, (secrets.token_urlsafe(32) + "\n").encode(), private=True)
-    return DevCertificates(folder, tuple(names), not_after)
+    _write(folder / CA_FILE, ca_pem)
+    _write(folder / TOKEN_FILE, token, private=True)
+    holders = ({"": SHARED_NAME} if not sites else
+               {**{site: SITE_PREFIX + site for site in sites},
+                "controller": CONTROLLER_NAME, "cli": CLI_NAME})
+    folders = {}
+    for holder, common in holders.items():
+        cert, key = issue(common)
+        where = folder / holder
+        where.mkdir(exist_ok=True)
+        if holder:  # a folder of its own: everything a process needs
+            _write(where / CA_FILE, ca_pem)
+            _write(where / TOKEN_FILE, token, private=True)
+        _write(where / KEY_FILE, key, private=True)
+        _write(where / CERT_FILE, cert)
+        folders[holder] = where
+    if sites:  # a shared certificate left from before would act as anyone
+        for stale in (CERT_FILE, KEY_FILE):
+            (folder / stale).unlink(missing_ok=True)
+    return DevCertificates(folder, tuple(names), not_after, folders)
 
 
 def _write(path: Path, content: bytes, *, private: bool = False) -> None:

@@ -14,6 +14,7 @@ from jetstream.control.global_controller import (
     Placement,
     heartbeat_spacing,
 )
+from jetstream.control.security import peer_identity
 from jetstream.control.site_controller import SiteController
 from jetstream.control.wire import assignment_from_proto, placement_to_proto, server_to_proto
 from jetstream.errors import ControlPlaneError, JetstreamError, PlacementError, PlanError
@@ -35,6 +36,16 @@ def _abort(context: grpc.ServicerContext, error: JetstreamError) -> NoReturn:
                 grpc.StatusCode.INTERNAL)
     context.abort(code, str(error))
     raise AssertionError("abort returns only by raising")
+
+
+def _as_site(context: grpc.ServicerContext, site: str, what: str) -> None:
+    """Refuse, PERMISSION_DENIED, a call about ``site`` from a peer whose certificate names
+    another (a plaintext server checks nobody; the shared certificate acts as anyone)."""
+    identity = peer_identity(context)
+    if identity is not None and not identity.acts_as(site):
+        context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                      f"{what} as site {site!r} refused: the caller's certificate is "
+                      f"{identity}'s (`jetstream certs --sites` issues one per site)")
 
 
 def _plan(spec: query_pb2.QuerySpec) -> query_pb2.QueryPlan:
@@ -101,6 +112,7 @@ class GlobalControllerServicer(rpc.GlobalControllerServicer):
 
     def RegisterSite(self, request: pb.RegisterSiteRequest,
                      context: grpc.ServicerContext) -> pb.RegisterSiteResponse:
+        _as_site(context, request.site, "registering")
         try:
             self.controller.register_site(request.site, request.address)
             site = self.controller.topology.site(request.site)
@@ -115,6 +127,7 @@ class GlobalControllerServicer(rpc.GlobalControllerServicer):
 
     def Heartbeat(self, request: pb.HeartbeatRequest,
                   context: grpc.ServicerContext) -> pb.HeartbeatResponse:
+        _as_site(context, request.site, "a heartbeat")
         try:
             queries = self.controller.heartbeat(
                 request.site, {m.peer: m.bandwidth_bps for m in request.links},
@@ -158,6 +171,8 @@ class GlobalControllerServicer(rpc.GlobalControllerServicer):
 
     def PublishResults(self, request: pb.PublishResultsRequest,
                        context: grpc.ServicerContext) -> pb.PublishResultsResponse:
+        # Results come from the root, where the final step runs.
+        _as_site(context, self.controller.topology.root, f"publishing results of {request.query}")
         try:
             self.controller.publish(request.query, [result_from_proto(r) for r in request.results],
                                     request.finished)
