@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import grpc
 import pytest
@@ -363,8 +364,9 @@ def test_a_site_on_a_thin_link_beats_less_often_and_is_given_longer(
     assert controller.timeout_of("sin") == pytest.approx(18.0)  # three of its heartbeats
     assert controller.timeout_of("sfo") == TIMEOUT_S
     servicer = GlobalControllerServicer(controller, 0.5)
+    plaintext = SimpleNamespace(auth_context=dict)  # a call's context on a plaintext server
     intervals = {site: servicer.RegisterSite(pb.RegisterSiteRequest(
-        site=site, address=address(site)), None).heartbeat_interval_s  # type: ignore[arg-type]
+        site=site, address=address(site)), plaintext).heartbeat_interval_s  # type: ignore[arg-type]
         for site in SITES}
     assert intervals == {"ams": 0.5, "sfo": 0.5, "sin": pytest.approx(6.0)}
 

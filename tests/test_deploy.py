@@ -177,6 +177,13 @@ def test_prometheus_scrapes_the_controller_and_every_site() -> None:
     assert targets <= set(SERVICES), f"not services: {sorted(targets - set(SERVICES))}"
     mount = "./prometheus.yml:/etc/prometheus/prometheus.yml:ro"
     assert mount in SERVICES["prometheus"]["volumes"]
+    # Every scrape carries the token, read from the volume the certs service fills.
+    (certs,) = running("certs")
+    token = f"{parse(certs).out_dir}/token"
+    assert all(job["authorization"] == {"credentials_file": token}
+               for job in prometheus["scrape_configs"])
+    assert any(v.startswith(f"tls:{parse(certs).out_dir}") for v in
+               SERVICES["prometheus"]["volumes"])
 
 
 def compose_command() -> list[str] | None:
@@ -205,9 +212,13 @@ def test_every_process_runs_on_the_certificates_the_certs_service_makes() -> Non
     made = parse(certs)
     assert made.keep and f"tls:{made.out_dir}" in SERVICES[certs]["volumes"]
     named = set(made.hosts.split(","))
+    # A certificate per site, naming it, and one for the controller.
+    assert set(made.sites.split(",")) == {parse(s).name for s in running("site")}
     for service in [*running("controller"), *running("site")]:
         args = parse(service)
-        assert args.tls_dir == made.out_dir and not args.insecure, service
+        holder = args.name if service in running("site") else "controller"
+        assert args.tls_dir == f"{made.out_dir}/{holder}" and not args.insecure, service
+        assert args.http_token, f"{service}: /metrics without the token"
         assert f"tls:{made.out_dir}:ro" in SERVICES[service]["volumes"], service
         assert service in named, f"{service} is dialled by a name its certificate lacks"
         needs = SERVICES[service]["depends_on"]

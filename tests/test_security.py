@@ -3,10 +3,15 @@ process chooses (``--tls-dir``, ``--token``, ``--insecure``); ``jetstream certs`
 
 from __future__ import annotations
 
+import base64
 import logging
 import stat
+import subprocess
+import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -16,16 +21,27 @@ import pytest
 from cryptography import x509
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+import jetstream as js
 from jetstream.aggtree.loader import load_topology
+from jetstream.aggtree.planner import Fragment
 from jetstream.cli import DEFAULT_TOPOLOGY, main
 from jetstream.control.client import ControllerClient
 from jetstream.control.daemons import run_controller, run_site
-from jetstream.control.security import Security, make_dev_certs
+from jetstream.control.launch import free_port
+from jetstream.control.security import Security, http_authorized, make_dev_certs
 from jetstream.control.server import start_server
 from jetstream.errors import ControlPlaneError
-from jetstream.runtime import SiteOptions
+from jetstream.operators import Phase, WindowAggregate
+from jetstream.partials import PartialBatch, decode_batch, encode_batch
+from jetstream.queryfile import query_from_source
+from jetstream.runtime import Assignment, SiteOptions, SiteRuntime
+from jetstream.transport import DataPlaneServicer, PartialSender
 from jetstream.v1 import control_pb2 as pb
 from jetstream.v1 import control_pb2_grpc as rpc
+from jetstream.v1 import dataplane_pb2 as dataplane_pb
+from jetstream.v1 import dataplane_pb2_grpc as dataplane_rpc
+from tests.conftest import log, spec_of
+from tests.test_aggregator import site_batches, split
 
 
 @pytest.fixture(scope="module")
@@ -266,3 +282,192 @@ def test_certs_refuses_to_replace_a_ca_unless_forced(tmp_path: Path,
     assert main(["certs", str(out), "--force"]) == 0
     assert (out / "ca.pem").read_bytes() != ca
     assert main(["certs", str(tmp_path / "x"), "--days", "0"]) == 1
+
+
+# --- per-site identity -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def per_site(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return make_dev_certs(tmp_path_factory.mktemp("sites"),
+                          sites=["ams", "sfo", "sin"]).folders
+
+
+def _common_name(folder: Path) -> str:
+    cert = x509.load_pem_x509_certificate((folder / "node.pem").read_bytes())
+    return str(cert.subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)[0].value)
+
+
+def test_certs_per_site_name_each_holder(per_site: dict[str, Path], tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    assert set(per_site) == {"ams", "sfo", "sin", "controller", "cli"}
+    assert {who: _common_name(folder) for who, folder in per_site.items()} == {
+        "ams": "jetstream site ams", "sfo": "jetstream site sfo", "sin": "jetstream site sin",
+        "controller": "jetstream controller", "cli": "jetstream cli"}
+    root = per_site["ams"].parent
+    assert not (root / "node.pem").exists()  # no certificate that acts as anyone
+    for folder in per_site.values():  # each a whole TLS folder, the token readable by its owner
+        security = Security.resolve(folder, env={})
+        assert security.token == (root / "token").read_text().strip()
+        assert stat.S_IMODE((folder / "node-key.pem").stat().st_mode) == 0o600
+    for bad in (["controller"], ["a/b"], ["sfo", "sfo"], [""]):
+        with pytest.raises(ControlPlaneError, match="--sites"):
+            make_dev_certs(tmp_path / "bad", sites=bad, force=True)
+    assert main(["certs", str(tmp_path / "cli"), "--sites", "ams,sfo"]) == 0
+    out = capsys.readouterr().out
+    assert f"jetstream site --name sfo --tls-dir {tmp_path / 'cli' / 'sfo'}" in out
+    assert "registers and sends partials only under the name in its certificate" in out
+
+
+def _http_get(url: str, authorization: str | None = None) -> int:
+    request = urllib.request.Request(url, headers={"Authorization": authorization}
+                                     if authorization else {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return int(reply.status)
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_a_controller_takes_a_site_only_under_its_certificates_name(
+        per_site: dict[str, Path], tmp_path: Path) -> None:
+    # The controller a real process with its own certificate; every caller presents its own.
+    port, metrics, dashboard = free_port(), free_port(), free_port()
+    log = (tmp_path / "controller.log").open("wb")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "jetstream", "controller", "--port", str(port),
+         "--tls-dir", str(per_site["controller"]), "--metrics-port", str(metrics),
+         "--dashboard-port", str(dashboard), "--http-token"], stdout=log,
+        stderr=subprocess.STDOUT)
+    address = f"127.0.0.1:{port}"
+
+    def stub(holder: str) -> rpc.GlobalControllerStub:
+        return rpc.GlobalControllerStub(Security.resolve(per_site[holder], env={})
+                                        .channel(address))
+
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                _status(Security.resolve(per_site["cli"], env={}).channel(address))
+                break
+            except grpc.RpcError:
+                assert time.monotonic() < deadline, (tmp_path / "controller.log").read_text()
+                time.sleep(0.3)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub("sin").RegisterSite(pb.RegisterSiteRequest(site="sfo", address="x:1"),
+                                     timeout=5)
+        assert refused.value.code() is grpc.StatusCode.PERMISSION_DENIED
+        assert "registering as site 'sfo' refused: the caller's certificate is site sin's" \
+            in str(refused.value.details())
+        for holder in ("cli", "controller"):
+            with pytest.raises(grpc.RpcError) as refused:
+                stub(holder).RegisterSite(pb.RegisterSiteRequest(site="ams", address="x:1"),
+                                          timeout=5)
+            assert refused.value.code() is grpc.StatusCode.PERMISSION_DENIED
+        assert stub("sin").RegisterSite(pb.RegisterSiteRequest(site="sin", address="x:1"),
+                                         timeout=5).topology == "local-3dc"
+        with pytest.raises(grpc.RpcError) as refused:
+            stub("sin").Heartbeat(pb.HeartbeatRequest(site="sfo"), timeout=5)
+        assert refused.value.code() is grpc.StatusCode.PERMISSION_DENIED
+        stub("sin").Heartbeat(pb.HeartbeatRequest(site="sin"), timeout=5)
+        # Results come from the root (ams) only.
+        with pytest.raises(grpc.RpcError) as refused:
+            stub("sin").PublishResults(pb.PublishResultsRequest(query="q"), timeout=5)
+        assert refused.value.code() is grpc.StatusCode.PERMISSION_DENIED
+        with pytest.raises(grpc.RpcError) as unknown:
+            stub("ams").PublishResults(pb.PublishResultsRequest(query="q"), timeout=5)
+        assert unknown.value.code() is not grpc.StatusCode.PERMISSION_DENIED
+
+        # /metrics and the dashboard ask for the token.
+        token = (per_site["controller"] / "token").read_text().strip()
+        basic = "Basic " + base64.b64encode(f"anyone:{token}".encode()).decode()
+        for url in (f"http://127.0.0.1:{metrics}/metrics", f"http://127.0.0.1:{dashboard}/"):
+            assert _http_get(url) == 401
+            assert _http_get(url, "Bearer wrong") == 401
+            assert _http_get(url, f"Bearer {token}") == 200
+            assert _http_get(url, basic) == 200
+    finally:
+        process.terminate()
+        process.wait(30)
+        log.close()
+
+
+def test_a_site_takes_partials_only_under_the_senders_own_name(
+        per_site: dict[str, Path]) -> None:
+    delivered: list[str] = []
+    aggregate = WindowAggregate(
+        schema=js.Schema.of({"domain": js.DataType.STRING, "n": js.DataType.PARTIAL}),
+        keys=("domain",), aggregates=(("n", js.count()),), phase=Phase.PARTIAL)
+    servicer = DataPlaneServicer(lambda q: aggregate if q == "q" else None,
+                                 lambda batch: delivered.append(batch.origin), site="ams")
+    server, port = start_server([(dataplane_rpc.add_DataPlaneServicer_to_server, servicer,
+                                  "jetstream.v1.DataPlane")], 0,
+                                security=Security.resolve(per_site["ams"], env={}))
+    sfo = Security.resolve(per_site["sfo"], env={})
+    senders = []
+    try:
+        for origin in ("sin", "sfo"):  # sfo's certificate, sin's name: refused
+            sender = PartialSender(f"127.0.0.1:{port}", connect=sfo.channel, max_backoff_s=0.2)
+            senders.append(sender)
+            sender.send(encode_batch(PartialBatch("q", (0, 10), origin,
+                                                  ({"domain": "a", "n": 1},)), aggregate))
+        assert senders[1].flush(10) and not senders[0].flush(1)
+        assert delivered == ["sfo"] and servicer.refused["sin"] >= 1
+        with pytest.raises(grpc.RpcError) as refused:
+            list(dataplane_rpc.DataPlaneStub(sfo.channel(f"127.0.0.1:{port}")).Rounds(
+                dataplane_pb.RoundsRequest(query="q", origin="sin"), timeout=5))
+        assert refused.value.code() is grpc.StatusCode.PERMISSION_DENIED
+    finally:
+        for sender in senders:
+            sender.close()
+        server.stop(grace=0).wait(5)
+
+
+def test_http_tokens_bearer_or_basic() -> None:
+    assert http_authorized("Bearer s3cret", "s3cret")
+    assert http_authorized("Basic " + base64.b64encode(b"me:s3cret").decode(), "s3cret")
+    for bad in (None, "", "Bearer", "Bearer nope", "Basic !!!", "Token s3cret",
+                "Basic " + base64.b64encode(b"s3cret").decode()):
+        assert not http_authorized(bad, "s3cret"), bad
+
+
+def test_a_site_merges_partials_only_from_its_planned_inputs() -> None:
+    source = """
+import jetstream as js
+logs = js.source('cdn_logs', schema=js.CDN_LOG_SCHEMA)
+query = js.Query('q', logs.window(js.tumbling('1s')).group_by('domain').agg(n=js.count()))
+"""
+    _, site_query, partial = split(query_from_source(source, "<test>"))
+    events = [log(100, "a.com"), log(200, "b.com")]
+    (batch,) = site_batches(site_query, partial, "sfo", events)
+    site = SiteRuntime("dc", SiteOptions(deadline_s=30), lambda *_: None)
+    # dc merges sfo's partials and sends them on (to nowhere here).
+    site.deploy(Assignment(Fragment("q", "dc", children=("sfo",), parent="ams"),
+                           spec_of(source), parent_address=f"127.0.0.1:{free_port()}",
+                           covers=("sfo",)))
+    server, port = start_server([(dataplane_rpc.add_DataPlaneServicer_to_server,
+                                  site.servicer, "jetstream.v1.DataPlane")], 0)
+    senders = [PartialSender(f"127.0.0.1:{port}", max_backoff_s=0.2) for _ in range(2)]
+    try:
+        run = site.run("q")
+        assert run is not None
+        senders[0].send(encode_batch(replace(batch, origin="sin"), partial))  # not a child
+        senders[1].send(encode_batch(batch, partial))
+        assert senders[1].flush(10)
+        assert not senders[0].flush(1)  # refused, and tried again: a re-plan may make it one
+        senders[1].send_progress(dataplane_pb.Progress(query="q", origin="sfo",
+                                                       watermark_ms=10_000, sequence=99))
+        uplink = run.uplink
+        assert uplink is not None
+        deadline = time.monotonic() + 20
+        while not uplink.sender.pending():  # the window, merged, waits for ams's ack
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        (merged,) = uplink.sender.pending()
+        assert decode_batch(merged, partial).rows == batch.rows  # sfo's alone, not sin's too
+    finally:
+        for sender in senders:
+            sender.close()
+        server.stop(grace=0).wait(5)
+        site.close()
