@@ -18,6 +18,7 @@ unacknowledged no more than the link carried in :data:`QUEUE_S` by the latest ac
 a message larger than that as parts, each when the one before is acknowledged. On a fast
 link that bound is far above any batch and changes nothing; on a link of a few kbit/s it
 holds the queue to about one part.
+
 :class:`DataPlaneServicer` is the receiving end: it decodes each batch (garbage ends that
 sender's stream with INVALID_ARGUMENT and is counted; other streams go on), drops batches it
 has seen before by their identity, hands new ones and progress on, and acks each message.
@@ -290,6 +291,7 @@ class PartialSender:
             self._queue.get_nowait()
         # Each stream starts its key dictionary empty, as the receiver's end of it does.
         keys = KeyEncoder() if self._wide_area else None
+
         def stopped() -> bool:
             return self._stop.is_set() or done.is_set()
 
@@ -542,7 +544,7 @@ class DataPlaneServicer(rpc.DataPlaneServicer):
         sends its own partials (and answers its own rounds); its own site's processes (its
         workers, and it to them) may carry anyone's. Whether the origin is an input of the
         query here is the run's to say."""
-        if sender is None or sender.role == "node" or (
+        if sender is None or sender.role == "any" or (
                 sender.role == "site" and sender.name in (origin, self._site)):
             return
         with self._lock:

@@ -15,6 +15,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import grpc
 import pytest
@@ -28,7 +29,13 @@ from jetstream.cli import DEFAULT_TOPOLOGY, main
 from jetstream.control.client import ControllerClient
 from jetstream.control.daemons import run_controller, run_site
 from jetstream.control.launch import free_port
-from jetstream.control.security import Security, http_authorized, make_dev_certs
+from jetstream.control.security import (
+    Identity,
+    Security,
+    http_authorized,
+    make_dev_certs,
+    peer_identity,
+)
 from jetstream.control.server import start_server
 from jetstream.errors import ControlPlaneError
 from jetstream.operators import Phase, WindowAggregate
@@ -471,3 +478,19 @@ query = js.Query('q', logs.window(js.tumbling('1s')).group_by('domain').agg(n=js
             sender.close()
         server.stop(grace=0).wait(5)
         site.close()
+
+
+@pytest.mark.parametrize("common_name, who, sfo", [
+    ("jetstream site sfo", Identity("site", "sfo"), True),
+    ("jetstream site sin", Identity("site", "sin"), False),
+    ("jetstream controller", Identity("controller"), False),
+    ("jetstream cli", Identity("cli"), False),
+    ("jetstream node", Identity("any"), True),  # the shared development certificate
+    ("sfo.example.com", Identity("any"), True),  # one's own CA's, naming no role
+])
+def test_a_certificates_common_name_says_who_holds_it(common_name: str, who: Identity,
+                                                      sfo: bool) -> None:
+    context = SimpleNamespace(auth_context=lambda: {"x509_common_name": [common_name.encode()]})
+    identity = peer_identity(context)  # type: ignore[arg-type]
+    assert identity == who and identity.acts_as("sfo") is sfo
+    assert peer_identity(SimpleNamespace(auth_context=dict)) is None  # type: ignore[arg-type]

@@ -14,8 +14,9 @@ checks the token. What is authenticated how (see ``docs/security.md``):
   other uses than this cluster; the token says the caller is one of ours.
 - **Who a peer is** comes from its certificate's common name (:func:`peer_identity`):
   ``jetstream site NAME`` is that site (and its workers), ``jetstream controller`` and
-  ``jetstream cli`` those roles, ``jetstream node`` the shared development certificate, which
-  may act as anyone. The controller takes a site's registration, heartbeats and results only
+  ``jetstream cli`` those roles; any other name (``jetstream node``, the shared development
+  certificate, or a certificate of one's own CA that names no role) may act as anyone. The
+  controller takes a site's registration, heartbeats and results only
   under its certificate's name, and a site takes partials only from its planned children,
   each under its own name.
 
@@ -66,19 +67,18 @@ SHARED_NAME, SITE_PREFIX, CONTROLLER_NAME, CLI_NAME = (
 @dataclass(frozen=True)
 class Identity:
     """Who a peer's certificate says it is: ``role`` "site" (``name`` the site), "controller",
-    "cli", "node" (the shared development certificate: any role) or "other" (the CA signed
-    it, for something else)."""
+    "cli", or "any" (a certificate that names no role: the shared development one, or one of
+    an operator's own CA from before roles; it acts as anyone)."""
 
     role: str
     name: str = ""
 
     def acts_as(self, site: str) -> bool:
         """Whether this peer may speak for ``site``."""
-        return self.role == "node" or (self.role == "site" and self.name == site)
+        return self.role == "any" or (self.role == "site" and self.name == site)
 
     def __str__(self) -> str:
-        return {"site": f"site {self.name}", "node": "the shared node certificate"}.get(
-            self.role, self.role if self.role != "other" else "a certificate of no role")
+        return f"site {self.name}" if self.role == "site" else f"the {self.role}"
 
 
 def peer_identity(context: grpc.ServicerContext) -> Identity | None:
@@ -88,11 +88,9 @@ def peer_identity(context: grpc.ServicerContext) -> Identity | None:
     if not names:
         return None
     name = names[0].decode("utf-8", "replace")
-    if name == SHARED_NAME:
-        return Identity("node")
     if name.startswith(SITE_PREFIX):
         return Identity("site", name.removeprefix(SITE_PREFIX))
-    return Identity({CONTROLLER_NAME: "controller", CLI_NAME: "cli"}.get(name, "other"))
+    return Identity({CONTROLLER_NAME: "controller", CLI_NAME: "cli"}.get(name, "any"))
 
 
 @dataclass(frozen=True)
