@@ -336,7 +336,7 @@ def _http_get(url: str, authorization: str | None = None) -> int:
         return e.code
 
 
-def test_a_controller_takes_a_site_only_under_its_certificates_name(
+def test_a_controller_takes_a_site_only_under_its_certificates_name_and_each_role_its_calls(
         per_site: dict[str, Path], tmp_path: Path) -> None:
     # The controller a real process with its own certificate; every caller presents its own.
     port, metrics, dashboard = free_port(), free_port(), free_port()
@@ -385,6 +385,36 @@ def test_a_controller_takes_a_site_only_under_its_certificates_name(
         with pytest.raises(grpc.RpcError) as unknown:
             stub("ams").PublishResults(pb.PublishResultsRequest(query="q"), timeout=5)
         assert unknown.value.code() is not grpc.StatusCode.PERMISSION_DENIED
+        # Queries are the CLI's to submit and cancel, not a site's.
+        with pytest.raises(grpc.RpcError) as refused:
+            stub("sfo").CancelQuery(pb.CancelQueryRequest(query="q"), timeout=5)
+        assert refused.value.code() is grpc.StatusCode.PERMISSION_DENIED
+        with pytest.raises(grpc.RpcError) as unknown:
+            stub("cli").CancelQuery(pb.CancelQueryRequest(query="q"), timeout=5)
+        assert unknown.value.code() is not grpc.StatusCode.PERMISSION_DENIED
+        # A site takes deploys and stops from the controller, not from another site.
+        stop, site_port = _serve(run_site, "sin", address,
+                                 security=Security.resolve(per_site["sin"], env={}))
+        try:
+            site = f"127.0.0.1:{site_port}"
+            deadline = time.monotonic() + 30
+            for holder, code in (("sfo", grpc.StatusCode.PERMISSION_DENIED), ("controller", None)):
+                while True:
+                    try:
+                        rpc.SiteControllerStub(Security.resolve(per_site[holder], env={})
+                                               .channel(site)).StopFragment(
+                            pb.StopFragmentRequest(query="q"), timeout=5)
+                        assert code is None, holder
+                        break
+                    except grpc.RpcError as e:
+                        if e.code() is grpc.StatusCode.UNAVAILABLE:  # not registered yet
+                            assert time.monotonic() < deadline
+                            time.sleep(0.2)
+                            continue
+                        assert e.code() is code, (holder, e.details())
+                        break
+        finally:
+            stop.set()
 
         # /metrics and the dashboard ask for the token.
         token = (per_site["controller"] / "token").read_text().strip()

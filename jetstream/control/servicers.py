@@ -38,6 +38,10 @@ def _abort(context: grpc.ServicerContext, error: JetstreamError) -> NoReturn:
     raise AssertionError("abort returns only by raising")
 
 
+#: Who may submit and cancel queries and hold links' levels: the CLI (and the controller).
+OPERATORS = ("cli", "controller")
+
+
 def _as_site(context: grpc.ServicerContext, site: str, what: str) -> None:
     """Refuse, PERMISSION_DENIED, a call about ``site`` from a peer whose certificate names
     another (a plaintext server checks nobody; the shared certificate acts as anyone)."""
@@ -46,6 +50,19 @@ def _as_site(context: grpc.ServicerContext, site: str, what: str) -> None:
         context.abort(grpc.StatusCode.PERMISSION_DENIED,
                       f"{what} as site {site!r} refused: the caller's certificate is "
                       f"{identity}'s (`jetstream certs --sites` issues one per site)")
+
+
+def _as_role(context: grpc.ServicerContext, roles: tuple[str, ...], what: str,
+             site: str = "") -> None:
+    """Refuse, PERMISSION_DENIED, a call whose caller's certificate names none of ``roles``
+    (nor is ``site``'s own, when given): a site's certificate cannot submit or cancel
+    queries, nor deploy to another site."""
+    identity = peer_identity(context)
+    if identity is None or identity.role in ("any", *roles) or (
+            site and identity.role == "site" and identity.name == site):
+        return
+    context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                  f"{what} refused: the caller's certificate is {identity}'s")
 
 
 def _plan(spec: query_pb2.QuerySpec) -> query_pb2.QueryPlan:
@@ -73,6 +90,7 @@ class GlobalControllerServicer(rpc.GlobalControllerServicer):
 
     def SubmitQuery(self, request: pb.SubmitQueryRequest,
                     context: grpc.ServicerContext) -> pb.SubmitQueryResponse:
+        _as_role(context, OPERATORS, "submitting a query")
         try:
             state = self.controller.submit(
                 _plan(request.query),
@@ -96,6 +114,7 @@ class GlobalControllerServicer(rpc.GlobalControllerServicer):
 
     def CancelQuery(self, request: pb.CancelQueryRequest,
                     context: grpc.ServicerContext) -> pb.CancelQueryResponse:
+        _as_role(context, OPERATORS, "cancelling a query")
         try:
             self.controller.cancel(request.query)
         except JetstreamError as e:
@@ -145,6 +164,7 @@ class GlobalControllerServicer(rpc.GlobalControllerServicer):
 
     def SetLevel(self, request: pb.SetLevelRequest,
                  context: grpc.ServicerContext) -> pb.SetLevelResponse:
+        _as_role(context, OPERATORS, "setting a link's level")
         if self._set_level is None:
             context.abort(grpc.StatusCode.UNIMPLEMENTED, "this controller relays no levels")
         assert self._set_level is not None
@@ -213,9 +233,16 @@ class SiteControllerServicer(rpc.SiteControllerServicer):
         assert self.controller is not None
         return self.controller
 
+    def _from_controller(self, context: grpc.ServicerContext, what: str) -> SiteController:
+        """The site controller, for a call from the global controller or this site's own
+        processes (it to its workers); else PERMISSION_DENIED."""
+        controller = self._ready(context)
+        _as_role(context, ("controller",), what, controller.site)
+        return controller
+
     def DeployFragment(self, request: pb.DeployFragmentRequest,
                        context: grpc.ServicerContext) -> pb.DeployFragmentResponse:
-        controller = self._ready(context)
+        controller = self._from_controller(context, "deploying")
         try:
             assignment = assignment_from_proto(request.fragment, controller.site)
             pieces = controller.deploy(assignment.fragment, assignment.version, assignment)
@@ -225,12 +252,13 @@ class SiteControllerServicer(rpc.SiteControllerServicer):
 
     def StopFragment(self, request: pb.StopFragmentRequest,
                      context: grpc.ServicerContext) -> pb.StopFragmentResponse:
-        self._ready(context).stop(request.query)
+        self._from_controller(context, "stopping a query").stop(request.query)
         return pb.StopFragmentResponse()
 
     def RegisterWorker(self, request: pb.RegisterWorkerRequest,
                        context: grpc.ServicerContext) -> pb.RegisterWorkerResponse:
         controller = self._ready(context)
+        _as_role(context, (), "registering a worker", controller.site)
         try:
             if controller.workers is None:
                 msg = f"site {controller.site} runs no workers: it has one server"
@@ -246,7 +274,7 @@ class SiteControllerServicer(rpc.SiteControllerServicer):
     def ReadCubes(self, request: pb.ReadCubesRequest,
                   context: grpc.ServicerContext) -> pb.ReadCubesResponse:
         try:
-            batches = self._ready(context).read_cubes(request)
+            batches = self._from_controller(context, "reading cubes").read_cubes(request)
         except JetstreamError as e:
             _abort(context, e)
         return pb.ReadCubesResponse(batches=batches)
@@ -254,7 +282,8 @@ class SiteControllerServicer(rpc.SiteControllerServicer):
     def SetLevel(self, request: pb.SetLevelRequest,
                  context: grpc.ServicerContext) -> pb.SetLevelResponse:
         try:
-            now = self._ready(context).set_level(request.query, request.level)
+            now = self._from_controller(context, "setting a level").set_level(request.query,
+                                                                               request.level)
         except JetstreamError as e:
             _abort(context, e)
         return pb.SetLevelResponse(link=now.link, level=now.level, pinned=now.pinned,
