@@ -237,7 +237,8 @@ class SiteControllerServicer(rpc.SiteControllerServicer):
         """The site controller, for a call from the global controller or this site's own
         processes (it to its workers); else PERMISSION_DENIED."""
         controller = self._ready(context)
-        _as_role(context, ("controller",), what, controller.site)
+        # A worker's site controller is "site/server"; its site's certificate deploys to it.
+        _as_role(context, ("controller",), what, controller.site.partition("/")[0])
         return controller
 
     def DeployFragment(self, request: pb.DeployFragmentRequest,
