@@ -28,7 +28,7 @@ from jetstream.control.security import Security, make_dev_certs
 from jetstream.control.status_view import print_status, status_dict, watch_status
 from jetstream.cubes import parse_retention
 from jetstream.dsl import Query
-from jetstream.errors import JetstreamError, PlanError
+from jetstream.errors import ControlPlaneError, JetstreamError, PlanError
 from jetstream.local import LocalRun, run_local
 from jetstream.planwire import query_to_proto
 from jetstream.queryfile import load_query
@@ -59,11 +59,18 @@ def _client(args: argparse.Namespace) -> ControllerClient:
 
 
 def _certs(args: argparse.Namespace) -> int:
-    if args.keep and (Path(args.out_dir) / "ca.pem").exists():
-        print(f"{args.out_dir} holds a CA already; keeping it (--keep)")
-        return 0
     hosts = [h for h in (args.hosts or "").split(",") if h.strip()]
     sites = [s.strip() for s in (args.sites or "").split(",") if s.strip()]
+    if args.keep and (Path(args.out_dir) / "ca.pem").exists():
+        lacking = [who for who in (*sites, "controller", "cli") if sites
+                   and not (Path(args.out_dir) / who / "node.pem").exists()]
+        if lacking:
+            msg = (f"{args.out_dir} holds a CA already, but no certificate for "
+                   f"{', '.join(lacking)} (made before --sites?): remove the folder, or give "
+                   "--force instead of --keep (what the CA signed stops working)")
+            raise ControlPlaneError(msg)
+        print(f"{args.out_dir} holds a CA already; keeping it (--keep)")
+        return 0
     made = make_dev_certs(Path(args.out_dir), hosts, days=args.days, force=args.force,
                           sites=sites)
     if not sites:

@@ -11,6 +11,7 @@ The metrics live on ``prometheus_client``'s default registry, beside its ``proce
 from __future__ import annotations
 
 import contextlib
+import socket
 import threading
 import time
 from collections import Counter as Tally
@@ -171,7 +172,8 @@ def serve_metrics(port: int, host: str = "127.0.0.1", *, token: str | None = Non
                                             ("WWW-Authenticate", 'Basic realm="jetstream"')])
         return [b"the process's token is required (Authorization: Bearer TOKEN)\n"]
 
-    server = make_server(host, port, app, _ThreadingServer, handler_class=_QuietHandler)
+    server = make_server(host, port, app, _ThreadingServer6 if ":" in host else _ThreadingServer,
+                         handler_class=_QuietHandler)
     thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
     thread.start()
     return server, thread
@@ -179,6 +181,10 @@ def serve_metrics(port: int, host: str = "127.0.0.1", *, token: str | None = Non
 
 class _ThreadingServer(ThreadingMixIn, WSGIServer):
     daemon_threads = True
+
+
+class _ThreadingServer6(_ThreadingServer):
+    address_family = socket.AF_INET6
 
 
 class _QuietHandler(WSGIRequestHandler):

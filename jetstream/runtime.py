@@ -450,6 +450,8 @@ class QueryRun:
         still emit or correct, except those this site has sent on already."""
         again = 0
         for message in store.received(self.name, int(self.merger.retain_s * 1000)):
+            if message.origin not in self._planned:  # an earlier plan's input: not now
+                continue
             window = (message.window_start_ms, message.window_end_ms)
             if self.store is not None and self.store.has_sent(self.name, self.name, window,
                                                               self.site):

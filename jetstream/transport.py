@@ -66,6 +66,8 @@ MIN_WINDOW_BYTES = 512
 MAX_WINDOW_BYTES = 4 << 20
 #: A message this small times the link's delay (progress reports are).
 NEAR_EMPTY_BYTES = 128
+#: How much a window may grow by one ack.
+GROWTH = 4
 #: The largest message a process takes, whole or joined from parts.
 MAX_MESSAGE_BYTES = 16 << 20
 
@@ -121,12 +123,13 @@ class _Window:
 
     def room(self, size: int, stopped: Callable[[], bool]) -> bool:
         """Wait until ``size`` more bytes may go (at once when nothing is unacknowledged), and
-        count them handed over; False, and nothing counted, if ``stopped()`` first."""
+        count them handed over; False, and nothing counted, if ``stopped()`` first — its
+        stream ended: a :meth:`reset` for the next one must not count it there."""
         with self._changed:
-            while self._bytes and self._bytes + size > self.size:
-                if stopped():
-                    return False
+            while self._bytes and self._bytes + size > self.size and not stopped():
                 self._changed.wait(0.2)
+            if stopped():
+                return False
             self._flight.append((size, time.monotonic()))
             self._bytes += size
         return True
@@ -144,8 +147,10 @@ class _Window:
                 self._delays.append(seconds)
             elif size >= MIN_WINDOW_BYTES and self._delays:
                 link_s = seconds - min(self._delays)
-                self.size = (MAX_WINDOW_BYTES if link_s <= 0
-                             else _clamp(size / link_s * QUEUE_S))
+                carried = MAX_WINDOW_BYTES if link_s <= 0 else size / link_s * QUEUE_S
+                # Down at once; up at most 4x an ack, so that one quick ack among senders
+                # that share the link does not open it wide.
+                self.size = _clamp(min(carried, GROWTH * self.size))
             self._changed.notify_all()
 
 
@@ -323,11 +328,12 @@ class PartialSender:
         window = self._window.size
         if size <= window:
             pieces = [message]
-        else:
+        else:  # two parts a window, so that one crosses while the other's ack comes back
+            part = max(window // 2, MIN_WINDOW_BYTES)
             data = message.SerializeToString()
-            pieces = [pb.PushMessage(part=pb.Part(data=data[i:i + window],
-                                                  last=i + window >= len(data)))
-                      for i in range(0, len(data), window)]
+            pieces = [pb.PushMessage(part=pb.Part(data=data[i:i + part],
+                                                  last=i + part >= len(data)))
+                      for i in range(0, len(data), part)]
         for n, piece in enumerate(pieces):
             if not self._window.room(piece.ByteSize(), stopped):
                 return

@@ -523,3 +523,12 @@ def test_a_certificates_common_name_says_who_holds_it(common_name: str, who: Ide
     identity = peer_identity(context)  # type: ignore[arg-type]
     assert identity == who and identity.acts_as("sfo") is sfo
     assert peer_identity(SimpleNamespace(auth_context=dict)) is None  # type: ignore[arg-type]
+
+
+def test_certs_keep_refuses_a_ca_made_without_the_sites_folders(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["certs", str(tmp_path / "tls")]) == 0  # shared, from before --sites
+    assert main(["certs", str(tmp_path / "tls"), "--keep", "--sites", "ams"]) != 0
+    assert "no certificate for ams, controller, cli" in capsys.readouterr().err
+    assert main(["certs", str(tmp_path / "tls"), "--force", "--sites", "ams"]) == 0
+    assert main(["certs", str(tmp_path / "tls"), "--keep", "--sites", "ams"]) == 0

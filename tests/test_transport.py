@@ -464,3 +464,38 @@ def test_parts_that_make_no_message_are_refused_and_other_senders_go_on(
         assert [b.origin for b in receiver.wait_for(1)] == ["sfo"]
     finally:
         good.close()
+
+
+class BreaksOnce(rpc.DataPlaneServicer):
+    """A receiver whose first stream breaks after the first message or part."""
+
+    def __init__(self, inner: DataPlaneServicer) -> None:
+        self.inner, self.broken = inner, False
+
+    def Push(self, request_iterator: Iterator[pb.PushMessage],
+             context: grpc.ServicerContext) -> Iterator[pb.Ack]:
+        if not self.broken:
+            self.broken = True
+            next(request_iterator)
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the link broke")
+        yield from self.inner.Push(request_iterator, context)
+
+
+def test_a_stream_that_breaks_between_parts_leaves_the_next_one_free() -> None:
+    # The sender waits for the first part's ack when the stream breaks: the next stream must
+    # not start with that wait's piece counted on it (it would wait for an ack never coming).
+    receiver = Receiver()
+    receiver.server.stop(grace=0).wait(5)
+    receiver.server, receiver.port = start_server(
+        [(rpc.add_DataPlaneServicer_to_server, BreaksOnce(receiver.servicer),
+          "jetstream.v1.DataPlane")], 0)
+    sender = PartialSender(f"127.0.0.1:{receiver.port}", link_bps=8_000, max_backoff_s=0.2)
+    counts = {f"site{i}.example.com": i for i in range(300)}
+    try:
+        sender.send(message(0, counts=counts, sequence=1))
+        assert sender.flush(15)
+        (batch,) = receiver.wait_for(1)
+        assert {r["domain"]: r["n"] for r in batch.rows} == counts
+    finally:
+        sender.close()
+        receiver.stop()
