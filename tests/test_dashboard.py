@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 from html.parser import HTMLParser
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -214,7 +215,7 @@ def test_a_heartbeat_carries_the_raw_input_and_the_links_levels(
     servicer = GlobalControllerServicer(running, 1.0)
     servicer.Heartbeat(pb.HeartbeatRequest(site="sfo", input_bytes=123, query_links=[
         pb.LinkReport(query=QUERY, level="top 20", level_index=1, pinned=True, sent_bytes=77)]),
-        context=None)  # used only to refuse
+        context=SimpleNamespace(auth_context=dict))  # a plaintext call's: nobody checked
     assert running.sites["sfo"].input_bytes == 123
     assert running.sites["sfo"].links == {QUERY: LinkReport("top 20", 1, True, 77)}
 
