@@ -15,7 +15,8 @@ last one never got acked.
 A sender keeps the link's queue short, so that what else crosses the link — heartbeats and
 the controller's calls — never waits long behind partials (:class:`_Window`): it keeps
 unacknowledged no more than the link carried in :data:`QUEUE_S` by the latest acks, and sends
-a message larger than that as parts, each when the one before is acknowledged. On a fast
+a message larger than that as acknowledged parts of half the window, each as the window has
+room. On a fast
 link that bound is far above any batch and changes nothing; on a link of a few kbit/s it
 holds the queue to about one part.
 
