@@ -554,24 +554,21 @@ class DataPlaneServicer(rpc.DataPlaneServicer):
         if sender is None or sender.role == "any" or (
                 sender.role == "site" and sender.name in (origin, self._site)):
             return
-        with self._lock:
-            self.refused[origin or "?"] += 1
-        metrics.PARTIALS_REFUSED.labels(self._link(origin)).inc()
-        log.warning("refused partials of %s from %s", origin or "?", sender)
-        context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                      f"partials of {origin!r} refused: the sender's certificate is "
-                      f"{sender}'s")
+        self._refuse(origin, DataError(f"partials of {origin!r} refused: the sender's "
+                                       f"certificate is {sender}'s"), context,
+                     grpc.StatusCode.PERMISSION_DENIED)
 
     def _link(self, origin: str) -> str:
         """The link a message came over: every site sends its own partials and progress."""
         return metrics.link_name(origin or "?", self._site)
 
-    def _refuse(self, origin: str, error: DataError, context: grpc.ServicerContext) -> None:
+    def _refuse(self, origin: str, error: DataError, context: grpc.ServicerContext,
+                code: grpc.StatusCode = grpc.StatusCode.INVALID_ARGUMENT) -> None:
         with self._lock:
             self.refused[origin or "?"] += 1
         metrics.PARTIALS_REFUSED.labels(self._link(origin)).inc()
         log.warning("refused: %s", error)
-        context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        context.abort(code, str(error))
 
     def _decode(self, message: pb.PartialBatch, context: grpc.ServicerContext,
                 local: bool, keys: KeyDecoder) -> PartialBatch:
