@@ -532,3 +532,10 @@ def test_certs_keep_refuses_a_ca_made_without_the_sites_folders(
     assert "no certificate for ams, controller, cli" in capsys.readouterr().err
     assert main(["certs", str(tmp_path / "tls"), "--force", "--sites", "ams"]) == 0
     assert main(["certs", str(tmp_path / "tls"), "--keep", "--sites", "ams"]) == 0
+
+
+def test_http_token_without_a_token_is_refused_at_start(tls: Path) -> None:
+    untokened = replace(Security.resolve(tls, env={}), token=None)
+    with pytest.raises(ControlPlaneError, match="--http-token: this process has no token"):
+        run_controller(load_topology(DEFAULT_TOPOLOGY), 0, security=untokened,
+                       metrics_port=free_port(), http_token=True)
