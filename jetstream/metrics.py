@@ -25,8 +25,9 @@ from jetstream.control.security import http_authorized
 
 __all__ = ["BATCH_DURATION", "LINK_LEVEL", "LINK_MEASURED_BANDWIDTH", "LINK_THROUGHPUT",
            "PARTIALS_REFUSED", "RECORDS_IN", "RECORDS_LATE", "RECORDS_MALFORMED",
-           "RECORDS_OUT", "REPLANS", "UNACKED", "WAN_BYTES_RECEIVED", "WAN_BYTES_SENT",
-           "WATERMARK_LAG", "WINDOW_LATENCY", "RunMetrics", "link_name", "serve_metrics"]
+           "RECORDS_OUT", "REPLANS", "ROOT_FAILOVERS", "UNACKED", "WAN_BYTES_RECEIVED",
+           "WAN_BYTES_SENT", "WATERMARK_LAG", "WINDOW_LATENCY", "RunMetrics", "link_name",
+           "serve_metrics"]
 
 # -- a site's local stage (per micro-batch) ----------------------------------------------------
 RECORDS_IN = Counter(
@@ -90,6 +91,9 @@ REPLANS = Counter(
     "jetstream_replans_total",
     "Times the global controller re-planned a query (a site died or came back, a link "
     "moved).", ["query"])
+ROOT_FAILOVERS = Counter(
+    "jetstream_root_failovers_total",
+    "Times the root died and a standby root took its place (topology's standby_roots).")
 
 
 def link_name(child: str, parent: str) -> str:

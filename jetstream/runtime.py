@@ -82,6 +82,7 @@ STOP_WAIT_S = 60.0
 ROUNDS_MARGIN_S = 10.0
 #: How often a run rolls up and expires what the cube store keeps of it.
 CUBE_INTERVAL_S = 10.0
+_FOREVER_MS = 2**62  # a window end no window reaches
 
 
 def _checkpoint_file_manager() -> dict[str, str]:
@@ -149,6 +150,9 @@ class Assignment:
     #: their merged windows come back under, address). Set by the site controller when it
     #: runs them (:mod:`jetstream.control.workers`); empty, this process merges everything.
     workers: tuple[tuple[str, str], ...] = ()
+    #: After the root failed over: the windows starting at or after this (epoch ms) are sent
+    #: to the parent again, and merged again at the root, from the cube store (0: none).
+    resend_from_ms: int = 0
 
 
 @dataclass
@@ -318,7 +322,8 @@ class QueryRun:
                 or bool(assignment.fragment.sources) != bool(before.fragment.sources)
                 or [n for n, _ in assignment.workers] != [n for n, _ in before.workers]
                 or assignment.fragment.part != before.fragment.part  # other keys: anew
-                or assignment.fragment.rounds != before.fragment.rounds):
+                or assignment.fragment.rounds != before.fragment.rounds
+                or assignment.fragment.final != before.fragment.final):  # the root moved
             return False
         self.assignment = assignment
         self._planned = frozenset(merge_inputs(assignment.fragment, self.query))
@@ -335,10 +340,32 @@ class QueryRun:
                 self.uplink.close()  # what it holds unacked, the store gives the next one
             self.metrics.remove_link()  # the old link's
             self._link(assignment, carried)
+            if assignment.fragment.parent != before.fragment.parent:
+                self.resend()
         log.info("%s at %s: now version %d (inputs %s, parent %s)", self.name, self.site,
                  assignment.version, ", ".join(sorted(self.merger.inputs)),
                  assignment.fragment.parent or "none")
         return True
+
+    def resend(self) -> None:
+        """After the root failed over (``resend_from_ms``), send a new parent again what this
+        run sent of the windows since then: the dead root may have merged them without
+        publishing, and the new root has not seen them (a repeat is dropped on the way)."""
+        since = self.assignment.resend_from_ms
+        if not since or self.uplink is None or self._store is None:
+            return
+        try:
+            batches = [decode_batch(m, self.partial)
+                       for m in self._store.messages(self.name, since, _FOREVER_MS)]
+        except DataError as e:
+            log.warning("%s at %s: cannot send again what it kept since the root moved: %s",
+                        self.name, self.site, e)
+            return
+        if batches:
+            log.info("%s at %s: sending %s again %d windows since the root moved",
+                     self.name, self.site, self.assignment.fragment.parent,
+                     len({b.window for b in batches}))
+            self.uplink.resend(batches)
 
     # -- the local stages -------------------------------------------------------------------
     def _stage_inputs(self, sources: Sequence[str]) -> list[StageInput]:
@@ -610,6 +637,8 @@ class SiteRuntime:
                 old.stop()
             run = QueryRun(self.site, assignment, self.options, self.session, self._published,
                            self._store(), on_failure=lambda: self.on_failure())
+            if old is not None and old.assignment.fragment.parent != fragment.parent:
+                run.resend()
             with self._lock:
                 self._runs[name] = run
 

@@ -184,6 +184,16 @@ class Uplink:
                         self._via_parent.popleft()
         return len(batch.rows)
 
+    def resend(self, batches: Sequence[PartialBatch]) -> None:
+        """Send ``batches`` (sent before, to another parent) as they were."""
+        with self._lock:
+            for batch in batches:
+                if self.router is not None:
+                    self.router.send(batch)
+                else:
+                    self.sender.send(encode_batch(batch, self.partial, compress=not self.local))
+                    self._via_parent.append((time.monotonic(), batch))
+
     def report(self, watermark: int | None, finished: bool) -> None:
         """Say how far the run has got (after the batches it covers), when that changed."""
         report = (watermark, finished)

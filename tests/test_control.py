@@ -1178,3 +1178,77 @@ def test_the_hub_keeps_one_result_per_window_and_revision_across_a_root_restart(
     again.publish(dataclasses.replace(fuller, revision=1))
     assert [(r.revision, r.rows[0]["requests"]) for r in again.newest(QUERY, 10)] == [
         (0, 0), (1, 7), (2, 8), (3, 7)]
+
+
+def test_the_hub_drops_a_result_covering_fewer_sites_and_says_where_a_new_root_starts(
+        ) -> None:
+    """A root that took over lacks what the dead one merged: its word on a window the dead
+    one answered whole is dropped. A new root starts again at the first window whose newest
+    result is incomplete, or else at the newest two."""
+    hub = ResultsHub()
+    assert hub.unsettled_from(QUERY) == 0  # nothing published: everything kept goes again
+
+    def result(start: int, reporting: int, requests: int = 1) -> WindowResult:
+        return dataclasses.replace(window(start), sites_reporting=reporting, sites_expected=3,
+                                   rows=[{"domain": "a.com", "requests": requests}])
+
+    for start in (0, 10_000, 20_000, 30_000):
+        hub.publish(result(start, 3))
+    assert hub.unsettled_from(QUERY) == 20_000
+    hub.publish(result(10_000, 2, requests=5))  # the new root, without the dead one's records
+    assert [r.rows[0]["requests"] for r in hub.newest(QUERY, 10)] == [1, 1, 1, 1]
+    hub.publish(result(40_000, 2))  # incomplete, then corrected when the old root is back
+    hub.publish(result(50_000, 3))
+    assert hub.unsettled_from(QUERY) == 40_000
+    hub.publish(result(40_000, 3, requests=2))
+    assert hub.unsettled_from(QUERY) == 40_000  # the newest two: 40 s and 50 s
+    assert [(r.window_start, r.revision) for r in hub.newest(QUERY, 2)] == [(50_000, 0),
+                                                                            (40_000, 1)]
+
+
+def test_a_dead_root_fails_over_to_the_first_standby_alive_for_good(
+        sites: FakeSites, clock: FakeClock, source: QueryPlan, tmp_path: Path) -> None:
+    topology = parse_topology(
+        TOPOLOGY.read_text().replace("root: ams", "root: ams\nstandby_roots: [sfo, sin]")
+        + "  - {between: [sin, sfo], bandwidth: 1gbit, latency: 1ms}\n")
+    controller = GlobalController(topology, sites.deploy, sites.stop, clock=clock,
+                                  heartbeat_timeout_s=TIMEOUT_S, state_dir=tmp_path)
+    register_all(controller)
+    state = controller.submit(source)
+    controller.publish(QUERY, [dataclasses.replace(window(0), sites_reporting=3,
+                                                   sites_expected=3)], False)
+    clock.advance(TIMEOUT_S - 1)
+    beat(controller, "sin")  # sfo and ams fall silent; sfo comes back before ams is dead
+    clock.advance(2)
+    beat(controller, "sfo", "sin")
+    assert controller.check_liveness() == ["ams"]
+    assert controller.root == "sfo"
+    assert state.plan is not None and state.plan.fragments["sfo"].final
+    assert state.plan.fragments["sin"].parent == "sfo"
+    assert "ams" not in state.plan.fragments
+    assert state.resend_from_ms == -10_000  # the newest two windows: 0 s and the one before
+    assert controller.view().topology.root == "sfo"
+    assert (state.state, state.detail) == ("degraded", "site ams stopped sending heartbeats; "
+                                           "no data from ams")
+    # ams comes back: it rejoins as a site under the new root, which stays.
+    controller.register_site("ams", address("ams"))
+    assert controller.root == "sfo"
+    assert state.plan.fragments["ams"].parent == "sfo"
+    assert state.state == "running"
+    # A restarted controller keeps the root where it moved.
+    again = GlobalController(topology, sites.deploy, sites.stop, clock=clock,
+                             heartbeat_timeout_s=TIMEOUT_S, state_dir=tmp_path)
+    assert again.root == "sfo"
+    assert again.queries[QUERY].resend_from_ms == -10_000
+
+
+def test_without_a_standby_a_dead_root_leaves_the_query_degraded(
+        controller: GlobalController, clock: FakeClock, source: QueryPlan) -> None:
+    register_all(controller)
+    state = controller.submit(source)
+    clock.advance(TIMEOUT_S + 1)
+    beat(controller, "sfo", "sin")
+    assert controller.check_liveness() == ["ams"]
+    assert controller.root == "ams"
+    assert state.state == "degraded"
+    assert "the root ams is down" in state.detail

@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 QUERY = ROOT / "examples" / "cdn_topk.py"
 SITES = ["ams", "sfo", "sin"]
 FILES = 24  # two seconds of logs each, one landing every second
+FAILOVER_TOPOLOGY = ROOT / "topologies" / "failover-3dc.yaml"
 
 
 #: What a test does to the cluster after the i-th file of each site has landed; the third
@@ -37,7 +38,8 @@ Fault = Callable[[LocalCluster, int, Callable[[], list[WindowResult]]], None]
 
 
 def run_with(fault: Fault, tmp_path: Path,
-             site_args: Callable[[str], list[str]] = lambda site: []) -> list[list[WindowResult]]:
+             site_args: Callable[[str], list[str]] = lambda site: [],
+             topology: Path = TOPOLOGY) -> list[list[WindowResult]]:
     """Ship the logs to a live cluster, calling ``fault`` as they land, and check that the
     final results equal the reference's; every result seen, by a follower that reconnects
     when the controller is away: one list a connection."""
@@ -51,7 +53,7 @@ def run_with(fault: Fault, tmp_path: Path,
         (inputs / site).mkdir(parents=True)
     streams: list[list[WindowResult]] = []
     done = threading.Event()
-    with LocalCluster(TOPOLOGY, inputs, idle_timeout_s=8, logs=tmp_path / "logs",
+    with LocalCluster(topology, inputs, idle_timeout_s=8, logs=tmp_path / "logs",
                       site_args=site_args) as cluster:
         name = cluster.client.submit(QUERY).query
 
@@ -123,6 +125,41 @@ def test_the_root_killed_mid_window_loses_nothing_it_had_acked(tmp_path: Path) -
     assert "from the inbox" in (tmp_path / "logs" / "ams.log").read_text()
     # The restarted root publishes its windows again: one result per (window, revision).
     published = [(r.window_start, r.revision) for r in stream]
+    assert len(published) == len(set(published)), published
+
+
+def test_a_dead_root_fails_over_to_its_standby_and_rejoins_as_a_site(tmp_path: Path) -> None:
+    """ams, the root, is killed once results flow and stays down: the controller makes sfo,
+    its standby, the root; sin sends to sfo and both send again what ams may have merged
+    without publishing. Results go on without ams's records, saying so; ams, back, rejoins
+    under sfo and its windows correct them. No window is lost or counted twice."""
+    status: list[tuple[str, dict[str, str]]] = []
+
+    def fault(cluster: LocalCluster, i: int, seen: Callable[[], list[WindowResult]]) -> None:
+        if i == 6:
+            wait_for(lambda: any("ams" not in r.missing_sites for r in seen()),
+                     "a first result with ams's own records")
+            cluster.kill("ams")
+        if i == 15:  # dead for 9 s: past its heartbeat timeout
+            wait_for(lambda: cluster.client.status().root == "sfo", "sfo to become the root")
+            wait_for(lambda: any(r.missing_sites == ["ams"] for r in seen()),
+                     "a result from sfo without ams")
+        if i == 16:
+            cluster.restart("ams")
+        if i == FILES - 1:
+            now = cluster.client.status()
+            status.append((now.root, {q.name: q.state for q in now.queries}))
+
+    seen = _all(run_with(fault, tmp_path, topology=FAILOVER_TOPOLOGY))
+    assert status[0][0] == "sfo", "the root went back to ams"
+    controller = (tmp_path / "logs" / "controller.log").read_text()
+    assert "the root ams is dead, sfo takes its place" in controller
+    assert "sending sfo again" in (tmp_path / "logs" / "sin.log").read_text()
+    latest = {(r.window_start, r.window_end): r for r in seen}
+    marked = {(r.window_start, r.window_end) for r in seen if r.missing_sites == ["ams"]}
+    assert marked, "no window was marked as missing ams"
+    assert all(latest[w].revision > 0 for w in marked)  # corrected once ams was back
+    published = [(r.window_start, r.revision) for r in seen]
     assert len(published) == len(set(published)), published
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import networkx as nx
@@ -607,3 +608,51 @@ def test_a_bad_topology_wide_spark_setting_says_it_is_every_sites() -> None:
         "cdn-3dc.yaml:4: spark_conf.'sql.shuffle': every site: 'sql.shuffle' is not a Spark "
         "setting; its name starts with 'spark.' and holds no space or '=', e.g. "
         "spark.driver.memory")
+
+
+STANDBY = """\
+name: t
+root: a
+standby_roots: [b]
+sites:
+  - {name: a, kind: datacenter, servers: [{name: a1, cores: 1, memory_gb: 1}]}
+  - {name: b, kind: datacenter, servers: [{name: b1, cores: 1, memory_gb: 1}]}
+  - name: c
+    kind: pop
+    servers: [{name: c1, cores: 1, memory_gb: 1}]
+    sources: [{name: cdn_logs}]
+links:
+  - {between: [a, b], bandwidth: 1gbit, latency: 1ms}
+  - {between: [c, a], bandwidth: 1gbit, latency: 1ms}
+  - {between: [c, b], bandwidth: 1gbit, latency: 1ms}
+"""
+
+
+def test_standby_roots_are_read_and_written_back() -> None:
+    topology = parse_topology(STANDBY)
+    assert topology.standby_roots == ("b",)
+    assert parse_topology(to_yaml(topology)) == topology
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ("standby_roots: [b]", None),
+    ("standby_roots: [a]", "standby_roots[0]: a is the root"),
+    ("standby_roots: [x]", "standby_roots[0]: unknown site 'x'"),
+    ("standby_roots: [b, b]", "standby_roots[1]: b is named twice"),
+    ("standby_roots: b", "standby_roots"),
+])
+def test_a_bad_standby_root_is_refused_naming_the_field(change: str,
+                                                         message: str | None) -> None:
+    text = STANDBY.replace("standby_roots: [b]", change)
+    if message is None:
+        parse_topology(text)
+        return
+    with pytest.raises(PlacementError, match=re.escape(message)):
+        parse_topology(text)
+
+
+def test_a_standby_root_that_reaches_the_sources_only_through_the_root_is_refused() -> None:
+    text = STANDBY.replace("  - {between: [c, b], bandwidth: 1gbit, latency: 1ms}\n", "")
+    with pytest.raises(PlacementError, match="standby root b has no path to c that avoids the "
+                       "root a, so it could not take over; add a link from c towards b"):
+        parse_topology(text)

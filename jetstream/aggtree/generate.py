@@ -121,7 +121,10 @@ def to_yaml(topology: Topology) -> str:
         If a value has no exact YAML form: a latency that is not a whole number of
         milliseconds, a bandwidth that is not a positive finite number.
     """
-    lines = [f"name: {_scalar(topology.name)}", f"root: {_scalar(topology.root)}", "sites:"]
+    lines = [f"name: {_scalar(topology.name)}", f"root: {_scalar(topology.root)}"]
+    if topology.standby_roots:
+        lines.append(f"standby_roots: [{', '.join(map(_scalar, topology.standby_roots))}]")
+    lines.append("sites:")
     for site in topology.sites:
         lines += [f"  - name: {_scalar(site.name)}", f"    kind: {site.kind.value}",
                   "    servers:"]

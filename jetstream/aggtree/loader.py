@@ -4,6 +4,7 @@ The format (``topologies/README.md`` has the long version)::
 
     name: cdn-3dc                    # required; letters, digits, '_', '.', '-'
     root: DC3                        # required: the site where final results are made
+    standby_roots: [DC2]             # optional: where the root moves if it dies, in order
     sites:                           # required, at least one
       - name: PoP1                   # required, unique
         kind: pop                    # required: pop | edge | datacenter
@@ -102,12 +103,13 @@ def parse_topology(text: str, origin: str = "<string>") -> Topology:
     PlacementError
         If the text is not YAML, or breaks a rule of the format: unknown or missing fields,
         wrong types, non-positive capacities or rates, duplicate names or links, links to
-        unknown sites or to themselves, an unknown root, or sites that cannot reach the root.
+        unknown sites or to themselves, an unknown root, or sites that cannot reach the root
+        (nor, once it is gone, a standby root).
     """
     reader = _Reader(origin)
     document = reader.compose(text)
     fields = reader.fields(document, "", required=("name", "root", "sites"),
-                           optional=("links", "spark_conf"))
+                           optional=("links", "spark_conf", "standby_roots"))
     name = reader.name(fields["name"], "name")
     spark_conf = (_spark_conf(reader, fields["spark_conf"], "spark_conf", "every site")
                   if "spark_conf" in fields else {})
@@ -138,9 +140,47 @@ def parse_topology(text: str, origin: str = "<string>") -> Topology:
         link_at[link.ends] = node
         links.append(link)
 
-    topology = Topology(name=name, root=root, sites=tuple(sites), links=tuple(links))
+    standbys = (_standby_roots(reader, fields["standby_roots"], root, site_at)
+                if "standby_roots" in fields else ())
+    topology = Topology(name=name, root=root, sites=tuple(sites), links=tuple(links),
+                        standby_roots=standbys)
     _check_reaches_root(reader, topology, site_at)
+    for i, standby in enumerate(standbys):
+        _check_standby(reader, topology, standby, fields["standby_roots"],
+                       f"standby_roots[{i}]")
     return topology
+
+
+def _standby_roots(reader: _Reader, node: yaml.Node, root: str,
+                   site_at: dict[str, yaml.Node]) -> tuple[str, ...]:
+    names: list[str] = []
+    for i, item in enumerate(reader.sequence(node, "standby_roots")):
+        path = f"standby_roots[{i}]"
+        name = reader.string(item, path)
+        if name not in site_at:
+            reader.fail(item, path, f"unknown site {name!r}{_did_you_mean(name, site_at)}")
+        if name == root:
+            reader.fail(item, path, f"{name} is the root; a standby is another site that "
+                        "takes over when the root dies")
+        if name in names:
+            reader.fail(item, path, f"{name} is named twice")
+        names.append(name)
+    return tuple(names)
+
+
+def _check_standby(reader: _Reader, topology: Topology, standby: str, node: yaml.Node,
+                   path: str) -> None:
+    """A standby root must reach every site with sources without the root it stands in
+    for: it takes over only when that root is dead."""
+    graph = topology.graph()
+    graph.remove_node(topology.root)
+    reachable = nx.node_connected_component(graph, standby)
+    cut_off = [s.name for s in topology.sites
+               if s.sources and s.name != topology.root and s.name not in reachable]
+    if cut_off:
+        reader.fail(node, path, f"standby root {standby} has no path to {', '.join(cut_off)} "
+                    f"that avoids the root {topology.root}, so it could not take over; add a "
+                    f"link from {cut_off[0]} towards {standby}")
 
 
 def _site(reader: _Reader, node: yaml.Node, path: str,

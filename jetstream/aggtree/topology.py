@@ -110,6 +110,8 @@ class Topology:
     root: str
     sites: tuple[Site, ...]
     links: tuple[Link, ...]
+    #: Sites that take the root's place, in this order, when the root is dead.
+    standby_roots: tuple[str, ...] = ()
     _by_name: dict[str, Site] = field(init=False, repr=False, compare=False)
     _by_ends: dict[frozenset[str], Link] = field(init=False, repr=False, compare=False)
 

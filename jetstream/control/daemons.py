@@ -68,7 +68,7 @@ class _SiteClients:
         assert state.plan is not None
         request = pb.DeployFragmentRequest(fragment=fragment_to_proto(
             fragment, state.spec, state.version, parent, state.plan.covers(fragment.site),
-            state.expected))
+            state.expected, state.resend_from_ms))
         response = self._call(address, "DeployFragment", request, DEPLOY_TIMEOUT_S)
         return [(p.piece, p.server) for p in response.placements]
 

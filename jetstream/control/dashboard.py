@@ -151,7 +151,7 @@ class DashboardState:
             query["latency"] = sorted([end, latency] for end, latency in first.items()
                                       )[-LATENCY_POINTS:]
         return _finite({
-            "topology": controller.topology.name, "root": controller.topology.root,
+            "topology": view.topology.name, "root": view.topology.root,
             "now": self.clock(), "sites": sites, "links": links, "queries": queries,
             "series": {
                 "t": [s.t for s in samples],

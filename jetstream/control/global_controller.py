@@ -221,6 +221,9 @@ class QueryState:
     expected: tuple[str, ...] = ()  # every source site of the query, alive or not
     failures: dict[str, str] = field(default_factory=dict)  # site -> why its stage failed
     backfill: str = ""  # what its backfill from the cubes did, readable
+    #: Since the root last failed over: where the sites start sending again (see
+    #: ResultsHub.unsettled_from); 0: the root never has.
+    resend_from_ms: int = 0
 
     @property
     def active(self) -> bool:
@@ -235,7 +238,9 @@ class ResultsHub:
     Exactly one result per (window, revision): a root that restarts merges its inbox again
     and publishes windows it had published, from revision 0. A repeat of what the window's
     newest result says is dropped; anything else under a revision already used goes out under
-    the next one: the root's newest word on the window is what a reader keeps.
+    the next one: the root's newest word on the window is what a reader keeps. A result
+    that covers fewer sites than the window's newest is dropped: a root that took over from a
+    dead one lacks what that one had merged, and would otherwise take back a whole answer.
     """
 
     def __init__(self, folder: Path | None = None, keep: int = MAX_RESULTS) -> None:
@@ -243,8 +248,9 @@ class ResultsHub:
         self._results: dict[str, list[WindowResult]] = {}
         self._dropped: dict[str, int] = {}  # query -> how many old results were let go
         self._closed: set[str] = set()
-        # query -> window -> (its newest revision published, what that result said)
-        self._newest: dict[str, dict[tuple[int, int], tuple[int, str]]] = {}
+        # query -> window -> (its newest revision published, what that result said, how
+        # many sites it covered, whether every expected site was among them)
+        self._newest: dict[str, dict[tuple[int, int], tuple[int, str, int, bool]]] = {}
         self._folder, self._keep = folder, keep
         if folder is not None:
             folder.mkdir(parents=True, exist_ok=True)
@@ -269,13 +275,32 @@ class ResultsHub:
         said = _said(result)
         newest = self._newest.setdefault(result.query, {})
         window = (result.window_start, result.window_end)
-        revision, before = newest.get(window, (-1, ""))
+        revision, before, covered, _ = newest.get(window, (-1, "", 0, False))
+        reporting = result.sites_reporting or 0
+        if reporting < covered:
+            log.info("query %s: a result of window %s covering %d sites dropped: %d did "
+                     "before", result.query, _utc(result.window_start), reporting, covered)
+            return None
         if result.revision <= revision:
             if said == before:
                 return None
             result = dataclasses.replace(result, revision=revision + 1)
-        newest[window] = (result.revision, said)
+        newest[window] = (result.revision, said, reporting,
+                          reporting >= (result.sites_expected or 0))
         return result
+
+    def unsettled_from(self, query: str) -> int:
+        """Where a root taking over must start again (epoch ms, a window start): the first
+        window whose newest result is incomplete, or else the newest two windows published
+        (a window published out of order may be missing before them); 0 with none."""
+        with self._lock:
+            newest = self._newest.get(query, {})
+            if not newest:
+                return 0
+            start, end = max(newest)
+            since = start - (end - start)
+            incomplete = [w[0] for w, (*_, complete) in newest.items() if not complete]
+            return min([since, *incomplete])
 
     def publish(self, result: WindowResult) -> None:
         with self._lock:
@@ -407,6 +432,9 @@ class GlobalController:
                  state_dir: Path | None = None, dispatch: Dispatch = call_now,
                  allow_code: bool = False, cubes: Sequence[QueryPlan] = ()):
         self.topology = topology
+        #: The site that makes the results: the topology's root until it dies, then the first
+        #: of its standby roots alive; a root that comes back rejoins as a site.
+        self.root = topology.root
         #: Declared cubes: queries run from the start so that the sites keep their windows
         #: for history (``jetstream controller --cube``); each is submitted once it can be
         #: placed (a site registers), unless a query of its name runs already.
@@ -435,10 +463,14 @@ class GlobalController:
         if path is None or not path.exists():
             return
         try:
-            saved = json.loads(path.read_text(encoding="utf-8"))["queries"]
+            document = json.loads(path.read_text(encoding="utf-8"))
+            saved = document["queries"]
         except (OSError, ValueError, KeyError, TypeError) as e:
             msg = f"{path}: cannot read the saved queries ({e}); move the file away"
             raise ControlPlaneError(msg) from None
+        root = document.get("root", self.topology.root)
+        if root in self.sites and root in {self.topology.root, *self.topology.standby_roots}:
+            self.root = root  # the root stays where it failed over to
         for entry in saved:
             try:
                 if "plan" not in entry:
@@ -450,7 +482,8 @@ class GlobalController:
                 state = QueryState(entry["name"], spec, query,
                                    state=entry["state"], detail=entry["detail"],
                                    replans=entry["replans"], version=entry["version"] + 1,
-                                   expected=tuple(entry["expected"]))
+                                   expected=tuple(entry["expected"]),
+                                   resend_from_ms=entry.get("resend_from_ms", 0))
                 if state.active:
                     state.plan = self._plan(query)
             except (JetstreamError, KeyError, TypeError, ValueError) as e:
@@ -470,10 +503,11 @@ class GlobalController:
             return
         saved = [{"name": q.name, "plan": base64.b64encode(q.spec).decode("ascii"),
                   "state": q.state, "detail": q.detail,
-                  "replans": q.replans, "version": q.version, "expected": list(q.expected)}
+                  "replans": q.replans, "version": q.version, "expected": list(q.expected),
+                  "resend_from_ms": q.resend_from_ms}
                  for q in self.queries.values()]
         _write_atomically(self.state_dir / "queries.json",
-                          json.dumps({"queries": saved}, indent=1))
+                          json.dumps({"root": self.root, "queries": saved}, indent=1))
 
     # -- sites ------------------------------------------------------------------------------
     def register_site(self, name: str, address: str) -> None:
@@ -562,9 +596,41 @@ class GlobalController:
                 self.sites[name].alive = False
                 self.sites[name].placements.clear()
                 self.sites[name].links.clear()  # its last levels are not the links' now
+            if self.root in dead:
+                self._fail_over()
             if dead:
                 self._replan_all(f"site {', '.join(dead)} stopped sending heartbeats")
             return dead
+
+    def _fail_over(self) -> None:
+        """The root is dead: the first standby root alive (the topology's root first, if it
+        has come back since) takes its place, for good. Every running query starts again
+        from its first window not settled: its sites send what they kept of it again."""
+        dead = self.root
+        order = [self.topology.root, *self.topology.standby_roots]
+        standby = next((name for name in order if name != dead and self.sites[name].alive
+                        and self.sites[name].address is not None), None)
+        if standby is None:
+            if self.topology.standby_roots:
+                log.error("the root %s is dead and no standby root is alive (%s)", dead,
+                          ", ".join(self.topology.standby_roots))
+            return
+        self.root = standby
+        for state in self.queries.values():
+            if state.active:
+                state.resend_from_ms = self.results.unsettled_from(state.name)
+                log.warning("query %s: the root %s is dead, %s takes its place; the sites "
+                            "send again what they kept of the windows since %s", state.name,
+                            dead, standby, _utc(state.resend_from_ms))
+        metrics.ROOT_FAILOVERS.inc()
+        self._save()
+
+    @property
+    def current_topology(self) -> Topology:
+        """The topology with the root where it is now (see :attr:`root`)."""
+        if self.root == self.topology.root:
+            return self.topology
+        return dataclasses.replace(self.topology, root=self.root)
 
     def timeout_of(self, site: str) -> float:
         """How long ``site`` may be silent before it is taken for dead: the controller's
@@ -622,11 +688,11 @@ class GlobalController:
         links = [link for link in links if link.bandwidth_bps > 0]
         graph = nx.Graph([tuple(link.ends) for link in links])
         graph.add_nodes_from(s.name for s in self.topology.sites if s.name not in dead)
-        reachable = (nx.node_connected_component(graph, self.topology.root)
-                     if self.topology.root in graph else set())
+        reachable = (nx.node_connected_component(graph, self.root)
+                     if self.root in graph else set())
         sites = tuple(s for s in self.topology.sites if s.name in reachable)
         links = [link for link in links if link.ends <= reachable]
-        return dataclasses.replace(self.topology, sites=sites, links=tuple(links))
+        return dataclasses.replace(self.current_topology, sites=sites, links=tuple(links))
 
     def _measured_bps(self) -> dict[frozenset[str], float]:
         return {ends: m.bandwidth_bps for ends, m in self.measured.items()}
@@ -638,7 +704,9 @@ class GlobalController:
         degradation levels carry what does not fit."""
         topology = self.effective_topology()
         if not topology.sites:
-            msg = (f"the root {self.topology.root} is down; the sites keep their partials "
+            standby = (f" and no standby root ({', '.join(self.topology.standby_roots)}) is up"
+                       if self.topology.standby_roots else "")
+            msg = (f"the root {self.root} is down{standby}; the sites keep their partials "
                    "until it is back")
             raise PlacementError(msg)
         try:
@@ -940,7 +1008,7 @@ class GlobalController:
         with self.lock:
             now = self.clock()
             return ControllerView(
-                self.topology,
+                self.current_topology,
                 tuple(SiteView(
                     s.name, self.topology.site(s.name).kind.value, s.address, s.alive,
                     None if s.last_seen is None else now - s.last_seen, tuple(s.placements),

@@ -188,7 +188,7 @@ class GlobalControllerServicer(rpc.GlobalControllerServicer):
     def PublishResults(self, request: pb.PublishResultsRequest,
                        context: grpc.ServicerContext) -> pb.PublishResultsResponse:
         # Results come from the root, where the final step runs.
-        _as_site(context, self.controller.topology.root, f"publishing results of {request.query}")
+        _as_site(context, self.controller.root, f"publishing results of {request.query}")
         try:
             self.controller.publish(request.query, [result_from_proto(r) for r in request.results],
                                     request.finished)

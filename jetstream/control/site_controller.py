@@ -267,7 +267,7 @@ class SiteController:
             self._call(address, "DeployFragment", pb.DeployFragmentRequest(
                 fragment=fragment_to_proto(part, assignment.spec, assignment.version,
                                            self.address, assignment.covers,
-                                           assignment.expected)))
+                                           assignment.expected, assignment.resend_from_ms)))
             workers.append((name, address))
         return dataclasses.replace(assignment, workers=tuple(workers))
 

@@ -21,7 +21,7 @@ __all__ = ["assignment_from_proto", "fragment_from_proto", "fragment_to_proto",
 
 def fragment_to_proto(fragment: Fragment, spec: bytes, version: int,
                       parent_address: str = "", covers: tuple[str, ...] = (),
-                      expected: tuple[str, ...] = ()) -> pb.Fragment:
+                      expected: tuple[str, ...] = (), resend_from_ms: int = 0) -> pb.Fragment:
     return pb.Fragment(query=fragment.query,
                        spec=query_pb2.QuerySpec(name=fragment.query,
                                                 plan=query_pb2.QueryPlan.FromString(spec)),
@@ -30,7 +30,7 @@ def fragment_to_proto(fragment: Fragment, spec: bytes, version: int,
                        partitions=fragment.partitions, final=fragment.final, version=version,
                        covers=covers, expected=expected, part=fragment.part[0],
                        parts=fragment.part[1], rounds=fragment.rounds,
-                       uplink_bps=fragment.uplink_bps or 0.0)
+                       uplink_bps=fragment.uplink_bps or 0.0, resend_from_ms=resend_from_ms)
 
 
 def fragment_from_proto(msg: pb.Fragment, site: str) -> Fragment:
@@ -51,7 +51,8 @@ def assignment_from_proto(msg: pb.Fragment, site: str) -> Assignment:
     spec = msg.spec.plan.SerializeToString(deterministic=True)
     query_from_bytes(spec, allow_code=True)
     return Assignment(fragment_from_proto(msg, site), spec, msg.version,
-                      msg.parent_address, tuple(msg.covers), tuple(msg.expected))
+                      msg.parent_address, tuple(msg.covers), tuple(msg.expected),
+                      resend_from_ms=msg.resend_from_ms)
 
 
 def placement_to_proto(piece: Piece) -> pb.Placement:

@@ -260,7 +260,7 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, queries: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Fragment(_message.Message):
-    __slots__ = ("query", "spec", "sources", "children", "parent", "parent_address", "partitions", "final", "version", "covers", "expected", "part", "parts", "rounds", "uplink_bps")
+    __slots__ = ("query", "spec", "sources", "children", "parent", "parent_address", "partitions", "final", "version", "covers", "expected", "part", "parts", "rounds", "uplink_bps", "resend_from_ms")
     QUERY_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     SOURCES_FIELD_NUMBER: _ClassVar[int]
@@ -276,6 +276,7 @@ class Fragment(_message.Message):
     PARTS_FIELD_NUMBER: _ClassVar[int]
     ROUNDS_FIELD_NUMBER: _ClassVar[int]
     UPLINK_BPS_FIELD_NUMBER: _ClassVar[int]
+    RESEND_FROM_MS_FIELD_NUMBER: _ClassVar[int]
     query: str
     spec: _query_pb2.QuerySpec
     sources: _containers.RepeatedScalarFieldContainer[str]
@@ -291,7 +292,8 @@ class Fragment(_message.Message):
     parts: int
     rounds: bool
     uplink_bps: float
-    def __init__(self, query: _Optional[str] = ..., spec: _Optional[_Union[_query_pb2.QuerySpec, _Mapping]] = ..., sources: _Optional[_Iterable[str]] = ..., children: _Optional[_Iterable[str]] = ..., parent: _Optional[str] = ..., parent_address: _Optional[str] = ..., partitions: _Optional[int] = ..., final: _Optional[bool] = ..., version: _Optional[int] = ..., covers: _Optional[_Iterable[str]] = ..., expected: _Optional[_Iterable[str]] = ..., part: _Optional[int] = ..., parts: _Optional[int] = ..., rounds: _Optional[bool] = ..., uplink_bps: _Optional[float] = ...) -> None: ...
+    resend_from_ms: int
+    def __init__(self, query: _Optional[str] = ..., spec: _Optional[_Union[_query_pb2.QuerySpec, _Mapping]] = ..., sources: _Optional[_Iterable[str]] = ..., children: _Optional[_Iterable[str]] = ..., parent: _Optional[str] = ..., parent_address: _Optional[str] = ..., partitions: _Optional[int] = ..., final: _Optional[bool] = ..., version: _Optional[int] = ..., covers: _Optional[_Iterable[str]] = ..., expected: _Optional[_Iterable[str]] = ..., part: _Optional[int] = ..., parts: _Optional[int] = ..., rounds: _Optional[bool] = ..., uplink_bps: _Optional[float] = ..., resend_from_ms: _Optional[int] = ...) -> None: ...
 
 class DeployFragmentRequest(_message.Message):
     __slots__ = ("fragment",)
