@@ -138,6 +138,31 @@ def test_records_for_a_window_flushed_while_idle_hand_it_on_again_whole(
     assert finish_from_partials(query, windows) == want
 
 
+def test_a_window_flushed_while_idle_stays_flushed_for_a_stage_started_again(
+        spark: Any, tmp_path: Path) -> None:
+    """Killed after an idle flush, a stage started on its snapshot hands the window on
+    again, with the records that came since, under the next revision: under the flushed
+    one's, the site would take it for a repeat and drop it."""
+    query = js.optimize(js.Query("q", LOGS.window(js.tumbling("10s"), watermark="2s")
+                                 .group_by("domain").agg(n=js.count())))
+    handed: list[tuple[tuple[int, int], int]] = []
+
+    def stage() -> LocalStage:
+        return LocalStage(spark, query, tmp_path / "in", checkpoint_dir=tmp_path / "cp",
+                          quarantine_dir=tmp_path / "q", snapshot=tmp_path / "stage.json",
+                          emit=lambda window, rows, events, revision: handed.append(
+                              (window, revision)))
+
+    first = stage()
+    first.process_batch(as_text(spark, first, [log(t, "a.com") for t in range(0, 5_000, 500)]),
+                        0)
+    first.flush()  # idle: [0, 10 s) goes out early, then the process is killed
+    second = stage()
+    second.process_batch(as_text(spark, second, [log(t, "a.com")
+                                                 for t in range(5_000, 20_000, 500)]), 1)
+    assert handed == [((0, 10_000), 0), ((0, 10_000), 1)]
+
+
 def test_cdn_top_k_equals_the_reference(spark: Any, tmp_path: Path) -> None:
     query = load_query(ROOT / "examples" / "cdn_topk.py")
     site = ROOT / "examples" / "logs" / "sfo"

@@ -220,10 +220,14 @@ class LocalStage:
         return self.windows.watermark
 
     def flush(self) -> None:
-        """The input has ended (or gone idle): every open window is final."""
+        """The input has ended (or gone idle): every open window is final. The snapshot
+        says so: a stage started again on it hands a flushed window on again only with the
+        records that came after, under the next revision (the one handed on is kept)."""
         with self._lock:
             self.received_ms = time.time_ns() // 1_000_000
             self.windows.close(None)
+            if self.snapshot is not None and self.windows.done >= 0:
+                self.windows.save(self.snapshot, self.windows.done)
 
     # -- one micro-batch ----------------------------------------------------------------------
     def process_batch(self, raw: DataFrame, batch_id: int) -> None:
