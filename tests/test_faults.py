@@ -19,6 +19,7 @@ from pathlib import Path
 
 from jetstream.control.launch import LocalCluster
 from jetstream.errors import ControlPlaneError
+from jetstream.lab.chaos import Link
 from jetstream.lab.loggen import LogSpec, write_logs
 from jetstream.local import run_local
 from jetstream.queryfile import load_query
@@ -174,63 +175,6 @@ def test_a_restarted_controller_takes_up_the_running_query(tmp_path: Path) -> No
     streams = run_with(fault, tmp_path)
     assert len(streams) >= 2, "the follower never had to reconnect"
     assert streams[1][0] == streams[0][0]  # the new controller shows the results from before
-
-
-class Link:
-    """A TCP forwarder to a site's port, the way to it for everyone who dials it. Cut, it
-    drops every connection and refuses new ones, as a partition would; healed, it forwards
-    again."""
-
-    def __init__(self, target_port: int) -> None:
-        self.target = target_port
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self._listener.getsockname()[1]
-        self._cut = threading.Event()
-        self._lock = threading.Lock()
-        self._open: set[socket.socket] = set()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                near, _ = self._listener.accept()
-            except OSError:
-                return  # closed
-            try:
-                if self._cut.is_set():
-                    raise OSError("cut")
-                far = socket.create_connection(("127.0.0.1", self.target), timeout=5)
-                far.settimeout(None)
-            except OSError:
-                near.close()
-                continue
-            with self._lock:
-                self._open |= {near, far}
-            for a, b in ((near, far), (far, near)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            while data := source.recv(65536):
-                sink.sendall(data)
-        for end in (source, sink):
-            with contextlib.suppress(OSError):
-                end.shutdown(socket.SHUT_RDWR)
-
-    def cut(self) -> None:
-        self._cut.set()
-        with self._lock:
-            for end in self._open:
-                with contextlib.suppress(OSError):
-                    end.shutdown(socket.SHUT_RDWR)
-            self._open.clear()
-
-    def heal(self) -> None:
-        self._cut.clear()
-
-    def close(self) -> None:
-        self.cut()
-        self._listener.close()
 
 
 def test_a_partition_marks_windows_partial_and_the_backlog_corrects_them(
