@@ -386,7 +386,7 @@ ERRORS: list[tuple[str, dict[int, str], str]] = [
      "sources, spark_master, spark_conf"),
     ("unknown top-level field", {2: "name: tiny\nversion: 2"},
      "cdn-3dc.yaml:3: version: unknown field; expected one of name, root, sites, links, "
-     "spark_conf"),
+     "spark_conf, standby_roots"),
     ("field name not a string", {14: SERVER % "1: 8, memory_gb: 32"},
      "cdn-3dc.yaml:14: sites[1].servers[0]: expected a field name, got 1"),
     ("duplicate field", {14: SERVER % "cores: 8, cores: 4, memory_gb: 32"},
@@ -490,9 +490,9 @@ def test_errors_name_the_file_line_and_field(edits: dict[int, str], message: str
     ("", "x.yaml:1: the topology is empty; expected a mapping with name, root, sites and links"),
     ("# nothing here\n", "x.yaml:1: the topology is empty"),
     ("- PoP1\n- DC1\n", "x.yaml:1: expected a mapping with fields name, root, sites, links, "
-                        "spark_conf, got a list"),
+                        "spark_conf, standby_roots, got a list"),
     ("just words", "x.yaml:1: expected a mapping with fields name, root, sites, links, "
-                   "spark_conf, got 'just words'"),
+                   "spark_conf, standby_roots, got 'just words'"),
 ])
 def test_errors_about_the_whole_file(text: str, message: str) -> None:
     assert error_of(text, origin="x.yaml").startswith(message)
