@@ -3,7 +3,11 @@ source the site holds, each an input of the site's merge, and the folder each re
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -15,7 +19,7 @@ from jetstream.operators import Where
 from jetstream.rewrite import distributed
 from jetstream.runtime import merge_inputs
 from jetstream.stage.check import check_stage, local_inputs, source_of
-from jetstream.stage.inputs import source_folder
+from jetstream.stage.inputs import StageInput, source_folder
 
 LOGS = js.source("cdn_logs", schema=js.CDN_LOG_SCHEMA)
 ORIGIN = js.source("origin_logs", schema=js.CDN_LOG_SCHEMA)
@@ -63,3 +67,33 @@ def test_each_source_reads_its_own_folder_or_the_input_folder_if_it_is_the_only_
     assert source_folder(tmp_path, "cdn_logs", alone=False) == tmp_path / "cdn_logs"
     assert source_folder(tmp_path / "absent", "cdn_logs", alone=True) is None
     assert source_folder(None, "cdn_logs", alone=True) is None
+
+
+def test_an_input_whose_triggers_only_list_the_folder_goes_idle() -> None:
+    """Spark's trigger is active every trigger interval, listing the folder, with no records:
+    that is not a micro-batch running, and the input goes idle (its windows close)."""
+    calls = iter(range(10**6))
+
+    class Stream:
+        isActive = True
+
+        @property
+        def status(self) -> dict[str, Any]:  # every other look finds the listing under way
+            return {"isTriggerActive": next(calls) % 2 == 0, "isDataAvailable": False}
+
+    flushed = threading.Event()
+    stage = SimpleNamespace(stats=SimpleNamespace(records_in=5), start=lambda _: Stream(),
+                            flush=flushed.set, stop=lambda: None)
+    ended: list[int] = []
+    query = counted(LOGS)
+    runner = StageInput("ams", query, check_stage(query)[0], None, Path("."), replay=False,
+                        trigger_s=0.25, idle_s=0.5,
+                        hand_on=lambda *_: None, progress=lambda _, w, __: ended.append(w),
+                        on_batch=lambda *_: None, on_failure=lambda _: None)
+    thread = threading.Thread(target=runner._run_live, args=(stage,), daemon=True)
+    started = time.monotonic()
+    thread.start()
+    assert flushed.wait(10), "the input never went idle"
+    runner.stop(5)
+    assert time.monotonic() - started < 5
+    assert ended  # and said so: every window it had is closed

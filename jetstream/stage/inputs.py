@@ -129,8 +129,11 @@ class StageInput:
             if not stream.isActive:
                 raise PlanError(f"the streaming query stopped: {stream.exception()}")
             records, status = stage.stats.records_in, stream.status
-            if status.get("isTriggerActive") or status.get("isDataAvailable"):
-                quiet_since = time.monotonic()  # a micro-batch runs: not idle, only slow
+            # A micro-batch with records runs: not idle, only slow. (A trigger that only
+            # lists the folder is active too, every trigger_s, for longer as the folder
+            # grows: counting it, an input went quiet for good and was never taken for idle.)
+            if status.get("isTriggerActive") and status.get("isDataAvailable"):
+                quiet_since = time.monotonic()
             if records != seen:
                 seen, quiet_since, idle = records, time.monotonic(), False
             elif not idle and time.monotonic() - quiet_since >= self.idle_s:
