@@ -381,15 +381,18 @@ class CubeStore:
         return 1
 
     # -- retention ------------------------------------------------------------------------------
-    def expire(self, now_ms: int) -> int:
-        """Drop windows past their retention, then the oldest until the store is within
+    def expire(self, now_ms: int, query: str | None = None) -> int:
+        """Drop windows past their retention (of ``query`` only, if given: each query's
+        "now" is its own event time), then the oldest until the store is within
         ``max_rows`` and ``max_bytes``; never one a destination has not acked. How many."""
         dropped = 0
+        which, args = ("", ()) if query is None else (" AND query = ?", (query,))
         with self._transaction() as db:
             for (resolution,) in db.execute("SELECT DISTINCT resolution FROM partials").fetchall():
                 cutoff = now_ms - int(self._retention_of(resolution) * 1000)
                 dropped += db.execute("DELETE FROM partials WHERE held = 0 AND resolution = ? "
-                                      "AND window_end < ?", (resolution, cutoff)).rowcount
+                                      f"AND window_end < ?{which}",
+                                      (resolution, cutoff, *args)).rowcount
             rows, size = db.execute(
                 "SELECT COUNT(*), COALESCE(SUM(LENGTH(message)), 0) FROM partials").fetchone()
             if rows > self.max_rows or size > self.max_bytes:

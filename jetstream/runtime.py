@@ -499,6 +499,7 @@ class QueryRun:
         """Tick when a batch or a progress report comes in, and at least every TICK_S (a
         window's deadline, a link's level)."""
         tended = time.monotonic()
+        event_ms: int | None = None  # how far the inputs have got
         while not self._stop.is_set():
             self.merger.changed.wait(TICK_S)
             self.merger.changed.clear()
@@ -508,16 +509,21 @@ class QueryRun:
                 self.tick()
             except Exception:  # keep merging what arrives; the next tick tries again
                 log.exception("%s at %s: forwarding failed", self.name, self.site)
-            if self._store is not None and time.monotonic() - tended >= CUBE_INTERVAL_S:
+            watermark = self.merger.watermark
+            if watermark is not None and watermark != ENDED:
+                event_ms = watermark  # the cubes' "now": a replay of old logs keeps its last hour
+            if (self._store is not None and event_ms is not None
+                    and time.monotonic() - tended >= CUBE_INTERVAL_S):
                 tended = time.monotonic()
                 try:
-                    self.tend_cubes(time.time_ns() // 1_000_000)
+                    self.tend_cubes(min(event_ms, time.time_ns() // 1_000_000))
                 except DataError:  # history suffers, the data flows on
                     log.exception("%s at %s: rolling up the cubes failed", self.name, self.site)
 
     def tend_cubes(self, now_ms: int) -> None:
         """Roll up the finished windows of this site's own local stages (the site's history,
-        :mod:`jetstream.history`), and apply retention."""
+        :mod:`jetstream.history`), and apply this query's retention, as of ``now_ms`` (event
+        time: how far the inputs have got, never past the wall clock)."""
         store = self._store
         if store is None:
             return
@@ -527,7 +533,7 @@ class QueryRun:
             assert window is not None, "the DSL windows every aggregate"
             store.roll_up(self.name, self.partial, window.spec, now_ms,
                           origins=[stage.name for stage in self.stages])
-        store.expire(now_ms)
+        store.expire(now_ms, query=self.name)
 
     def tick(self) -> None:
         """Send (or, at the root, finish) every ready window, then report progress."""

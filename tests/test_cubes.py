@@ -427,6 +427,47 @@ def test_a_restarted_site_sends_what_its_parent_never_acked(tmp_path: Path) -> N
         server.stop(grace=0).wait(5)
 
 
+def test_a_replay_of_old_logs_keeps_what_it_sent_for_its_retention(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Retention counts in event time: a site replaying logs from 1970 keeps the windows it
+    sent (acked) within an hour of its newest, so a root that takes over can have them sent
+    again; the wall clock would have expired them at the first tending."""
+    monkeypatch.setattr("jetstream.runtime.CUBE_INTERVAL_S", 0.05)
+    events = [log(1_000 * i, f"d{i % 3}.com", bytes=10 * i) for i in range(45)]
+    query = query_from_source(SOURCE, "<test>")
+    _, site, _ = site_part(query)
+    batches = [PartialBatch("q", (r.window_start, r.window_end), "pop", tuple(r.rows),
+                            covers=frozenset({"pop"})) for r in js.run_local(site, events)]
+    root = SiteRuntime("dc", SiteOptions(deadline_s=30), Published())
+    root.deploy(Assignment(Fragment("q", "dc", children=("edge",), final=True), spec_of(SOURCE),
+                           covers=("pop",)))
+    server, port = start_server([(rpc.add_DataPlaneServicer_to_server, root.servicer,
+                                  "jetstream.v1.DataPlane")], 0)
+    runtime = SiteRuntime("edge", SiteOptions(cubes=True, state_dir=tmp_path, deadline_s=30),
+                          lambda *_: None)
+    try:
+        runtime.deploy(Assignment(Fragment("q", "edge", children=("pop",), parent="dc"),
+                                  spec_of(SOURCE), parent_address=f"127.0.0.1:{port}",
+                                  covers=("pop",)))
+        run = runtime.run("q")
+        assert run is not None and run.store is not None and run.sender is not None
+        store = run.store
+        for batch in batches:
+            run.merger.add(batch)
+        run.merger.progress("pop", 40_000)  # not ended: the run goes on tending its cubes
+        wait_until(lambda: len(store.messages("q", 0, HOUR)) == len(batches) == 5)
+        assert run.sender.flush(10) and store.unacked("q") == []
+        time.sleep(0.5)  # tended ten times over
+        assert [b.window_start_ms for b in store.messages("q", 0, HOUR)] == [
+        0, 10_000, 20_000, 30_000, 40_000]
+        run.merger.progress("pop", 4 * HOUR)  # an hour and more later, in event time
+        wait_until(lambda: store.messages("q", 0, HOUR) == [])
+    finally:
+        runtime.close()
+        server.stop(grace=0).wait(5)
+        root.close()
+
+
 def test_a_restarted_root_merges_again_what_it_had_acked(tmp_path: Path) -> None:
     """The root acks an edge's windows, keeps them in its inbox and dies before any window
     is final (its other child, quiet, has not said how far it got); restarted on the same
