@@ -16,6 +16,14 @@ batch for a window that old is merged with what the window held — given back b
 without it (or when it cannot) the batch is refused (counted in ``too_late``) rather than
 merged into a fresh window that would replace the full one with a part of it.
 
+An input may send a window early (``PartialBatch.early``: before its watermark closed it, to
+use a thin link while the watermark waits). Such a batch is the input's final word on the
+window only once the input's watermark passes the window's end; until then a newer revision
+may replace it. A merger whose windows go to a parent (``forward_early``) sends a window whose
+inputs have all sent it at once, early itself if some batch of it is not final yet: its own
+watermark, reported after, tells the parent when it is. A merger that finishes (the root's)
+waits for those watermarks, or the deadline.
+
 When the inputs are the key partitions of one stream (``key_partitions``: the workers of a
 partitioned merge), a window covers a source site only if every partition does: a partition
 that is missing, or lacks the site, leaves the site's keys in it incomplete.
@@ -71,6 +79,7 @@ class MergedWindow:
     closed_at_ms: int = 0
     revision: int = 0  # 0 the first time the window goes out, then 1, 2, ... (corrections)
     inputs_complete: bool = True  # whether every batch merged was complete itself
+    early: bool = False  # some input's batch of it may still change (see the module)
     #: When an input was truncated (a degraded level): per row, how much of the ranking
     #: value may be missing, and a bound on any key left out (see jetstream.approx.truncate).
     slack: tuple[float, ...] | None = None
@@ -102,6 +111,9 @@ class _Pending:
     asked: dict[str, tuple[int, float]] = field(default_factory=dict)  # input -> (revision, when)
     #: Wide-area bytes the window cost besides its batches': revisions replaced since, asks.
     spent: int = 0
+    #: Per input whose batch came early: when its watermark passed the window (wall-clock
+    #: ms its records for that arrived, as its progress said).
+    closed: dict[str, int] = field(default_factory=dict)
 
 
 class WindowMerger:
@@ -110,8 +122,12 @@ class WindowMerger:
     def __init__(self, aggregate: WindowAggregate, inputs: Iterable[str], *,
                  deadline_s: float, clock: Callable[[], float] = time.monotonic,
                  retain_s: float = RETAIN_S, key_partitions: bool = False,
-                 rounds: Ranking | None = None, recall: Recall | None = None) -> None:
+                 rounds: Ranking | None = None, recall: Recall | None = None,
+                 forward_early: bool = False) -> None:
         self.aggregate, self.key_partitions, self.rounds = aggregate, key_partitions, rounds
+        #: Windows go to a parent: send one early rather than wait for an early input's
+        #: watermark (see the module).
+        self.forward_early = forward_early
         #: Gives back a forgotten window (see :data:`Recall`): a batch for it corrects it.
         self.recall = recall
         self.inputs = frozenset(inputs)
@@ -120,6 +136,7 @@ class WindowMerger:
         self._lock = threading.Lock()
         self._windows: dict[Window, _Pending] = {}
         self._watermarks: dict[str, int] = {}
+        self._received: dict[str, int] = {}  # input -> its latest progress's received_ms
         self._ended: set[str] = set()
         self._forgotten_end: int | None = None  # the latest end of a forgotten window
         self.too_late = 0  # batches refused: their window was forgotten
@@ -154,13 +171,29 @@ class WindowMerger:
                 pending.spent += batch.wan_bytes
         self.changed.set()
 
-    def progress(self, origin: str, watermark_ms: int, ended: bool = False) -> None:
-        """An input has sent every window ending at or before ``watermark_ms``."""
+    def progress(self, origin: str, watermark_ms: int, ended: bool = False,
+                 received_ms: int = 0) -> None:
+        """An input has sent every window ending at or before ``watermark_ms``; it had
+        received the records that moved it there at ``received_ms`` (0: not known, now)."""
+        received_ms = received_ms or time.time_ns() // 1_000_000
         with self._lock:
-            self._watermarks[origin] = ENDED if ended else watermark_ms
+            before = self._watermarks.get(origin, -ENDED)
+            self._watermarks[origin] = watermark = ENDED if ended else watermark_ms
+            self._received[origin] = received_ms
             if ended:
                 self._ended.add(origin)
+            for window, pending in self._windows.items():
+                batch = pending.batches.get(origin)
+                if batch is not None and batch.early and before < window[1] <= watermark:
+                    pending.closed[origin] = received_ms
         self.changed.set()
+
+    @property
+    def received_ms(self) -> int:
+        """When the inputs had the records that moved :attr:`watermark` (the latest of
+        their latest reports: an upper bound)."""
+        with self._lock:
+            return max((self._received.get(i, 0) for i in self.inputs), default=0)
 
     @property
     def watermark(self) -> int | None:
@@ -184,11 +217,12 @@ class WindowMerger:
         with self._lock:
             for window, pending in sorted(self._windows.items()):
                 waiting = self._waiting_for(window, pending)
+                unsure = not self.forward_early and self._early(window, pending)
+                late = now - pending.first_seen >= self.deadline_s
                 if pending.sent is None:
-                    go = (not waiting and self._settled(pending)) or (
-                        now - pending.first_seen >= self.deadline_s)
+                    go = (not waiting and not unsure and self._settled(pending)) or late
                 else:
-                    go = self._versions(pending) != pending.sent
+                    go = self._versions(pending) != pending.sent and (not unsure or late)
                 if go:
                     out.append(self._merge(window, pending, waiting))
             self._forget_settled()
@@ -252,6 +286,13 @@ class WindowMerger:
         return frozenset(i for i in self.inputs - pending.batches.keys()
                          if self._watermarks.get(i, -ENDED) < window[1])
 
+    def _early(self, window: Window, pending: _Pending) -> bool:
+        """Whether some input's batch of the window was sent early and that input's
+        watermark has not passed the window yet (an input no longer planned: final)."""
+        return any(batch.early and origin in self.inputs
+                   and self._watermarks.get(origin, -ENDED) < window[1]
+                   for origin, batch in pending.batches.items())
+
     @staticmethod
     def _versions(pending: _Pending) -> frozenset[tuple[str, int]]:
         return frozenset((o, b.revision) for o, b in pending.batches.items())
@@ -302,8 +343,10 @@ class WindowMerger:
             error_bound=max((b.error_bound for b in batches), default=0.0),
             covers=covers,
             wan_bytes=sum(b.wan_bytes for b in batches) + pending.spent,
-            closed_at_ms=max((b.closed_at_ms for b in batches), default=0),
+            closed_at_ms=max((pending.closed.get(b.origin, b.closed_at_ms) if b.early
+                              else b.closed_at_ms for b in batches), default=0),
             revision=pending.revision, inputs_complete=all(b.complete for b in batches),
+            early=self._early(window, pending),
             slack=slack, omitted=omitted, complete_rows=complete,
             warnings=tuple(sorted({w for b in batches for w in b.warnings})))
 

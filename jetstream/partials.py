@@ -68,6 +68,9 @@ class PartialBatch:
     #: An answer in TPUT's rounds (jetstream.asks): its sender holds back rows its parent
     #: may ask for.
     rounds: bool = False
+    #: Sent before its sender's watermark closed the window (see jetstream.aggregator): final
+    #: only once the sender's watermark passes the window's end.
+    early: bool = False
 
     @property
     def bounded(self) -> BoundedPartial:
@@ -112,7 +115,7 @@ def encode_batch(batch: PartialBatch, aggregate: WindowAggregate, *,
         wan_bytes=batch.wan_bytes, closed_at_ms=batch.closed_at_ms, revision=batch.revision,
         ranked_by=batch.items.rank if batch.items else "",
         items_extra=batch.items.extra if batch.items else 0.0, warnings=batch.warnings,
-        rounds=batch.rounds)
+        rounds=batch.rounds, early=batch.early)
 
 
 def _document(batch: PartialBatch, aggregate: WindowAggregate) -> bytes:
@@ -187,7 +190,8 @@ def decode_batch(message: pb.PartialBatch, aggregate: WindowAggregate,
         covers=frozenset(message.covers) or frozenset({message.origin}),
         wan_bytes=message.wan_bytes, closed_at_ms=message.closed_at_ms,
         revision=message.revision, slack=slack, omitted=omitted, complete_rows=complete,
-        warnings=tuple(message.warnings), rounds=message.rounds and slack is not None)
+        warnings=tuple(message.warnings), rounds=message.rounds and slack is not None,
+        early=message.early)
 
 
 def _int64(text: str) -> int:

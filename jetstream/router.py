@@ -230,10 +230,12 @@ class Router:
             for sender, part in zip(self._senders, encoded, strict=True):
                 sender.send(part)
 
-    def progress(self, origin: str, watermark_ms: int, ended: bool) -> None:
-        """Tell every worker how far an input has got."""
+    def progress(self, origin: str, watermark_ms: int, ended: bool, received_ms: int = 0
+                 ) -> None:
+        """Tell every worker how far an input has got (see ``Progress.received_ms``)."""
         report = pb.Progress(query=self.query, origin=origin, watermark_ms=watermark_ms,
-                             ended=ended, sequence=next(self._sequence))
+                             ended=ended, sequence=next(self._sequence),
+                             received_ms=received_ms)
         with self._lock:
             self._progress[report.origin] = report
             for sender in self._senders:

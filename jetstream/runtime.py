@@ -242,7 +242,7 @@ class QueryRun:
                                    rounds=self.ranking if coordinates else None,
                                    recall=self._recall if store is not None
                                    and not options.replay and not assignment.workers
-                                   else None)
+                                   else None, forward_early=not fragment.final)
         self.asks = AskBoard()  # what the merger asks of each child, until it takes it
         self._asked: set[str] = set()  # the children asked so far
         # A merge spread over workers: the inputs go to them, their partitions come back.
@@ -398,13 +398,13 @@ class QueryRun:
                                  seconds)
 
     def _local(self, origin: str, window: tuple[int, int], rows: list[dict[str, Any]],
-               events: int, revision: int, received_ms: int) -> None:
+               events: int, revision: int, received_ms: int, early: bool) -> None:
         if self._inbox is not None and self._inbox.has_sent(INBOX, self.name, window,
                                                             origin, revision):
             return  # a restarted stage hands on again what it had handed on before
         self.receive(PartialBatch(self.name, window, origin, tuple(rows), events=events,
                                   covers=frozenset({self.site}), revision=revision,
-                                  closed_at_ms=received_ms))
+                                  closed_at_ms=received_ms, early=early))
 
     def receive(self, batch: PartialBatch) -> None:
         """Merge a batch: a child's (acked once this returns) or the local stage's. With a
@@ -438,12 +438,14 @@ class QueryRun:
     def _from_worker(self, origin: str) -> bool:
         return self.router is not None and origin in self.merger.inputs
 
-    def progress(self, origin: str, watermark_ms: int, ended: bool = False) -> None:
-        """How far an input (or, with workers, a worker) has got."""
+    def progress(self, origin: str, watermark_ms: int, ended: bool = False,
+                 received_ms: int = 0) -> None:
+        """How far an input (or, with workers, a worker) has got, and when it received the
+        records that moved it there (0: not known)."""
         if self.router is not None and not self._from_worker(origin):
-            self.router.progress(origin, watermark_ms, ended)
+            self.router.progress(origin, watermark_ms, ended, received_ms)
         else:
-            self.merger.progress(origin, watermark_ms, ended)
+            self.merger.progress(origin, watermark_ms, ended, received_ms)
 
     def _recall(self, window: tuple[int, int]) -> tuple[list[PartialBatch], int] | None:
         """A window the merger forgot, from the inbox: the newest batch of each input it
@@ -540,7 +542,7 @@ class QueryRun:
         # The watermark before the windows: every window it passes is among those ready()
         # hands out next. Read after, it could pass a window that became ready in between,
         # and the parent would take that window for one this site had nothing in.
-        watermark = self.merger.watermark
+        watermark, received_ms = self.merger.watermark, self.merger.received_ms
         merged = self.merger.ready()
         finished = self.merger.finished
         if not self._stop.is_set():  # a stopped run's gauges are gone
@@ -557,7 +559,7 @@ class QueryRun:
             return
         for m in merged:
             self.metrics.handed_on(self.uplink.send(m))
-        self.uplink.report(watermark, finished)
+        self.uplink.report(watermark, finished, received_ms)
 
     def set_level(self, level: str) -> LinkLevel:
         """Hold the link to the parent at ``level`` (a name or an index), hand it back to the
@@ -780,7 +782,7 @@ class SiteRuntime:
     def _progress(self, report: pb.Progress) -> None:
         run = self.run(report.query)
         if run is not None:
-            run.progress(report.origin, report.watermark_ms, report.ended)
+            run.progress(report.origin, report.watermark_ms, report.ended, report.received_ms)
 
 
 def partial_aggregate(query: Query) -> WindowAggregate:

@@ -36,6 +36,7 @@ from jetstream.errors import ControlPlaneError, DataError
 from jetstream.operators import WindowAggregate
 from jetstream.partials import PartialBatch, decode_batch, encode_batch, summarised
 from jetstream.router import Router, top_k_candidates
+from jetstream.stage.bookkeeping import EARLY_SHARE
 from jetstream.transport import STREAM_DEADLINE_S, PartialSender
 from jetstream.v1 import dataplane_pb2 as pb
 from jetstream.v1 import dataplane_pb2_grpc as dataplane_rpc
@@ -103,8 +104,10 @@ class Uplink:
             plan = query.plan()
             window = plan.window_of(plan.partial_aggregates()[0])
             assert window is not None, "the DSL windows every aggregate"
+            # Windows set out early, this long before they close (jetstream.stage.bookkeeping).
+            lead_s = window.watermark_ms / 1000 * (1 - EARLY_SHARE)
             self.policy = LinkPolicy(self.ladder.levels, slo=query.slo,
-                                     window_s=window.spec.every_ms / 1000,
+                                     window_s=window.spec.every_ms / 1000, lead_s=lead_s,
                                      min_interval_s=options.level_interval_s)
         # Held by query, not by parent: a re-planned parent gets what the last one lacks.
         if store is not None:
@@ -163,7 +166,8 @@ class Uplink:
             covers=merged.covers, wan_bytes=merged.wan_bytes, closed_at_ms=merged.closed_at_ms,
             revision=merged.revision + self.revision_base, slack=merged.slack,
             omitted=merged.omitted,
-            complete_rows=merged.complete_rows, warnings=self._warnings(merged))
+            complete_rows=merged.complete_rows, warnings=self._warnings(merged),
+            early=merged.early)
         if self.answerer is None:
             batch = self._degraded(batch, merged)
         elif merged.slack is None:  # exact here: its rows go as the parent asks for them
@@ -194,18 +198,20 @@ class Uplink:
                     self.sender.send(encode_batch(batch, self.partial, compress=not self.local))
                     self._via_parent.append((time.monotonic(), batch))
 
-    def report(self, watermark: int | None, finished: bool) -> None:
-        """Say how far the run has got (after the batches it covers), when that changed."""
+    def report(self, watermark: int | None, finished: bool, received_ms: int = 0) -> None:
+        """Say how far the run has got (after the batches it covers), when that changed;
+        ``received_ms``: when its inputs had the records that moved it there."""
         report = (watermark, finished)
         if report != self._reported and watermark is not None:
             with self._lock:
                 if self.router is not None:
-                    self.router.progress(self.site, watermark, finished)
+                    self.router.progress(self.site, watermark, finished, received_ms)
                 else:
                     self.sender.send_progress(pb.Progress(
                         query=self.name, origin=self.site, watermark_ms=watermark,
                         ended=finished, sequence=next(self._sequence),
-                        received_bytes=self._received() if self._received else None))
+                        received_bytes=self._received() if self._received else None,
+                        received_ms=received_ms))
                 self._reported = report
 
     def close(self) -> None:

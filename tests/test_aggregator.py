@@ -212,3 +212,124 @@ def test_warnings_from_below_go_up_once_each() -> None:
         merger.add(dataclasses.replace(batch, warnings=warnings))
     (merged,) = merger.ready()
     assert merged.warnings == ("link ams -> dc: too thin", "link sfo -> dc: too")
+
+
+def test_a_window_sent_early_waits_at_the_root_for_its_inputs_watermark() -> None:
+    """The root takes an early batch as final only once its input's watermark passes the
+    window; an edge forwards it at once, marked early, and not again if nothing changes."""
+    _, site_query, partial = split(js.Query("q", QUERIES[0]))
+    (first,) = site_batches(site_query, partial, "ams", [log(1_000)])
+    (more,) = site_batches(site_query, partial, "ams", [log(1_000), log(2_000, "b.com")])
+    early = dataclasses.replace(first, early=True)
+    root = WindowMerger(partial, ["ams"], deadline_s=60, clock=lambda: 0.0)
+    edge = WindowMerger(partial, ["ams"], deadline_s=60, clock=lambda: 0.0, forward_early=True)
+    for merger in (root, edge):
+        merger.add(early)
+        merger.progress("ams", 5_000)  # not past the window yet
+    assert root.ready() == []
+    (forwarded,) = edge.ready()
+    assert forwarded.early and forwarded.revision == 0 and len(forwarded.rows) == 1
+    root.progress("ams", 10_000, received_ms=123_456)
+    (final,) = root.ready()
+    assert final.revision == 0 and not final.early and len(final.rows) == 1
+    assert final.closed_at_ms == 123_456  # closed when ams had what moved it past the end
+    assert root.received_ms == 123_456
+    edge.progress("ams", 10_000)
+    assert edge.ready() == []  # the edge's watermark will tell its parent
+
+    root = WindowMerger(partial, ["ams"], deadline_s=60, clock=lambda: 0.0)
+    edge = WindowMerger(partial, ["ams"], deadline_s=60, clock=lambda: 0.0, forward_early=True)
+    for merger in (root, edge):  # a record came before the watermark: sent at close, whole
+        merger.add(early)
+        assert len(merger.ready()) == (merger is edge)
+        merger.add(dataclasses.replace(more, revision=1))
+    (closed,) = root.ready()
+    assert closed.revision == 0 and not closed.early and len(closed.rows) == 2
+    (again,) = edge.ready()
+    assert not again.early and again.revision == 1 and len(again.rows) == 2
+
+
+def test_an_early_window_whose_input_left_or_is_late_goes_out() -> None:
+    _, site_query, partial = split(js.Query("q", QUERIES[0]))
+    now = [0.0]
+    root = WindowMerger(partial, ["ams", "sfo"], deadline_s=5, clock=lambda: now[0])
+    for site in ("ams", "sfo"):
+        (batch,) = site_batches(site_query, partial, site, [log(1_000, f"{site}.com")])
+        root.add(dataclasses.replace(batch, early=True))
+    root.progress("ams", 10_000)
+    assert root.ready() == []
+    root.set_inputs(["ams"])  # sfo left (a re-plan): its batch is as final as it will get
+    (out,) = root.ready()
+    assert out.complete and len(out.rows) == 2
+    lonely = WindowMerger(partial, ["ams"], deadline_s=5, clock=lambda: now[0])
+    (batch,) = site_batches(site_query, partial, "ams", [log(1_000)])
+    lonely.add(dataclasses.replace(batch, early=True))
+    assert lonely.ready() == []
+    now[0] = 5.0  # the deadline: out with what it has, nothing missing
+    (late,) = lonely.ready()
+    assert late.early and not late.missing
+
+
+@settings(max_examples=60, deadline=None)
+@given(EVENTS, st.sampled_from(range(len(QUERIES))), st.randoms(use_true_random=False))
+def test_early_windows_through_a_tree_give_the_reference_results(
+        events: list[dict[str, Any]], which: int, rng: Any) -> None:
+    """Each site sends each window early with some of its records, then, if any came after,
+    the whole window as the next revision, then its watermark; an edge merger forwards two
+    sites' windows to the root, sending on what it has as it has it, its watermark after.
+    Whatever the order of the sites' messages, the root puts out each window once, after
+    every watermark passed it, equal to the reference."""
+    query = js.Query("q", QUERIES[which])
+    optimized, site_query, partial = split(query)
+    edge = WindowMerger(partial, ["ams", "sfo"], deadline_s=60, clock=lambda: 0.0,
+                        forward_early=True)
+    root = WindowMerger(partial, ["edge", "sin"], deadline_s=60, clock=lambda: 0.0)
+    messages: dict[str, list[Any]] = {}
+    for site in SITES:
+        mine = [e for e in events if e["pop"] == site]
+        whole = site_batches(site_query, partial, site, mine)
+        cut = rng.randrange(len(mine) + 1)
+        some = {b.window: b for b in site_batches(site_query, partial, site, mine[:cut])}
+        out: list[Any] = []
+        for batch in whole:
+            part = some.get(batch.window)
+            if part is not None and part.rows != batch.rows:
+                out += [dataclasses.replace(part, early=True),
+                        dataclasses.replace(batch, revision=1)]
+            else:
+                out.append(dataclasses.replace(batch, early=True))
+        messages[site] = [*out, ("ended", site)]
+
+    merged: list[MergedWindow] = []
+    def deliver(merger: WindowMerger, message: Any) -> None:
+        if isinstance(message, tuple):
+            merger.progress(message[1], 0, ended=True)
+        else:
+            merger.add(message)
+
+    def edge_tick() -> None:
+        watermark = edge.watermark
+        for window in edge.ready():
+            root.add(PartialBatch("q", window.window, "edge", window.rows,
+                                  revision=window.revision, early=window.early))
+        if watermark is not None:
+            root.progress("edge", watermark, ended=watermark == 2**63 - 1)
+
+    queues = {site: list(msgs) for site, msgs in messages.items()}
+    while any(queues.values()):
+        site = rng.choice([s for s, q in queues.items() if q])
+        message = queues[site].pop(0)
+        if site == "sin":
+            deliver(root, message)
+        else:
+            deliver(edge, message)
+            if rng.random() < 0.5:
+                edge_tick()
+        for window in root.ready():
+            assert not window.correction, "a window went out before it was final"
+            merged.append(window)
+    edge_tick()
+    merged += root.ready()
+    assert root.finished
+    assert all(m.complete and not m.correction for m in merged)
+    assert_reference_results(query, optimized, merged, events)

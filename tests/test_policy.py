@@ -369,6 +369,16 @@ def test_the_dsl_slo_converts_to_link_units() -> None:
     assert policy.budget_s == WINDOW_S
 
 
+def test_a_window_sent_early_has_its_lead_on_top_of_max_latency() -> None:
+    """Windows set out ``lead_s`` before they close: they may take that much more than
+    max_latency to cross, never more than the window."""
+    policy = LinkPolicy(LADDER, window_s=10, slo=LinkSLO(max_latency_s=3.0), lead_s=2.5)
+    assert policy.budget_s == 5.5
+    assert LinkPolicy(LADDER, window_s=10, slo=LinkSLO(max_latency_s=9.0),
+                      lead_s=2.5).budget_s == 10
+    assert LinkPolicy(LADDER, window_s=10, lead_s=2.5).budget_s == 10
+
+
 # --- misuse --------------------------------------------------------------------------------
 
 

@@ -83,12 +83,12 @@ def test_an_input_whose_triggers_only_list_the_folder_goes_idle() -> None:
 
     flushed = threading.Event()
     stage = SimpleNamespace(stats=SimpleNamespace(records_in=5), start=lambda _: Stream(),
-                            flush=flushed.set, stop=lambda: None)
+                            flush=flushed.set, stop=lambda: None, received_ms=0)
     ended: list[int] = []
     query = counted(LOGS)
     runner = StageInput("ams", query, check_stage(query)[0], None, Path("."), replay=False,
                         trigger_s=0.25, idle_s=0.5,
-                        hand_on=lambda *_: None, progress=lambda _, w, __: ended.append(w),
+                        hand_on=lambda *_: None, progress=lambda _, w, *__: ended.append(w),
                         on_batch=lambda *_: None, on_failure=lambda _: None)
     thread = threading.Thread(target=runner._run_live, args=(stage,), daemon=True)
     started = time.monotonic()

@@ -182,6 +182,10 @@ class LinkPolicy:
         A :class:`LinkSLO` or a query's :class:`jetstream.SLO`. Levels above ``max_error`` are
         never chosen; ``max_latency`` shrinks the budget below the window length;
         ``max_wan_bps`` caps the throughput the policy plans with.
+    lead_s
+        How long before its window closes a window's partial sets out (sent early, while the
+        watermark waits): it has that much more than ``max_latency`` to arrive (the budget
+        stays within the window length).
     min_interval_s
         Least time between two changes of level, except a step down because the backlog grew.
     down_fraction, up_fraction
@@ -201,13 +205,17 @@ class LinkPolicy:
     """
 
     def __init__(self, levels: Sequence[DegradationLevel], *, window_s: float,
-                 slo: LinkSLO | SLO | None = None, min_interval_s: float = 5.0,
+                 slo: LinkSLO | SLO | None = None, lead_s: float = 0.0,
+                 min_interval_s: float = 5.0,
                  down_fraction: float = 0.8, up_fraction: float = 0.5,
                  max_backlog_windows: int = 1,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._levels = _checked_levels(levels)
         if not (_is_number(window_s) and 0 < window_s < math.inf):
             msg = f"link policy: window_s must be a positive number of seconds, not {window_s!r}"
+            raise PlanError(msg)
+        if not (_is_number(lead_s) and 0 <= lead_s < math.inf):
+            msg = f"link policy: lead_s must be >= 0 seconds, not {lead_s!r}"
             raise PlanError(msg)
         if not (_is_number(min_interval_s) and 0 <= min_interval_s < math.inf):
             msg = f"link policy: min_interval_s must be >= 0 seconds, not {min_interval_s!r}"
@@ -242,7 +250,8 @@ class LinkPolicy:
             raise PlanError(msg)
         self._coarsest = allowed[-1].index
         latency = self._slo.max_latency_s if self._slo else None
-        self.budget_s = self.window_s if latency is None else min(self.window_s, latency)
+        self.budget_s = (self.window_s if latency is None
+                         else min(self.window_s, latency + float(lead_s)))
         wan_bps = self._slo.max_wan_bps if self._slo else None
         self._rate_cap = math.inf if wan_bps is None else wan_bps / 8
 
@@ -472,7 +481,7 @@ class LinkPolicy:
             return None
         slo = self._slo
         if slo is not None and slo.max_latency_s is not None \
-                and slo.max_latency_s <= self.window_s:
+                and self.budget_s < self.window_s:
             bound = f"slo max_latency={slo.max_latency_s:g}s"
         else:
             bound = f"the window length {self.window_s:g}s"

@@ -11,13 +11,21 @@ reference executor's rule, applied at micro-batch granularity: the rows of one m
 are judged against the watermark that held before it, and the batch's largest event time
 moves it only afterwards.
 
+Early (``emit_early``, a live stage's): once the event time read passes a window's end by
+``EARLY_SHARE`` of the watermark delay, the window is handed on whole while still open, so
+that its partial crosses a thin link while the watermark waits; the receiver takes it as final
+once this input's watermark passes the window's end. If records for it come before the
+watermark closes it, it is handed on again when it closes, whole, under the next revision; if
+none come, nothing more is handed on.
+
 An idle input (:meth:`OpenWindows.close` with no watermark) hands on its open windows before
 the watermark closes them. Such a window is kept until the watermark passes it: records for it
 that come later are merged into it, and the whole window is handed on again with the next
 revision (0, 1, 2, ...), which replaces the earlier one downstream.
 
-The snapshot (:meth:`OpenWindows.save`) holds the windows still open, those handed on early,
-the watermark and the id of the micro-batch it follows, written atomically.
+The snapshot (:meth:`OpenWindows.save`) holds the windows still open (and which were handed
+on early, under which revision), those handed on because the input went idle, the watermark
+and the id of the micro-batch it follows, written atomically.
 """
 
 from __future__ import annotations
@@ -45,24 +53,30 @@ Emit = Callable[[tuple[int, int], list[dict[str, Any]], int, int], None]
 Groups = dict[tuple[Any, ...], list[Any]]
 
 _SNAPSHOT_VERSION = 2
+#: A window goes early once the event time read is past its end by this share of the delay.
+EARLY_SHARE = 0.5
 
 
 class OpenWindows:
     """The open windows of one query's local stage (see the module's docstring).
 
     ``partial`` is the stage's partial aggregate (its keys and aggregates), ``delay_ms`` the
-    window's watermark delay; ``emit`` gets each window handed on.
+    window's watermark delay; ``emit`` gets each window handed on, ``emit_early`` (if given)
+    each handed on before the watermark closes it (:meth:`hand_on_early`).
     """
 
     def __init__(self, query: str, partial: WindowAggregate, delay_ms: int,
-                 emit: Emit) -> None:
+                 emit: Emit, emit_early: Emit | None = None) -> None:
         self.query, self.partial, self.delay_ms, self.emit = query, partial, delay_ms, emit
+        self.emit_early = emit_early
         self.latest: int | None = None  # the largest event time read so far
         self.done = -1  # the last micro-batch the snapshot holds
         self._open: dict[tuple[int, int], Groups] = {}
         self._events: Counter[tuple[int, int]] = Counter()
         # Windows handed on before the watermark closed them: their rows, events and revision.
         self._flushed: dict[tuple[int, int], tuple[Groups, int, int]] = {}
+        # Open windows handed on early: the revision, and whether records came since.
+        self._early: dict[tuple[int, int], tuple[int, bool]] = {}
 
     @property
     def watermark(self) -> int | None:
@@ -81,12 +95,18 @@ class OpenWindows:
         current = groups.get(key)
         groups[key] = accs if current is None else self._merged(current, accs)
         self._events[window] += events
+        self._touch(window)
 
     def merge_into(self, window: tuple[int, int], key: tuple[Any, ...], i: int,
                    acc: Any) -> None:
         """Merge ``acc`` into the ``i``-th accumulator of a group :meth:`add` made."""
         accs = self._open[window][key]
         accs[i] = self.partial.aggregates[i][1].merge(accs[i], acc)
+        self._touch(window)
+
+    def _touch(self, window: tuple[int, int]) -> None:
+        if window in self._early:
+            self._early[window] = (self._early[window][0], True)
 
     def advance(self, latest: int | None) -> None:
         """A micro-batch read event times up to ``latest`` (None: it read none)."""
@@ -100,16 +120,39 @@ class OpenWindows:
             if watermark is not None and window[1] > watermark:
                 continue
             groups, events, revision = self._open.pop(window), self._events.pop(window, 0), 0
+            handed = False  # whether it has gone whole, as it is now
             if window in self._flushed:  # handed on before: merge, hand on whole again
                 before, before_events, last = self._flushed.pop(window)
                 for key, accs in before.items():
                     groups[key] = accs if key not in groups else self._merged(accs, groups[key])
                 events, revision = events + before_events, last + 1
-            self.emit(window, self.rows(groups), events, revision)
-            if watermark is None and not self.closed(window):
-                self._flushed[window] = (groups, events, revision)
+            elif window in self._early:
+                last, changed = self._early.pop(window)
+                revision, handed = (last + 1, False) if changed else (last, True)
+            rows = None if handed else self.rows(groups)
+            if rows is not None:
+                self.emit(window, rows, events, revision)
+            if watermark is None and not self.closed(window):  # kept for records to come
+                self._flushed[window] = (groups if rows is None else self._detached(rows),
+                                         events, revision)
         for window in [w for w in self._flushed if self.closed(w)]:
             del self._flushed[window]
+
+    def hand_on_early(self) -> None:
+        """Hand on (``emit_early``) every open window the event time read has passed by
+        ``EARLY_SHARE`` of the delay, once: what comes for it after goes when it closes."""
+        if self.emit_early is None or self.latest is None or self.delay_ms <= 0:
+            return
+        reached = self.latest - int(self.delay_ms * EARLY_SHARE)
+        for window, groups in sorted(self._open.items()):
+            if (window[1] > reached or self.closed(window) or window in self._flushed
+                    or window in self._early):
+                continue
+            rows = self.rows(groups)
+            self.emit_early(window, rows, self._events[window], 0)
+            # What was handed on is the receiver's now: merge what comes into copies.
+            self._open[window] = self._detached(rows)
+            self._early[window] = (0, False)
 
     def close_passed(self) -> None:
         """Hand on every window the watermark has closed."""
@@ -126,6 +169,14 @@ class OpenWindows:
     def open_windows(self) -> list[tuple[int, int]]:
         return sorted(self._open)
 
+    def _detached(self, rows: list[dict[str, Any]]) -> Groups:
+        """Groups equal to ``rows`` (handed on) that share no accumulator with them: some
+        accumulators merge in place."""
+        aggregates = self.partial.aggregates
+        return {tuple(row[k] for k in self.partial.keys):
+                [agg.merge(agg.create(), row[name]) for name, agg in aggregates]
+                for row in rows}
+
     def _merged(self, accs: list[Any], other: Iterable[Any]) -> list[Any]:
         return [agg.merge(a, b) for (_, agg), a, b in
                 zip(self.partial.aggregates, accs, other, strict=True)]
@@ -138,7 +189,9 @@ class OpenWindows:
                  "windows": [[*w, self._events[w], -1, self._encode(w, g)]
                              for w, g in sorted(self._open.items())],
                  "flushed": [[*w, events, revision, self._encode(w, g)]
-                             for w, (g, events, revision) in sorted(self._flushed.items())]}
+                             for w, (g, events, revision) in sorted(self._flushed.items())],
+                 "early": [[*w, revision, changed]
+                           for w, (revision, changed) in sorted(self._early.items())]}
         temporary = path.with_name(f".{path.name}.tmp")
         path.parent.mkdir(parents=True, exist_ok=True)
         with temporary.open("w") as f:
@@ -166,6 +219,8 @@ class OpenWindows:
                 self._events[(start, end)] = events
             for start, end, events, revision, encoded in state["flushed"]:
                 self._flushed[(start, end)] = (self._decode(encoded), events, revision)
+            for start, end, revision, changed in state.get("early", []):
+                self._early[(start, end)] = (revision, changed)
             self.latest, self.done = state["latest"], state["batch"]
         except (OSError, ValueError, KeyError, TypeError, DataError) as e:
             msg = f"{self.query}: cannot restore the local stage from {path}: {e}"

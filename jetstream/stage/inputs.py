@@ -38,10 +38,12 @@ log = logging.getLogger(__name__)
 
 #: How often a live stage's input is looked at (idle, stopped).
 TICK_S = 0.2
-# (input, window, rows, events, revision, received_ms): a window the stage hands on.
-HandOn = Callable[[str, tuple[int, int], list[dict[str, Any]], int, int, int], None]
-# (input, watermark, ended): how far the input has got.
-Progress = Callable[[str, int, bool], None]
+# (input, window, rows, events, revision, received_ms, early): a window the stage hands on
+# (early: before its watermark closed it).
+HandOn = Callable[[str, tuple[int, int], list[dict[str, Any]], int, int, int, bool], None]
+# (input, watermark, ended, received_ms): how far the input has got, and when it received
+# the records that moved it there.
+Progress = Callable[[str, int, bool, int], None]
 # (input, the stage's stats so far, seconds the micro-batch took).
 OnBatch = Callable[[str, "StageStats", float], None]
 
@@ -96,7 +98,7 @@ class StageInput:
             log.warning("%s has no folder of %s records: %s reads nothing of it there",
                         self.name, self.source, self.query.name)
             # Nothing to wait for here: ended when replaying, idle for good when live.
-            self._progress(self.name, ENDED, self.replay)
+            self._progress(self.name, ENDED, self.replay, 0)
             return
         from jetstream.stage.job import LocalStage  # Spark loads only where a stage runs
 
@@ -105,11 +107,12 @@ class StageInput:
                                     checkpoint_dir=self.state / "checkpoint",
                                     quarantine_dir=self.state / "quarantine",
                                     emit=self._emit, on_batch=self._batch,
+                                    emit_early=None if self.replay else self._emit_early,
                                     snapshot=None if self.replay
                                     else self.state / "stage.json")
             if self.replay:
                 self.stage.run_available()
-                self._progress(self.name, ENDED, True)
+                self._progress(self.name, ENDED, True, 0)
                 log.info("%s: replayed %s: %s", self.name, self.folder, self.stage.stats)
             else:
                 self._run_live(self.stage)
@@ -118,7 +121,7 @@ class StageInput:
             log.exception(message)
             self._on_failure(message)
             # Results say how many sites they cover, so they show what is missing.
-            self._progress(self.name, ENDED, self.replay)
+            self._progress(self.name, ENDED, self.replay, 0)
 
     def _run_live(self, stage: LocalStage) -> None:
         if self._stop.is_set():  # stopped while Spark started
@@ -138,7 +141,7 @@ class StageInput:
                 seen, quiet_since, idle = records, time.monotonic(), False
             elif not idle and time.monotonic() - quiet_since >= self.idle_s:
                 stage.flush()  # idle: close what is open, hold no window back
-                self._progress(self.name, ENDED, False)
+                self._progress(self.name, ENDED, False, stage.received_ms)
                 idle = True
         stage.stop()
 
@@ -146,14 +149,19 @@ class StageInput:
         """After each micro-batch: its windows are in the merge, so its watermark may go
         (before them, the merge would take a window for one this input had nothing in)."""
         self._on_batch(self.name, stats, seconds)
-        watermark = None if self.stage is None else self.stage.watermark
-        if not self.replay and watermark is not None:
-            self._progress(self.name, watermark, False)
+        stage = self.stage
+        if not self.replay and stage is not None and stage.watermark is not None:
+            self._progress(self.name, stage.watermark, False, stage.received_ms)
 
     def _emit(self, window: tuple[int, int], rows: list[dict[str, Any]], events: int,
               revision: int) -> None:
         assert self.stage is not None, "a stage hands on windows only once it runs"
-        self._hand_on(self.name, window, rows, events, revision, self.stage.received_ms)
+        self._hand_on(self.name, window, rows, events, revision, self.stage.received_ms, False)
+
+    def _emit_early(self, window: tuple[int, int], rows: list[dict[str, Any]], events: int,
+                    revision: int) -> None:
+        assert self.stage is not None, "a stage hands on windows only once it runs"
+        self._hand_on(self.name, window, rows, events, revision, self.stage.received_ms, True)
 
 
 def _cause(error: Exception) -> str:

@@ -123,13 +123,14 @@ class _Compiled:
 class LocalStage:
     """One query's local stage at one site, over one input folder: the chain of steps from
     the query's source to its partial aggregate (``chain``, one of :func:`check_stage`'s, for
-    a query with several). ``emit`` gets each window it hands on; ``on_batch``, if given, the
-    stats after each micro-batch and its duration."""
+    a query with several). ``emit`` gets each window it hands on, ``emit_early`` (if given)
+    each it hands on before its watermark closes it (see :mod:`jetstream.stage.bookkeeping`);
+    ``on_batch``, if given, the stats after each micro-batch and its duration."""
 
     def __init__(self, spark: SparkSession, query: Query, input_dir: str | Path, *,
                  checkpoint_dir: str | Path, quarantine_dir: str | Path, emit: Emit,
                  snapshot: Path | None = None, on_batch: OnBatch | None = None,
-                 chain: Chain | None = None) -> None:
+                 chain: Chain | None = None, emit_early: Emit | None = None) -> None:
         self.name = query.name
         if chain is None:  # the query's one chain, checked as the controller did at submit
             chains = check_stage(query)
@@ -154,7 +155,8 @@ class LocalStage:
         #: record landed); for windows closed because the input went idle, that moment.
         self.received_ms = 0
         self._started_ms = time.time_ns() // 1_000_000
-        self.windows = OpenWindows(query.name, partial, self.window.watermark_ms, emit)
+        self.windows = OpenWindows(query.name, partial, self.window.watermark_ms, emit,
+                                   emit_early)
         self._stream: StreamingQuery | None = None
         self._lock = threading.Lock()  # a live stage's micro-batches against flush()
         self._stopping = False
@@ -287,6 +289,7 @@ class LocalStage:
         # window's way. Spark commits the batch only after the snapshot; a process that dies
         # before that runs the batch again, and what is handed on again is dropped downstream.
         self.windows.close_passed()
+        self.windows.hand_on_early()
         if self.snapshot is not None and batch_id is not None:
             self.windows.save(self.snapshot, batch_id)
 

@@ -79,7 +79,7 @@ class Part(_message.Message):
     def __init__(self, data: _Optional[bytes] = ..., last: _Optional[bool] = ...) -> None: ...
 
 class Progress(_message.Message):
-    __slots__ = ("query", "origin", "watermark_ms", "ended", "sequence", "received_bytes")
+    __slots__ = ("query", "origin", "watermark_ms", "ended", "sequence", "received_bytes", "received_ms")
     class ReceivedBytesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -93,16 +93,18 @@ class Progress(_message.Message):
     ENDED_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     RECEIVED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RECEIVED_MS_FIELD_NUMBER: _ClassVar[int]
     query: str
     origin: str
     watermark_ms: int
     ended: bool
     sequence: int
     received_bytes: _containers.ScalarMap[str, int]
-    def __init__(self, query: _Optional[str] = ..., origin: _Optional[str] = ..., watermark_ms: _Optional[int] = ..., ended: _Optional[bool] = ..., sequence: _Optional[int] = ..., received_bytes: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    received_ms: int
+    def __init__(self, query: _Optional[str] = ..., origin: _Optional[str] = ..., watermark_ms: _Optional[int] = ..., ended: _Optional[bool] = ..., sequence: _Optional[int] = ..., received_bytes: _Optional[_Mapping[str, int]] = ..., received_ms: _Optional[int] = ...) -> None: ...
 
 class PartialBatch(_message.Message):
-    __slots__ = ("query", "window_start_ms", "window_end_ms", "origin", "partition", "attempt", "sequence", "kind", "level", "payload", "compressed", "events", "error_bound", "complete", "covers", "wan_bytes", "closed_at_ms", "revision", "ranked_by", "items_extra", "warnings", "rounds")
+    __slots__ = ("query", "window_start_ms", "window_end_ms", "origin", "partition", "attempt", "sequence", "kind", "level", "payload", "compressed", "events", "error_bound", "complete", "covers", "wan_bytes", "closed_at_ms", "revision", "ranked_by", "items_extra", "warnings", "rounds", "early")
     QUERY_FIELD_NUMBER: _ClassVar[int]
     WINDOW_START_MS_FIELD_NUMBER: _ClassVar[int]
     WINDOW_END_MS_FIELD_NUMBER: _ClassVar[int]
@@ -125,6 +127,7 @@ class PartialBatch(_message.Message):
     ITEMS_EXTRA_FIELD_NUMBER: _ClassVar[int]
     WARNINGS_FIELD_NUMBER: _ClassVar[int]
     ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    EARLY_FIELD_NUMBER: _ClassVar[int]
     query: str
     window_start_ms: int
     window_end_ms: int
@@ -147,7 +150,8 @@ class PartialBatch(_message.Message):
     items_extra: float
     warnings: _containers.RepeatedScalarFieldContainer[str]
     rounds: bool
-    def __init__(self, query: _Optional[str] = ..., window_start_ms: _Optional[int] = ..., window_end_ms: _Optional[int] = ..., origin: _Optional[str] = ..., partition: _Optional[int] = ..., attempt: _Optional[int] = ..., sequence: _Optional[int] = ..., kind: _Optional[_Union[SummaryKind, str]] = ..., level: _Optional[int] = ..., payload: _Optional[bytes] = ..., compressed: _Optional[bool] = ..., events: _Optional[int] = ..., error_bound: _Optional[float] = ..., complete: _Optional[bool] = ..., covers: _Optional[_Iterable[str]] = ..., wan_bytes: _Optional[int] = ..., closed_at_ms: _Optional[int] = ..., revision: _Optional[int] = ..., ranked_by: _Optional[str] = ..., items_extra: _Optional[float] = ..., warnings: _Optional[_Iterable[str]] = ..., rounds: _Optional[bool] = ...) -> None: ...
+    early: bool
+    def __init__(self, query: _Optional[str] = ..., window_start_ms: _Optional[int] = ..., window_end_ms: _Optional[int] = ..., origin: _Optional[str] = ..., partition: _Optional[int] = ..., attempt: _Optional[int] = ..., sequence: _Optional[int] = ..., kind: _Optional[_Union[SummaryKind, str]] = ..., level: _Optional[int] = ..., payload: _Optional[bytes] = ..., compressed: _Optional[bool] = ..., events: _Optional[int] = ..., error_bound: _Optional[float] = ..., complete: _Optional[bool] = ..., covers: _Optional[_Iterable[str]] = ..., wan_bytes: _Optional[int] = ..., closed_at_ms: _Optional[int] = ..., revision: _Optional[int] = ..., ranked_by: _Optional[str] = ..., items_extra: _Optional[float] = ..., warnings: _Optional[_Iterable[str]] = ..., rounds: _Optional[bool] = ..., early: _Optional[bool] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("query", "window_start_ms", "origin", "partition", "sequence", "revision", "progress", "part")

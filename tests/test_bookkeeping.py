@@ -1,0 +1,131 @@
+"""A local stage's windows in plain Python (jetstream.stage.bookkeeping): windows handed on
+early, while the watermark waits, come to the same thing as waiting for it."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import jetstream as js
+from jetstream.runtime import distributed, site_part
+from jetstream.stage.bookkeeping import OpenWindows
+
+LOGS = js.source("cdn_logs", schema=js.CDN_LOG_SCHEMA)
+QUERY = js.Query("q", LOGS.window(js.tumbling("10s"), watermark="4s").group_by("domain").agg(
+    n=js.count(), mean=js.avg("latency_ms")))  # avg's accumulator merges in place
+_, PARTIAL = site_part(distributed(QUERY))
+SIZE, DELAY = 10_000, 4_000
+
+Window = tuple[int, int]
+Handed = list[tuple[Window, list[dict[str, Any]], int, int, bool]]
+
+
+def stage(handed: Handed, *, early: bool) -> OpenWindows:
+    def emit(flag: bool) -> Any:
+        return lambda window, rows, events, revision: handed.append(
+            (window, rows, events, revision, flag))
+    return OpenWindows("q", PARTIAL, DELAY, emit(False), emit(True) if early else None)
+
+
+def run_batch(windows: OpenWindows, batch: list[tuple[int, str, float]]) -> None:
+    """One micro-batch, as the Spark stage runs it: rows for closed windows are late."""
+    for ts, domain, latency in batch:
+        window = (ts - ts % SIZE, ts - ts % SIZE + SIZE)
+        if windows.closed(window):
+            continue
+        (_, count), (_, avg) = PARTIAL.aggregates
+        windows.add(window, (domain,), [count.add(count.create(), None),
+                                        avg.add(avg.create(), latency)], 1)
+    windows.advance(max((ts for ts, _, _ in batch), default=None))
+    windows.close_passed()
+    windows.hand_on_early()
+
+
+def canonical(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    (_, avg) = PARTIAL.aggregates[1]
+    return sorted((r["domain"], r["n"], avg.extract(r["mean"])) for r in rows)
+
+
+def final_word(handed: Handed) -> dict[Window, Any]:
+    """What a receiver holds in the end for each window: the newest revision handed on."""
+    newest: dict[Window, tuple[int, list[dict[str, Any]]]] = {}
+    for window, rows, _, revision, _ in handed:
+        held = newest.get(window)
+        assert held is None or revision > held[0], f"{window}: revision {revision} again"
+        newest[window] = (revision, rows)
+    return {window: canonical(rows) for window, (_, rows) in newest.items()}
+
+
+EVENTS = st.lists(st.tuples(st.integers(0, 60_000), st.sampled_from(["a", "b", "c"]),
+                            st.sampled_from([1.5, 2.25, 100.0])), max_size=80)
+
+
+@settings(max_examples=150, deadline=None)
+@given(EVENTS, st.lists(st.integers(1, 8), min_size=1, max_size=30))
+def test_early_hand_ons_come_to_what_waiting_for_the_watermark_gives(
+        events: list[tuple[int, str, float]], sizes: list[int]) -> None:
+    """The same micro-batches, with and without windows handed on early: each window's
+    newest revision, as the watermark passes it, holds the same rows; a window handed on
+    early and not changed after is not handed on again; and rows handed on stay as they were
+    (accumulators that merge in place are not shared with what comes later)."""
+    batches, rest = [], list(events)
+    for size in sizes:
+        batches.append(rest[:size])
+        rest = rest[size:]
+    batches.append(rest)
+    plain: Handed = []
+    eager: Handed = []
+    waiting, early = stage(plain, early=False), stage(eager, early=True)
+    copies: list[list[tuple[Any, ...]]] = []
+    for batch in batches:
+        run_batch(waiting, batch)
+        run_batch(early, batch)
+        copies.extend(canonical(rows) for _, rows, *_ in eager[len(copies):])
+        assert early.watermark == waiting.watermark
+        # Once the watermark passes a window, its newest early revision is the final word.
+        if early.watermark is not None:
+            closed = {w for w, *_ in plain if w[1] <= early.watermark}
+            newest = {w: canonical(rows) for w, rows, *_ in eager if w in closed}
+            assert newest == {w: canonical(rows) for w, rows, *_ in plain if w in closed}
+    waiting.close(None)
+    early.close(None)
+    copies.extend(canonical(rows) for _, rows, *_ in eager[len(copies):])
+    assert final_word(eager) == final_word(plain)
+    assert [canonical(rows) for _, rows, *_ in eager] == copies, "a handed-on row changed"
+    for window in {w for w, *_ in eager}:  # each hand-on of a window is a change
+        versions = [canonical(rows) for w, rows, *_ in eager if w == window]
+        assert all(a != b for a, b in itertools.pairwise(versions))
+
+
+def test_a_window_goes_early_once_its_end_is_passed_by_half_the_delay() -> None:
+    handed: Handed = []
+    windows = stage(handed, early=True)
+    run_batch(windows, [(1_000, "a", 1.5), (11_000, "b", 1.5)])
+    assert handed == []  # 11 s: the first window's end, but not yet by 2 s
+    run_batch(windows, [(12_000, "a", 1.5)])
+    assert [(w, rev, flag) for w, _, _, rev, flag in handed] == [((0, SIZE), 0, True)]
+    run_batch(windows, [(13_000, "a", 1.5)])  # nothing new for the first window
+    run_batch(windows, [(14_000, "a", 1.5)])  # the watermark closes it: final as it went
+    assert len(handed) == 1
+    run_batch(windows, [(21_000, "a", 1.5), (22_500, "c", 2.25)])  # the second goes early
+    run_batch(windows, [(19_000, "c", 2.25)])  # a record for it, before the watermark
+    run_batch(windows, [(24_000, "a", 1.5)])  # closes it: handed on again, whole
+    assert [(w, rev, flag) for w, _, _, rev, flag in handed[1:]] == [
+        ((SIZE, 2 * SIZE), 0, True), ((SIZE, 2 * SIZE), 1, False)]
+    assert canonical(handed[-1][1]) == [("a", 3, 1.5), ("b", 1, 1.5), ("c", 1, 2.25)]
+
+
+def test_what_went_early_survives_a_snapshot(tmp_path: Path) -> None:
+    handed: Handed = []
+    windows = stage(handed, early=True)
+    run_batch(windows, [(1_000, "a", 1.5), (12_000, "a", 1.5)])
+    windows.save(tmp_path / "stage.json", 0)
+    again = stage(handed, early=True)
+    again.restore(tmp_path / "stage.json")
+    run_batch(again, [(12_500, "b", 1.5)])
+    run_batch(again, [(15_000, "b", 1.5)])  # closes the first window: nothing new for it
+    assert [(w, rev, flag) for w, _, _, rev, flag in handed] == [((0, SIZE), 0, True)]
