@@ -22,7 +22,9 @@ window only once the input's watermark passes the window's end; until then a new
 may replace it. A merger whose windows go to a parent (``forward_early``) sends a window whose
 inputs have all sent it at once, early itself if some batch of it is not final yet: its own
 watermark, reported after, tells the parent when it is. A merger that finishes (the root's)
-waits for those watermarks, or the deadline.
+waits for those watermarks, or the deadline. A window's deadline counts from when an input
+first closed it (sent it not early, or moved its watermark past it); a window only ever sent
+early waits a deadline more from its first batch (its inputs may have died after sending).
 
 When the inputs are the key partitions of one stream (``key_partitions``: the workers of a
 partitioned merge), a window covers a source site only if every partition does: a partition
@@ -104,6 +106,10 @@ class MergedWindow:
 @dataclass
 class _Pending:
     first_seen: float
+    #: When an input first closed the window (a batch not sent early, or its watermark past
+    #: the window): the deadline counts from then. A window only sent early so far (inputs
+    #: that may have died since) waits a deadline more from ``first_seen``.
+    closing: float | None = None
     batches: dict[str, PartialBatch] = field(default_factory=dict)  # origin -> newest batch
     sent: frozenset[tuple[str, int]] | None = None  # (origin, revision) merged last time
     revision: int = -1
@@ -163,6 +169,8 @@ class WindowMerger:
                 pending.batches = {b.origin: b for b in batches}
                 pending.revision = revision
             pending = self._windows.setdefault(batch.window, _Pending(self._clock()))
+            if not batch.early and pending.closing is None:
+                pending.closing = self._clock()
             held = pending.batches.get(batch.origin)
             if held is None or batch.revision > held.revision:
                 pending.batches[batch.origin] = batch
@@ -183,8 +191,12 @@ class WindowMerger:
             if ended:
                 self._ended.add(origin)
             for window, pending in self._windows.items():
+                if not before < window[1] <= watermark:
+                    continue
+                if pending.closing is None:
+                    pending.closing = self._clock()
                 batch = pending.batches.get(origin)
-                if batch is not None and batch.early and before < window[1] <= watermark:
+                if batch is not None and batch.early:
                     pending.closed[origin] = received_ms
         self.changed.set()
 
@@ -218,7 +230,8 @@ class WindowMerger:
             for window, pending in sorted(self._windows.items()):
                 waiting = self._waiting_for(window, pending)
                 unsure = not self.forward_early and self._early(window, pending)
-                late = now - pending.first_seen >= self.deadline_s
+                late = now - (pending.first_seen + self.deadline_s if pending.closing is None
+                              else pending.closing) >= self.deadline_s
                 if pending.sent is None:
                     go = (not waiting and not unsure and self._settled(pending)) or late
                 else:

@@ -264,9 +264,21 @@ def test_an_early_window_whose_input_left_or_is_late_goes_out() -> None:
     lonely = WindowMerger(partial, ["ams"], deadline_s=5, clock=lambda: now[0])
     (batch,) = site_batches(site_query, partial, "ams", [log(1_000)])
     lonely.add(dataclasses.replace(batch, early=True))
+    now[0] = 9.0  # sent early, nobody has closed it: the deadline counts from a deadline on
     assert lonely.ready() == []
-    now[0] = 5.0  # the deadline: out with what it has, nothing missing
+    now[0] = 10.0  # out with what it has, nothing missing
     (late,) = lonely.ready()
+    assert late.early and not late.missing
+
+    now[0] = 0.0
+    pair = WindowMerger(partial, ["ams", "sfo"], deadline_s=5, clock=lambda: now[0])
+    pair.add(dataclasses.replace(batch, early=True))
+    now[0] = 3.0
+    pair.progress("sfo", 10_000)  # sfo closes the window, with nothing in it: the clock starts
+    now[0] = 7.9
+    assert pair.ready() == []
+    now[0] = 8.0
+    (late,) = pair.ready()
     assert late.early and not late.missing
 
 
