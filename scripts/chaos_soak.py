@@ -51,13 +51,12 @@ def main() -> int:
     print(f"windows: {report.windows}, equal to run_local {report.equal}, missing "
           f"{len(report.missing)}, short {len(report.short)}, over-counted "
           f"{len(report.over)}, otherwise different {len(report.other)}")
-    third = max(1, len(report.memory_mb) // 3)
-    for label, part in (("first", report.memory_mb[:third]),
-                        ("last", report.memory_mb[-third:])):
-        if part:
-            print(f"memory, {label} third: site processes "
-                  f"{sum(p for _, p, _ in part) / len(part):,.0f} MB, Spark JVMs "
-                  f"{sum(j for _, _, j in part) / len(part):,.0f} MB")
+    sixth = max(1, -(-len(report.memory_mb) // 6))
+    for i in range(0, len(report.memory_mb), sixth):
+        part = report.memory_mb[i:i + sixth]
+        print(f"memory, {part[0][0]:5.0f}-{part[-1][0]:5.0f}s: site processes "
+              f"{sum(p for _, p, _ in part) / len(part):,.0f} MB, Spark JVMs "
+              f"{sum(j for _, _, j in part) / len(part):,.0f} MB (mean of {len(part)} samples)")
     return 0 if report.ok else 1
 
 

@@ -31,7 +31,7 @@ from jetstream.control.launch import LocalCluster, free_port
 from jetstream.dsl import Query
 from jetstream.errors import ControlPlaneError
 from jetstream.lab.loggen import LogSpec, write_live
-from jetstream.lab.soak import _memory
+from jetstream.lab.soak import process_memory
 from jetstream.local import run_local
 from jetstream.results import WindowResult
 
@@ -209,8 +209,10 @@ def _strike(cluster: LocalCluster, links: dict[str, Link], root: str, sites: lis
         time.sleep(down)
         links[target].heal()
         return Fault(at_s, kind, target, down)
-    target = {"root": root, "controller": "controller"}.get(
-        kind, chance.choice([s for s in sites if s != root]))
+    if kind in ("root", "controller"):
+        target = root if kind == "root" else "controller"
+    else:
+        target = chance.choice([s for s in sites if s != root])
     cluster.kill(target)
     time.sleep(down)
     cluster.restart(target)
@@ -237,7 +239,7 @@ def _follow(cluster: LocalCluster, name: str, seen: list[WindowResult],
 
 
 def _sample(cluster: LocalCluster, sites: list[str], t_s: float) -> tuple[float, float, float]:
-    memory = _memory(cluster, sites)
+    memory = process_memory(cluster, sites)
     python = sum(mb for n, mb in memory.items() if not n.endswith(" jvm"))
     jvm = sum(mb for n, mb in memory.items() if n.endswith(" jvm"))
     return round(t_s, 1), round(python), round(jvm)

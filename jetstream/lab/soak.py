@@ -79,7 +79,7 @@ def soak(topology: Path, query: Query, work: Path, *, duration_s: float, rate: f
                 cluster.check_alive()
                 newest = max((r.window_end for r in list(seen)), default=None)
                 sample = Sample(
-                    round(time.monotonic() - started, 1), _memory(cluster, sites),
+                    round(time.monotonic() - started, 1), process_memory(cluster, sites),
                     {site: _held(work / "logs" / "state" / site / "cubes.sqlite")
                      for site in sites}, len(seen),
                     None if newest is None else time.time() - newest / 1000)
@@ -94,7 +94,7 @@ def soak(topology: Path, query: Query, work: Path, *, duration_s: float, rate: f
     return samples
 
 
-def _memory(cluster: LocalCluster, sites: list[str]) -> dict[str, float]:
+def process_memory(cluster: LocalCluster, sites: list[str]) -> dict[str, float]:
     """Resident MB of each site process and of its JVM (the java process it started)."""
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
