@@ -1,7 +1,8 @@
 """Partial batches: one window's partial aggregates from one origin, and their wire form.
 
 The payload is columnar JSON — the group keys column by column, then each aggregate's
-accumulators (``Aggregate.encode``: numbers and lists, or a sketch's own bytes) — or, at a
+accumulators (``Aggregate.encode``: numbers and lists, or a sketch's own bytes; an exact float
+sum's partials as integers over a power of two when that is shorter, ``scales``) — or, at a
 sketch degradation level, a frequent-items sketch of the keys (:mod:`jetstream.approx.items`);
 compressed with zlib when that is smaller. Decoding checks everything a peer could get wrong
 and raises :class:`~jetstream.errors.DataError` naming it, so a bad batch is refused, never
@@ -18,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from jetstream.aggregates import Sum
 from jetstream.approx.items import ItemsSketch, from_items
 from jetstream.approx.truncate import BoundedPartial, with_bounds
 from jetstream.errors import DataError
@@ -31,6 +33,8 @@ __all__ = ["MAX_PAYLOAD_BYTES", "PartialBatch", "decode_batch", "encode_batch", 
 MAX_PAYLOAD_BYTES = 8 * 1024 * 1024
 #: The most warnings a batch may carry (one per link on its way is plenty).
 MAX_WARNINGS = 64
+#: The finest binary fraction a float sum goes as an integer with (``_scaled_sums``).
+MAX_SCALE = 30
 
 
 @dataclass(frozen=True)
@@ -124,6 +128,14 @@ def _document(batch: PartialBatch, aggregate: WindowAggregate) -> bytes:
         "partials": {name: [agg.encode(agg.compact(row[name])) for row in batch.rows]
                      for name, agg in aggregate.aggregates},
     }
+    scales = {}
+    for name, agg in aggregate.aggregates:
+        if isinstance(agg, Sum):
+            scaled = _scaled_sums(document["partials"][name])
+            if scaled is not None:
+                scales[name], document["partials"][name] = scaled
+    if scales:
+        document["scales"] = scales
     if batch.slack is not None:
         complete = batch.complete_rows or tuple(s == 0 for s in batch.slack)
         document["bounds"] = {"slack": list(batch.slack), "omitted": batch.omitted,
@@ -180,6 +192,8 @@ def decode_batch(message: pb.PartialBatch, aggregate: WindowAggregate,
             raise DataError(f"{where}: {e}") from None
         rows, slack, omitted, complete = read.rows, read.slack, read.omitted, read.complete
     else:
+        if isinstance(document, dict) and isinstance(document.get("partials"), dict):
+            _unscaled(document, aggregate, where)
         rows = _rows(document, aggregate, where)
         slack, omitted, complete = _bounds(document.get("bounds"), len(rows), where)
     return PartialBatch(
@@ -192,6 +206,48 @@ def decode_batch(message: pb.PartialBatch, aggregate: WindowAggregate,
         revision=message.revision, slack=slack, omitted=omitted, complete_rows=complete,
         warnings=tuple(message.warnings), rounds=message.rounds and slack is not None,
         early=message.early)
+
+
+def _scaled_sums(column: list[Any]) -> tuple[int, list[Any]] | None:
+    """A column of exact float sums (``[n, integer total, float partials]``) with every
+    float partial as an integer times 2**-scale, when that is exact and shorter than the
+    floats written out: (scale, the column so). Sums of values with few binary fraction
+    digits (kilobytes as bytes / 1024, halves, quarters) shrink to integers, a third or
+    less of their text; others stay as they are (None)."""
+    floats = [x for acc in column for x in acc[2]]
+    if not floats:
+        return None
+    scale = max(x.as_integer_ratio()[1].bit_length() - 1 for x in floats)
+    if scale > MAX_SCALE or any(abs(x) * 2.0**scale > 2**53 for x in floats):
+        return None  # not exact as a 53-bit integer, or too fine to gain anything
+    ints = [int(x * 2**scale) for x in floats]
+    if sum(len(str(i)) for i in ints) >= sum(len(repr(x)) for x in floats):
+        return None
+    parts = iter(ints)
+    return scale, [[n, total, [next(parts) for _ in partials]]
+                   for n, total, partials in column]
+
+
+def _unscaled(document: dict[str, Any], aggregate: WindowAggregate, where: str) -> None:
+    """Undo :func:`_scaled_sums` in ``document``, checking what it says."""
+    scales = document.pop("scales", None)
+    if scales is None:
+        return
+    sums = {name for name, agg in aggregate.aggregates if isinstance(agg, Sum)}
+    if not isinstance(scales, dict) or not set(scales) <= sums or not all(
+            isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= MAX_SCALE
+            for s in scales.values()):
+        msg = f"{where}: scales {scales!r:.80} name no sums of this query, or are out of range"
+        raise DataError(msg)
+    for name, scale in scales.items():
+        column = document["partials"].get(name)
+        for acc in column if isinstance(column, list) else ():
+            if not (isinstance(acc, list) and len(acc) == 3 and isinstance(acc[2], list)
+                    and all(isinstance(v, int) and not isinstance(v, bool)
+                            and abs(v) <= 2**53 for v in acc[2])):
+                msg = f"{where}: a scaled sum of {name} is not a list of 53-bit integers"
+                raise DataError(msg)
+            acc[2] = [math.ldexp(float(v), -scale) for v in acc[2]]
 
 
 def _int64(text: str) -> int:

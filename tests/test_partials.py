@@ -75,6 +75,30 @@ def test_every_aggregate_survives_the_wire(records: list[dict[str, Any]], attemp
     assert extracted(received.rows) == extracted(rows)
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(-(2**45), 2**45), st.integers(0, 12)), min_size=1,
+                max_size=30))
+def test_float_sums_of_few_binary_digits_go_as_integers_and_come_back_exact(
+        values: list[tuple[int, int]]) -> None:
+    """Kilobytes as bytes / 1024 and the like: the sum's partials cross as integers over a
+    power of two (shorter), and come back bit for bit."""
+    (_, total) = next((n, a) for n, a in PARTIAL.aggregates if n == "kb")
+    acc = total.create()
+    for numerator, digits in values:
+        acc = total.add(acc, numerator / 2**digits)
+    rows = ({"domain": "a.com"} | {name: agg.create() for name, agg in PARTIAL.aggregates}
+            | {"kb": acc},)
+    message = encode_batch(batch(rows), PARTIAL)
+    document = json.loads(zlib.decompress(message.payload) if message.compressed
+                          else message.payload)
+    received = decode_batch(message, PARTIAL).rows[0]["kb"]
+    assert received == acc and all(type(x) is float for x in received[2])
+    floats = acc[2]
+    if floats and all(abs(x) * 2**12 <= 2**53 for x in floats) and sum(
+            len(repr(x)) for x in floats) > 16 * len(floats):  # long as text: scaled
+        assert "scales" in document
+
+
 def test_large_payloads_are_compressed() -> None:
     rows = partial_rows([{"domain": "a.com", "latency_ms": 1.0, "bytes": 1, "status": 200,
                           "client_ip": f"10.0.{i // 250}.{i % 250}", "url": "/a"}
@@ -118,6 +142,14 @@ GOOD_COLUMNS = {"keys": {"domain": ["a.com"]},
      "sum: not a partial sum"),
     (payload(GOOD_COLUMNS, compress=True) | {"payload": zlib.compress(b" " * (9 << 20))},
      "unreadable payload"),
+    (payload({**GOOD_COLUMNS, "scales": {"kb": 99}}), "scales {'kb': 99} name no sums"),
+    (payload({**GOOD_COLUMNS, "scales": {"n": 1}}), "scales {'n': 1} name no sums"),
+    (payload({**GOOD_COLUMNS, "scales": {"kb": 3},
+              "partials": {**GOOD_COLUMNS["partials"], "kb": [[1, 0, [1.5]]]}}),
+     "a scaled sum of kb is not a list of 53-bit integers"),
+    (payload({**GOOD_COLUMNS, "scales": {"kb": 3},
+              "partials": {**GOOD_COLUMNS["partials"], "kb": [[1, 0, [2**60]]]}}),
+     "a scaled sum of kb is not a list of 53-bit integers"),
 ])
 def test_garbage_is_refused_with_a_reason(changes: dict[str, Any], message: str) -> None:
     with pytest.raises(js.DataError, match="partial batch from .* for q: " + re.escape(message)):
