@@ -218,7 +218,8 @@ class Sum(Aggregate):
 
     def decode(self, data: Any) -> list[Any]:
         if not (isinstance(data, list) and len(data) == 3 and isinstance(data[0], int)
-                and isinstance(data[2], list)):
+                and isinstance(data[1], int | float) and isinstance(data[2], list)
+                and all(type(x) is float for x in data[2])):
             msg = f"{self.name}: not a partial sum: {data!r:.80}"
             raise ValueError(msg)
         return [data[0], data[1], list(data[2])]

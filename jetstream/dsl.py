@@ -31,7 +31,7 @@ from jetstream.operators import (
 from jetstream.plan import LogicalPlan
 from jetstream.schema import DataType, Schema
 from jetstream.tables import Table
-from jetstream.windows import WindowSpec, parse_duration
+from jetstream.windows import WindowSpec, format_duration, parse_duration
 
 __all__ = ["SLO", "GroupedStream", "Query", "Stream", "source"]
 
@@ -198,13 +198,20 @@ class Stream:
         return self._then(Union(schema=self.schema), *others)
 
     # -- windows and aggregates -------------------------------------------------------------
-    def window(self, spec: WindowSpec, watermark: str | dt.timedelta = "0s") -> Stream:
+    def window(self, spec: WindowSpec, watermark: str | dt.timedelta = "0s",
+               early: str | dt.timedelta | None = None) -> Stream:
         """Group the stream into event-time windows (``js.tumbling`` or ``js.sliding``).
 
         Records are assigned by the schema's event time column (``ts`` for CDN logs).
         ``watermark`` is how long to wait for out-of-order records: a stream's watermark is
         the largest event time its source has produced, less this delay, and a window closes
         for that stream once the watermark reaches the window's end.
+
+        ``early`` (at most ``watermark``; default half of it): a live site sends a window on
+        once the largest event time it has read is this far past the window's end, while the
+        watermark still holds it open, so that a thin link carries it before it closes; the
+        root still waits for the watermark. Records for it that come later send it again at
+        close, whole. Set it to how out of order the records are; results do not change.
         """
         if not isinstance(spec, WindowSpec):
             raise _fail("window", f"expected js.tumbling(...) or js.sliding(...), not {spec!r}")
@@ -215,8 +222,13 @@ class Stream:
             raise _fail("window", "the input has no event time column; keep the source's "
                                   "event time column (e.g. ts) in select and map")
         watermark_ms = parse_duration(watermark, "window watermark")
+        early_ms = None if early is None else parse_duration(early, "window early")
+        if early_ms is not None and early_ms > watermark_ms:
+            raise _fail("window", f"early={format_duration(early_ms)} is past the watermark "
+                                  f"({format_duration(watermark_ms)}): a window closes then; "
+                                  "give early at most the watermark")
         return self._then(Window(schema=self.schema, spec=spec, watermark_ms=watermark_ms,
-                                 time_column=time))
+                                 time_column=time, early_ms=early_ms))
 
     def group_by(self, *keys: str) -> GroupedStream:
         """Group each window's records by the values of ``keys``; follow with ``.agg(...)``."""

@@ -209,17 +209,28 @@ class Window(Operator):
     """Assigns each record to the event-time windows of ``spec``.
 
     A window closes once the watermark (the largest event time seen, less ``watermark_ms``)
-    reaches its end; a record arriving for a closed window is late and dropped.
+    reaches its end; a record arriving for a closed window is late and dropped. A live site
+    sends it on early, while the watermark holds it open, once the largest event time seen
+    is ``early_ms`` past its end (None: half the watermark delay; see
+    :mod:`jetstream.stage.bookkeeping`); the results are the same.
     """
 
     spec: WindowSpec
     watermark_ms: int
     time_column: str
+    early_ms: int | None = None
     kind: ClassVar[str] = "window"
 
+    @property
+    def early_after_ms(self) -> int:
+        """How far past a window's end the event time read must be for it to go early."""
+        return self.watermark_ms // 2 if self.early_ms is None else self.early_ms
+
     def describe(self) -> str:
+        early = ("" if self.early_ms is None
+                 else f", early {format_duration(self.early_ms)}")
         return (f"window {self.spec} on {self.time_column}, "
-                f"watermark {format_duration(self.watermark_ms)}")
+                f"watermark {format_duration(self.watermark_ms)}{early}")
 
 
 class Phase(enum.Enum):

@@ -215,7 +215,7 @@ def _scaled_sums(column: list[Any]) -> tuple[int, list[Any]] | None:
     digits (kilobytes as bytes / 1024, halves, quarters) shrink to integers, a third or
     less of their text; others stay as they are (None)."""
     floats = [x for acc in column for x in acc[2]]
-    if not floats:
+    if not floats or not all(type(x) is float and math.isfinite(x) for x in floats):
         return None
     scale = max(x.as_integer_ratio()[1].bit_length() - 1 for x in floats)
     if scale > MAX_SCALE or any(abs(x) * 2.0**scale > 2**53 for x in floats):

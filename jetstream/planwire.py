@@ -116,7 +116,8 @@ def _step_to_proto(op: Operator, query: str) -> pb.PlanStep:
     if isinstance(op, Window):
         return pb.PlanStep(window=pb.WindowStep(size_ms=op.spec.size_ms,
                                                 every_ms=op.spec.every_ms,
-                                                watermark_ms=op.watermark_ms))
+                                                watermark_ms=op.watermark_ms,
+                                                early_ms=op.early_ms))
     if isinstance(op, WindowAggregate) and op.phase is Phase.COMPLETE:
         return pb.PlanStep(aggregate=pb.AggregateStep(
             keys=op.keys, aggregates=[_aggregate_to_proto(n, a) for n, a in op.aggregates]))
@@ -293,7 +294,10 @@ def _apply(step: pb.PlanStep, inputs: list[Stream], tables: dict[str, Table],
             msg = (f"window: size {w.size_ms} ms, every {w.every_ms} ms, watermark "
                    f"{w.watermark_ms} ms is not a window")
             raise PlanError(msg)
-        return stream.window(spec, watermark=dt.timedelta(milliseconds=w.watermark_ms))
+        early = (dt.timedelta(milliseconds=w.early_ms) if w.HasField("early_ms")
+                 and w.early_ms >= 0 else None)
+        return stream.window(spec, watermark=dt.timedelta(milliseconds=w.watermark_ms),
+                             early=early)
     if kind == "aggregate":
         aggregates = {a.output: _aggregate(a) for a in step.aggregate.aggregates}
         if len(aggregates) != len(step.aggregate.aggregates):

@@ -36,7 +36,6 @@ from jetstream.errors import ControlPlaneError, DataError
 from jetstream.operators import WindowAggregate
 from jetstream.partials import PartialBatch, decode_batch, encode_batch, summarised
 from jetstream.router import Router, top_k_candidates
-from jetstream.stage.bookkeeping import EARLY_SHARE
 from jetstream.transport import STREAM_DEADLINE_S, PartialSender
 from jetstream.v1 import dataplane_pb2 as pb
 from jetstream.v1 import dataplane_pb2_grpc as dataplane_rpc
@@ -105,7 +104,7 @@ class Uplink:
             window = plan.window_of(plan.partial_aggregates()[0])
             assert window is not None, "the DSL windows every aggregate"
             # Windows set out early, this long before they close (jetstream.stage.bookkeeping).
-            lead_s = window.watermark_ms / 1000 * (1 - EARLY_SHARE)
+            lead_s = (window.watermark_ms - window.early_after_ms) / 1000
             self.policy = LinkPolicy(self.ladder.levels, slo=query.slo,
                                      window_s=window.spec.every_ms / 1000, lead_s=lead_s,
                                      min_interval_s=options.level_interval_s)

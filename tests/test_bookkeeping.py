@@ -7,6 +7,7 @@ import itertools
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -117,6 +118,20 @@ def test_a_window_goes_early_once_its_end_is_passed_by_half_the_delay() -> None:
     assert [(w, rev, flag) for w, _, _, rev, flag in handed[1:]] == [
         ((SIZE, 2 * SIZE), 0, True), ((SIZE, 2 * SIZE), 1, False)]
     assert canonical(handed[-1][1]) == [("a", 3, 1.5), ("b", 1, 1.5), ("c", 1, 2.25)]
+
+
+def test_early_says_how_far_past_its_end_a_window_goes() -> None:
+    handed: Handed = []
+    windows = OpenWindows("q", PARTIAL, DELAY, lambda *_: None,
+                          lambda w, rows, events, rev: handed.append((w, rows, events, rev, True)),
+                          early_ms=1_000)
+    run_batch(windows, [(1_000, "a", 1.5), (10_500, "b", 1.5)])
+    assert handed == []
+    run_batch(windows, [(11_000, "b", 1.5)])
+    assert [w for w, *_ in handed] == [(0, SIZE)]
+    never = OpenWindows("q", PARTIAL, DELAY, lambda *_: None,
+                        lambda *_: pytest.fail("went early"), early_ms=DELAY)
+    run_batch(never, [(1_000, "a", 1.5), (13_999, "b", 1.5)])  # early = the watermark: never
 
 
 def test_what_went_early_survives_a_snapshot(tmp_path: Path) -> None:

@@ -98,7 +98,8 @@ def every_step(tmp_path: Path) -> list[js.Query]:
                       kll=js.approx_quantile("latency_ms", 0.5, k=100),
                       top=js.top_k("url", 3, lg_max_k=8))
     return [
-        js.Query("everything", joined.window(js.sliding("1m", every="10s"), watermark="2s")
+        js.Query("everything", joined.window(js.sliding("1m", every="10s"), watermark="2s",
+                                                     early="1500ms")
                  .group_by("customer", "domain").agg(**aggregates)
                  .where(col("n") > 1).top_k(5, by="n"),
                  slo=js.SLO(max_latency="2500ms", max_error=0.05, max_wan_kbps=64.5)),

@@ -12,7 +12,8 @@ are judged against the watermark that held before it, and the batch's largest ev
 moves it only afterwards.
 
 Early (``emit_early``, a live stage's): once the event time read passes a window's end by
-``EARLY_SHARE`` of the watermark delay, the window is handed on whole while still open, so
+``early_ms`` (the window's ``early``, half the watermark delay by default), the window is
+handed on whole while still open, so
 that its partial crosses a thin link while the watermark waits; the receiver takes it as final
 once this input's watermark passes the window's end. If records for it come before the
 watermark closes it, it is handed on again when it closes, whole, under the next revision; if
@@ -53,8 +54,6 @@ Emit = Callable[[tuple[int, int], list[dict[str, Any]], int, int], None]
 Groups = dict[tuple[Any, ...], list[Any]]
 
 _SNAPSHOT_VERSION = 2
-#: A window goes early once the event time read is past its end by this share of the delay.
-EARLY_SHARE = 0.5
 
 
 class OpenWindows:
@@ -62,13 +61,16 @@ class OpenWindows:
 
     ``partial`` is the stage's partial aggregate (its keys and aggregates), ``delay_ms`` the
     window's watermark delay; ``emit`` gets each window handed on, ``emit_early`` (if given)
-    each handed on before the watermark closes it (:meth:`hand_on_early`).
+    each handed on before the watermark closes it, once the event time read is ``early_ms``
+    past its end (None: half the delay; :meth:`hand_on_early`).
     """
 
     def __init__(self, query: str, partial: WindowAggregate, delay_ms: int,
-                 emit: Emit, emit_early: Emit | None = None) -> None:
+                 emit: Emit, emit_early: Emit | None = None, early_ms: int | None = None
+                 ) -> None:
         self.query, self.partial, self.delay_ms, self.emit = query, partial, delay_ms, emit
         self.emit_early = emit_early
+        self.early_ms = delay_ms // 2 if early_ms is None else early_ms
         self.latest: int | None = None  # the largest event time read so far
         self.done = -1  # the last micro-batch the snapshot holds
         self._open: dict[tuple[int, int], Groups] = {}
@@ -140,10 +142,10 @@ class OpenWindows:
 
     def hand_on_early(self) -> None:
         """Hand on (``emit_early``) every open window the event time read has passed by
-        ``EARLY_SHARE`` of the delay, once: what comes for it after goes when it closes."""
-        if self.emit_early is None or self.latest is None or self.delay_ms <= 0:
+        ``early_ms``, once: what comes for it after goes when it closes."""
+        if self.emit_early is None or self.latest is None or self.early_ms >= self.delay_ms:
             return
-        reached = self.latest - int(self.delay_ms * EARLY_SHARE)
+        reached = self.latest - self.early_ms
         for window, groups in sorted(self._open.items()):
             if (window[1] > reached or self.closed(window) or window in self._flushed
                     or window in self._early):

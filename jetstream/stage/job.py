@@ -156,7 +156,7 @@ class LocalStage:
         self.received_ms = 0
         self._started_ms = time.time_ns() // 1_000_000
         self.windows = OpenWindows(query.name, partial, self.window.watermark_ms, emit,
-                                   emit_early)
+                                   emit_early, self.window.early_after_ms)
         self._stream: StreamingQuery | None = None
         self._lock = threading.Lock()  # a live stage's micro-batches against flush()
         self._stopping = False

@@ -157,14 +157,16 @@ class UnionStep(_message.Message):
     def __init__(self) -> None: ...
 
 class WindowStep(_message.Message):
-    __slots__ = ("size_ms", "every_ms", "watermark_ms")
+    __slots__ = ("size_ms", "every_ms", "watermark_ms", "early_ms")
     SIZE_MS_FIELD_NUMBER: _ClassVar[int]
     EVERY_MS_FIELD_NUMBER: _ClassVar[int]
     WATERMARK_MS_FIELD_NUMBER: _ClassVar[int]
+    EARLY_MS_FIELD_NUMBER: _ClassVar[int]
     size_ms: int
     every_ms: int
     watermark_ms: int
-    def __init__(self, size_ms: _Optional[int] = ..., every_ms: _Optional[int] = ..., watermark_ms: _Optional[int] = ...) -> None: ...
+    early_ms: int
+    def __init__(self, size_ms: _Optional[int] = ..., every_ms: _Optional[int] = ..., watermark_ms: _Optional[int] = ..., early_ms: _Optional[int] = ...) -> None: ...
 
 class AggregateSpec(_message.Message):
     __slots__ = ("output", "function", "input", "params")
