@@ -35,6 +35,7 @@ __all__ = [
     "Window",
     "WindowAggregate",
     "WithColumn",
+    "early_after",
     "hash_partition",
 ]
 
@@ -204,6 +205,12 @@ class Union(Operator):
     kind: ClassVar[str] = "union"
 
 
+def early_after(watermark_ms: int, early_ms: int | None) -> int:
+    """How far past a window's end its stage's event time must be for it to go early:
+    ``early_ms``, or half the watermark delay when not given."""
+    return watermark_ms // 2 if early_ms is None else early_ms
+
+
 @dataclass(frozen=True, eq=False, kw_only=True)
 class Window(Operator):
     """Assigns each record to the event-time windows of ``spec``.
@@ -224,7 +231,7 @@ class Window(Operator):
     @property
     def early_after_ms(self) -> int:
         """How far past a window's end the event time read must be for it to go early."""
-        return self.watermark_ms // 2 if self.early_ms is None else self.early_ms
+        return early_after(self.watermark_ms, self.early_ms)
 
     def describe(self) -> str:
         early = ("" if self.early_ms is None

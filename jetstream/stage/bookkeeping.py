@@ -36,12 +36,12 @@ import json
 import logging
 import os
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from jetstream.errors import DataError
-from jetstream.operators import WindowAggregate
+from jetstream.operators import WindowAggregate, early_after
 from jetstream.partials import PartialBatch, decode_batch, encode_batch
 from jetstream.v1 import dataplane_pb2 as pb
 
@@ -70,7 +70,7 @@ class OpenWindows:
                  ) -> None:
         self.query, self.partial, self.delay_ms, self.emit = query, partial, delay_ms, emit
         self.emit_early = emit_early
-        self.early_ms = delay_ms // 2 if early_ms is None else early_ms
+        self.early_ms = early_after(delay_ms, early_ms)
         self.latest: int | None = None  # the largest event time read so far
         self.done = -1  # the last micro-batch the snapshot holds
         self._open: dict[tuple[int, int], Groups] = {}
@@ -122,7 +122,6 @@ class OpenWindows:
             if watermark is not None and window[1] > watermark:
                 continue
             groups, events, revision = self._open.pop(window), self._events.pop(window, 0), 0
-            handed = False  # whether it has gone whole, as it is now
             if window in self._flushed:  # handed on before: merge, hand on whole again
                 before, before_events, last = self._flushed.pop(window)
                 for key, accs in before.items():
@@ -130,15 +129,22 @@ class OpenWindows:
                 events, revision = events + before_events, last + 1
             elif window in self._early:
                 last, changed = self._early.pop(window)
-                revision, handed = (last + 1, False) if changed else (last, True)
-            rows = None if handed else self.rows(groups)
-            if rows is not None:
-                self.emit(window, rows, events, revision)
-            if watermark is None and not self.closed(window):  # kept for records to come
-                self._flushed[window] = (groups if rows is None else self._detached(rows),
-                                         events, revision)
+                if not changed:  # handed on whole already: the watermark makes it final
+                    if self._idle_and_open(window, watermark):
+                        self._flushed[window] = (groups, events, last)
+                    continue
+                revision = last + 1
+            rows = self.rows(groups)
+            self.emit(window, rows, events, revision)
+            if self._idle_and_open(window, watermark):  # kept for records to come
+                self._flushed[window] = (self._detached(rows), events, revision)
         for window in [w for w in self._flushed if self.closed(w)]:
             del self._flushed[window]
+
+    def _idle_and_open(self, window: tuple[int, int], watermark: int | None) -> bool:
+        """Whether ``close`` hands ``window`` on because the input went idle, before the
+        watermark closed it: it is kept for records to come."""
+        return watermark is None and not self.closed(window)
 
     def hand_on_early(self) -> None:
         """Hand on (``emit_early``) every open window the event time read has passed by
@@ -171,7 +177,7 @@ class OpenWindows:
     def open_windows(self) -> list[tuple[int, int]]:
         return sorted(self._open)
 
-    def _detached(self, rows: list[dict[str, Any]]) -> Groups:
+    def _detached(self, rows: Iterable[Mapping[str, Any]]) -> Groups:
         """Groups equal to ``rows`` (handed on) that share no accumulator with them: some
         accumulators merge in place."""
         aggregates = self.partial.aggregates
@@ -236,7 +242,4 @@ class OpenWindows:
 
     def _decode(self, encoded: str) -> Groups:
         message = pb.PartialBatch.FromString(base64.b64decode(encoded))
-        aggregates = self.partial.aggregates
-        return {tuple(row[k] for k in self.partial.keys):
-                [agg.merge(agg.create(), row[name]) for name, agg in aggregates]
-                for row in decode_batch(message, self.partial).rows}
+        return self._detached(decode_batch(message, self.partial).rows)

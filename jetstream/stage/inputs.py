@@ -154,14 +154,13 @@ class StageInput:
             self._progress(self.name, stage.watermark, False, stage.received_ms)
 
     def _emit(self, window: tuple[int, int], rows: list[dict[str, Any]], events: int,
-              revision: int) -> None:
+              revision: int, early: bool = False) -> None:
         assert self.stage is not None, "a stage hands on windows only once it runs"
-        self._hand_on(self.name, window, rows, events, revision, self.stage.received_ms, False)
+        self._hand_on(self.name, window, rows, events, revision, self.stage.received_ms, early)
 
     def _emit_early(self, window: tuple[int, int], rows: list[dict[str, Any]], events: int,
                     revision: int) -> None:
-        assert self.stage is not None, "a stage hands on windows only once it runs"
-        self._hand_on(self.name, window, rows, events, revision, self.stage.received_ms, True)
+        self._emit(window, rows, events, revision, early=True)
 
 
 def _cause(error: Exception) -> str:
