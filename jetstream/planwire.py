@@ -290,12 +290,12 @@ def _apply(step: pb.PlanStep, inputs: list[Stream], tables: dict[str, Table],
         w = step.window
         spec = (Tumbling(w.size_ms, w.every_ms) if w.size_ms == w.every_ms
                 else Sliding(w.size_ms, w.every_ms))
-        if w.size_ms <= 0 or not 0 < w.every_ms <= w.size_ms or w.watermark_ms < 0:
+        if (w.size_ms <= 0 or not 0 < w.every_ms <= w.size_ms or w.watermark_ms < 0
+                or w.early_ms < 0):
             msg = (f"window: size {w.size_ms} ms, every {w.every_ms} ms, watermark "
-                   f"{w.watermark_ms} ms is not a window")
+                   f"{w.watermark_ms} ms, early {w.early_ms} ms is not a window")
             raise PlanError(msg)
-        early = (dt.timedelta(milliseconds=w.early_ms) if w.HasField("early_ms")
-                 and w.early_ms >= 0 else None)
+        early = dt.timedelta(milliseconds=w.early_ms) if w.HasField("early_ms") else None
         return stream.window(spec, watermark=dt.timedelta(milliseconds=w.watermark_ms),
                              early=early)
     if kind == "aggregate":

@@ -161,6 +161,8 @@ def _forged(edit: Any) -> pb.QueryPlan:
     (lambda m: m.steps[4].aggregate.aggregates[1].params["q"].CopyFrom(pb.Value(int_value=1)),
      r"agg kb: sum does not take these arguments"),
     (lambda m: setattr(m.steps[3].window, "every_ms", 0), "is not a window"),
+    (lambda m: setattr(m.steps[3].window, "early_ms", -1), "early -1 ms is not a window"),
+    (lambda m: setattr(m.steps[3].window, "early_ms", 60_000), "early=1m is past the watermark"),
     (lambda m: setattr(m.steps[5].top_k, "k", 0), "k must be a positive integer"),
     (lambda m: setattr(m.steps[0].source.schema.fields[0], "type", "decimal"),
      "unknown type 'decimal'"),
