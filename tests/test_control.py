@@ -326,6 +326,27 @@ def test_a_silent_site_is_declared_dead_and_the_query_replanned_without_it(
     assert state.replans == 1
 
 
+def test_a_site_that_shuts_down_is_planned_out_at_once_and_back_in_when_it_registers(
+        controller: GlobalController, clock: FakeClock, source: QueryPlan,
+        caplog: pytest.LogCaptureFixture) -> None:
+    register_all(controller)
+    state = controller.submit(source)
+    controller.leave("sfo")
+    assert controller.sites["sfo"].alive is False
+    assert state.plan is not None and sorted(state.plan.fragments) == ["ams", "sin"]
+    assert (state.state, state.replans) == ("degraded", 1)
+    assert state.detail == "site sfo shut down; no data from sfo"
+    controller.leave("sfo")  # said twice: planned out once
+    clock.advance(TIMEOUT_S + 1)
+    beat(controller, "ams", "sin")
+    assert controller.check_liveness() == []  # not dead on top
+    assert state.replans == 1
+    assert "missed its heartbeats" not in caplog.text
+    controller.register_site("sfo", address("sfo"))
+    assert "sfo" in state.plan.fragments
+    assert state.state == "running"
+
+
 @pytest.mark.parametrize("how", ["heartbeat", "register"])
 def test_a_dead_site_that_comes_back_is_planned_in_again(
         how: str, controller: GlobalController, sites: FakeSites, clock: FakeClock,

@@ -181,6 +181,16 @@ def test_a_query_is_placed_planned_around_a_dead_site_and_cancelled(cluster: Clu
     for name in ("controller", "ams", "sin"):
         assert cluster.processes[name].poll() is None, f"{name} exited\n{cluster.output()}"
 
+    # A site stopped with SIGTERM says so in its last heartbeat: not taken for dead while its
+    # stage stops (which takes longer than this controller's 1.5-s heartbeat timeout).
+    cluster.processes["sin"].terminate()
+    assert cluster.processes["sin"].wait(timeout=30) == 0
+    gone = cluster.wait_for("sin down", lambda s: not sites(s)["sin"]["alive"])
+    assert sites(gone)["ams"]["alive"]
+    said = (cluster.logs / "controller.log").read_text()
+    assert "site sin is shutting down; re-planning without it" in said, said
+    assert "site sin missed its heartbeats" not in said, said
+
 
 def test_the_cli_says_when_no_controller_answers() -> None:
     done = subprocess.run([*JETSTREAM, "status", "--controller", f"127.0.0.1:{free_port()}"],

@@ -3,6 +3,7 @@ worker``."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -42,6 +43,8 @@ log = logging.getLogger(__name__)
 
 #: The deadline of every unary control-plane call but a deploy.
 CALL_TIMEOUT_S = 5.0
+#: How long a site that shuts down waits for its last heartbeat to reach the controller.
+GOODBYE_TIMEOUT_S = 3.0
 #: The deadline of a deploy: a site may wait for its workers to start and register.
 DEPLOY_TIMEOUT_S = 30.0
 #: The deadline of a site's answer to a history query (its kept windows of the range).
@@ -414,11 +417,18 @@ def run_site(name: str, controller_address: str, *, security: Security, port: in
                 backoff = min(backoff * 2, 10.0)
                 continue
             beats.wait(interval)
+        if registered:  # the last heartbeat: re-plan without us now, not at the timeout
+            with contextlib.suppress(grpc.RpcError):
+                controller.Heartbeat(pb.HeartbeatRequest(site=name, leaving=True),
+                                     timeout=GOODBYE_TIMEOUT_S)
 
-    threading.Thread(target=beat, name="heartbeat", daemon=True).start()
+    beating = threading.Thread(target=beat, name="heartbeat", daemon=True)
+    beating.start()
     try:
         _serve_until_stopped(server, stop, exporter)
     finally:
+        beats.close()
+        beating.join(GOODBYE_TIMEOUT_S)  # before the stage stops, which may take a while
         local = servicer.controller
         if local is not None and local.runtime is runtime:
             local.close()  # waits for a stop under way (e.g. a cancel) before Spark stops
@@ -435,6 +445,7 @@ class _Beats:
         self._changed = threading.Condition()
         self.asked = 0  # asks so far; a heartbeat notes the count it began at
         self._sent = 0  # the count the last heartbeat that got through began at
+        self._closed = False
 
     def ask(self, timeout_s: float) -> None:
         with self._changed:
@@ -449,9 +460,15 @@ class _Beats:
             self._changed.notify_all()
 
     def wait(self, interval_s: float) -> None:
-        """Until the next heartbeat is due, or one is asked for."""
+        """Until the next heartbeat is due, or one is asked for, or :meth:`close`."""
         with self._changed:
-            self._changed.wait_for(lambda: self.asked > self._sent, interval_s)
+            self._changed.wait_for(lambda: self.asked > self._sent or self._closed,
+                                   interval_s)
+
+    def close(self) -> None:
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
 
 
 #: Revisions a worker sends start at ``epoch * REVISION_EPOCH``: see SiteOptions.revision_base.

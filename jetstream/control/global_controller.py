@@ -593,14 +593,26 @@ class GlobalController:
                     and now - s.last_seen > self.timeout_of(s.name)]
             for name in dead:
                 log.warning("site %s missed its heartbeats; re-planning", name)
-                self.sites[name].alive = False
-                self.sites[name].placements.clear()
-                self.sites[name].links.clear()  # its last levels are not the links' now
-            if self.root in dead:
-                self._fail_over()
             if dead:
-                self._replan_all(f"site {', '.join(dead)} stopped sending heartbeats")
+                self._lose(dead, f"site {', '.join(dead)} stopped sending heartbeats")
             return dead
+
+    def leave(self, name: str) -> None:
+        """``name`` is shutting down: re-plan without it now, as if it were dead (it comes
+        back by registering again)."""
+        with self.lock:
+            if self._site(name).alive:
+                log.info("site %s is shutting down; re-planning without it", name)
+                self._lose([name], f"site {name} shut down")
+
+    def _lose(self, names: list[str], reason: str) -> None:
+        for name in names:
+            self.sites[name].alive = False
+            self.sites[name].placements.clear()
+            self.sites[name].links.clear()  # its last levels are not the links' now
+        if self.root in names:
+            self._fail_over()
+        self._replan_all(reason)
 
     def _fail_over(self) -> None:
         """The root is dead: the first standby root alive (the topology's root first, if it

@@ -144,6 +144,9 @@ class GlobalControllerServicer(rpc.GlobalControllerServicer):
                   context: grpc.ServicerContext) -> pb.HeartbeatResponse:
         _as_site(context, request.site, "a heartbeat")
         try:
+            if request.leaving:
+                self.controller.leave(request.site)
+                return pb.HeartbeatResponse()
             queries = self.controller.heartbeat(
                 request.site, {m.peer: m.bandwidth_bps for m in request.links},
                 input_bytes=request.input_bytes,

@@ -228,7 +228,7 @@ class LinkReport(_message.Message):
     def __init__(self, query: _Optional[str] = ..., level: _Optional[str] = ..., level_index: _Optional[int] = ..., pinned: _Optional[bool] = ..., sent_bytes: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("site", "links", "running", "input_bytes", "query_links", "placements", "failures")
+    __slots__ = ("site", "links", "running", "input_bytes", "query_links", "placements", "failures", "leaving")
     SITE_FIELD_NUMBER: _ClassVar[int]
     LINKS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
@@ -236,6 +236,7 @@ class HeartbeatRequest(_message.Message):
     QUERY_LINKS_FIELD_NUMBER: _ClassVar[int]
     PLACEMENTS_FIELD_NUMBER: _ClassVar[int]
     FAILURES_FIELD_NUMBER: _ClassVar[int]
+    LEAVING_FIELD_NUMBER: _ClassVar[int]
     site: str
     links: _containers.RepeatedCompositeFieldContainer[LinkMeasurement]
     running: _containers.RepeatedScalarFieldContainer[str]
@@ -243,7 +244,8 @@ class HeartbeatRequest(_message.Message):
     query_links: _containers.RepeatedCompositeFieldContainer[LinkReport]
     placements: _containers.RepeatedCompositeFieldContainer[Placement]
     failures: _containers.RepeatedCompositeFieldContainer[StageFailure]
-    def __init__(self, site: _Optional[str] = ..., links: _Optional[_Iterable[_Union[LinkMeasurement, _Mapping]]] = ..., running: _Optional[_Iterable[str]] = ..., input_bytes: _Optional[int] = ..., query_links: _Optional[_Iterable[_Union[LinkReport, _Mapping]]] = ..., placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ..., failures: _Optional[_Iterable[_Union[StageFailure, _Mapping]]] = ...) -> None: ...
+    leaving: bool
+    def __init__(self, site: _Optional[str] = ..., links: _Optional[_Iterable[_Union[LinkMeasurement, _Mapping]]] = ..., running: _Optional[_Iterable[str]] = ..., input_bytes: _Optional[int] = ..., query_links: _Optional[_Iterable[_Union[LinkReport, _Mapping]]] = ..., placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ..., failures: _Optional[_Iterable[_Union[StageFailure, _Mapping]]] = ..., leaving: _Optional[bool] = ...) -> None: ...
 
 class StageFailure(_message.Message):
     __slots__ = ("query", "error")
