@@ -92,6 +92,9 @@ class Uplink:
         self.store, self.metrics, self._sequence = store, run_metrics, sequence
         self.metrics.link = metrics.link_name(site, parent)
         self._reported: tuple[int | None, bool] = (None, False)
+        window = query.stream.window_op
+        assert window is not None, "the DSL windows every aggregate"
+        self._windows = window.spec
         self._measuring = threading.Lock()  # the policy hears one ack at a time
         self.policy: LinkPolicy | None = None
         self._top_k = ranking if top_k_only else None
@@ -100,9 +103,6 @@ class Uplink:
         self.revision_base = options.revision_base
         if not (options.replay or options.worker):
             # Replay compresses time, so its backlog says nothing about the link.
-            plan = query.plan()
-            window = plan.window_of(plan.partial_aggregates()[0])
-            assert window is not None, "the DSL windows every aggregate"
             # Windows set out early, this long before they close (jetstream.stage.bookkeeping).
             lead_s = (window.watermark_ms - window.early_after_ms) / 1000
             self.policy = LinkPolicy(self.ladder.levels, slo=query.slo,
@@ -198,10 +198,16 @@ class Uplink:
                     self._via_parent.append((time.monotonic(), batch))
 
     def report(self, watermark: int | None, finished: bool, received_ms: int = 0) -> None:
-        """Say how far the run has got (after the batches it covers), when that changed;
-        ``received_ms``: when its inputs had the records that moved it there."""
+        """Say how far the run has got (after the batches it covers) when that passes a
+        window's end, or it finishes; ``received_ms``: when its inputs had the records that
+        moved it there. Only a window's end matters to the parent: on a thin link, a report
+        each micro-batch would queue ahead of the one that closes a window."""
+        if watermark is None:
+            return
         report = (watermark, finished)
-        if report != self._reported and watermark is not None:
+        last = self._reported[0]
+        if last is None or finished != self._reported[1] or (
+                self._windows.last_end(watermark) != self._windows.last_end(last)):
             with self._lock:
                 if self.router is not None:
                     self.router.progress(self.site, watermark, finished, received_ms)

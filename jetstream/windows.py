@@ -58,6 +58,10 @@ class WindowSpec:
                 for s in range(first_start, last_start + 1, self.every_ms)
                 if s <= ts < s + self.size_ms]
 
+    def last_end(self, ts: int) -> int:
+        """The latest end of a window at or before ``ts`` (epoch ms)."""
+        return ts - (ts - self.size_ms) % self.every_ms
+
 
 @dataclass(frozen=True)
 class Tumbling(WindowSpec):

@@ -155,14 +155,18 @@ class _Worker:
                  routes: list[str] | None = None) -> None:
         self.batches: list[PartialBatch] = []
         self.progress: dict[str, int] = {}
+        self.reports: list[tuple[int, bool]] = []  # every progress report, in order
         known: dict[tuple[Any, ...], int] = {}
 
         def deliver(batch: PartialBatch) -> None:
             self.batches.append(own_rows(batch, partial.keys, part, known))
 
+        def progress(report: Any) -> None:
+            self.progress[report.origin] = report.watermark_ms
+            self.reports.append((report.watermark_ms, report.ended))
+
         self.servicer = DataPlaneServicer(
-            lambda q: partial if ready is None or ready.is_set() else None, deliver,
-            lambda p: self.progress.__setitem__(p.origin, p.watermark_ms),
+            lambda q: partial if ready is None or ready.is_set() else None, deliver, progress,
             routes=lambda q: [(a, "e1") for a in routes or ()])
         self.server, port = start_server([(rpc.add_DataPlaneServicer_to_server, self.servicer,
                                            "jetstream.v1.DataPlane")], 0)
@@ -352,6 +356,36 @@ def test_a_worker_refuses_exact_rows_of_another_partition_and_takes_the_others_p
         wrong.close()
         right.close()
         worker.stop()
+
+
+@pytest.mark.parametrize("stream", QUERIES[:2], ids=["tumbling", "sliding"])
+def test_an_uplink_reports_progress_only_past_a_window_end(stream: js.Stream) -> None:
+    """A report each micro-batch would queue on a thin link ahead of the one that closes a
+    window: the parent hears of the watermark when it passes a window's end (a tumbling
+    window's, or a sliding one's every ``every``), the first time, and when the run ends."""
+    query = js.Query("q", stream)
+    _, _, partial = split(query)
+    parent = _Worker(partial)
+    link = Uplink("sfo", "ams", parent.address, query=query, partial=partial, ranking=None,
+                  options=SiteOptions(replay=True), store=None,
+                  run_metrics=metrics.RunMetrics("sfo", "q"), sequence=itertools.count(1))
+    spec = query.stream.window_op.spec  # type: ignore[union-attr]
+    end, every = 100 * spec.size_ms, spec.every_ms
+    # (watermark, finished, whether it goes): the sender keeps only the newest report not
+    # acked yet, so each that goes is waited for before the next is made.
+    steps = [(end + 1, False, True), (end + every - 1, False, False),
+             (end + every, False, True), (end + every + 1, False, False),
+             (end + 3 * every + 5, False, True), (end + 3 * every + 5, True, True)]
+    try:
+        for watermark, finished, goes in steps:
+            link.report(watermark, finished)
+            if goes:
+                _wait(f"{watermark} reported",
+                      lambda w=watermark, f=finished: (w, f) in parent.reports)
+        assert parent.reports == [(w, f) for w, f, goes in steps if goes]
+    finally:
+        link.close()
+        parent.stop()
 
 
 def test_an_uplink_sends_to_the_workers_its_parent_names_and_follows_them(

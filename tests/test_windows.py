@@ -119,6 +119,15 @@ def test_parse_duration_of_whole_numbers(n: int, unit: str, space: str) -> None:
     assert parse_duration(f"{n}{space}{unit}") == n * UNITS[unit]
 
 
+@given(size=st.integers(1, 10**6), every=st.integers(1, 10**6), ts=st.integers(-10**12, 10**12))
+def test_last_end_is_the_latest_window_end_at_or_before_a_time(size: int, every: int,
+                                                              ts: int) -> None:
+    spec = WindowSpec(max(size, every), every)
+    end = spec.last_end(ts)
+    assert end <= ts < end + spec.every_ms
+    assert end in [e for _, e in spec.windows_of(end - 1)]  # a window ends there
+
+
 @given(ms=st.integers(0, 10**12))
 def test_parse_duration_agrees_with_timedelta(ms: int) -> None:
     assert parse_duration(dt.timedelta(milliseconds=ms)) == ms
