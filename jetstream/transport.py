@@ -59,11 +59,16 @@ STREAM_DEADLINE_S = 3600.0
 #: The call metadata of a push between a site's process and its workers: not wide-area bytes.
 SAME_SITE = ("jetstream-hop", "same-site")
 
-#: How long the bytes a sender has unacknowledged may take on the link, by its latest acks.
+#: How long the bytes a sender has unacknowledged may take on the link, by its latest acks,
+#: beyond the link's delay.
 QUEUE_S = 0.5
-#: The least a sender may have unacknowledged (a part's size on the thinnest link), and the
-#: most (then a fast link's batches go whole, with no wait between them).
-MIN_WINDOW_BYTES = 512
+#: The least part of a message larger than the window (its size on the thinnest link).
+MIN_PART_BYTES = 512
+#: The least a sender may have unacknowledged, two parts (one crosses while the other's ack
+#: comes back: with one, a thin link idled a round trip a part, and a window's partial set
+#: out early was still crossing when the window closed), and the most (then a fast link's
+#: batches go whole, with no wait between them).
+MIN_WINDOW_BYTES = 2 * MIN_PART_BYTES
 MAX_WINDOW_BYTES = 4 << 20
 #: A message this small times the link's delay (progress reports are).
 NEAR_EMPTY_BYTES = 128
@@ -102,9 +107,10 @@ class _Window:
     its hand-over, or the ack before if later). A near-empty message's time is the link's
     delay whatever its bandwidth (a round trip, a busy receiver's time on a message): the
     least of the latest few is set aside from the others. The window's size is what the link
-    carried in :data:`QUEUE_S` by the newest ack of at least :data:`MIN_WINDOW_BYTES`: those
-    bytes over their time less that delay. It starts from the planned bandwidth, or as large
-    as it gets; a slow receiver or a long round trip leaves it so.
+    carries in that delay and :data:`QUEUE_S` more, at the rate of the newest ack of at least
+    :data:`MIN_PART_BYTES`: those bytes over their time less the delay. It starts from the
+    planned bandwidth, or as large as it gets; a slow receiver or a long round trip leaves it
+    so.
     """
 
     def __init__(self, link_bps: float | None) -> None:
@@ -146,9 +152,11 @@ class _Window:
             seconds = arrived - started
             if size <= NEAR_EMPTY_BYTES:
                 self._delays.append(seconds)
-            elif size >= MIN_WINDOW_BYTES and self._delays:
-                link_s = seconds - min(self._delays)
-                carried = MAX_WINDOW_BYTES if link_s <= 0 else size / link_s * QUEUE_S
+            elif size >= MIN_PART_BYTES and self._delays:
+                delay = min(self._delays)
+                link_s = seconds - delay
+                carried = (MAX_WINDOW_BYTES if link_s <= 0
+                           else size / link_s * (QUEUE_S + delay))
                 # Down at once; up at most 4x an ack, so that one quick ack among senders
                 # that share the link does not open it wide.
                 self.size = _clamp(min(carried, GROWTH * self.size))
@@ -330,7 +338,7 @@ class PartialSender:
         if size <= window:
             pieces = [message]
         else:  # two parts a window, so that one crosses while the other's ack comes back
-            part = max(window // 2, MIN_WINDOW_BYTES)
+            part = max(window // 2, MIN_PART_BYTES)
             data = message.SerializeToString()
             pieces = [pb.PushMessage(part=pb.Part(data=data[i:i + part],
                                                   last=i + part >= len(data)))

@@ -20,6 +20,7 @@ from jetstream.operators import Phase, WindowAggregate
 from jetstream.partials import PartialBatch, encode_batch
 from jetstream.transport import (
     MAX_WINDOW_BYTES,
+    MIN_PART_BYTES,
     MIN_WINDOW_BYTES,
     DataPlaneServicer,
     PartialSender,
@@ -366,7 +367,7 @@ def test_a_message_larger_than_a_thin_links_window_goes_in_parts_and_arrives_who
     recorder = WireRecorder(receiver.servicer)
     receiver.server, receiver.port = start_server(
         [(rpc.add_DataPlaneServicer_to_server, recorder, "jetstream.v1.DataPlane")], 0)
-    # 8 kbit/s planned: 500 B in half a second, so the window starts at its least, 512 B.
+    # 8 kbit/s planned: 500 B in half a second, so the window starts at its least, 1 kB.
     sender = PartialSender(f"127.0.0.1:{receiver.port}", link_bps=8_000)
     counts = {f"site{i}.example.com": i for i in range(300)}
     try:
@@ -378,7 +379,7 @@ def test_a_message_larger_than_a_thin_links_window_goes_in_parts_and_arrives_who
         assert small.rows == ({"domain": "a.com", "n": 1},)
         parts = [m.part for m in recorder.messages if m.HasField("part")]
         assert len(parts) >= 4 and parts[-1].last and not any(p.last for p in parts[:-1])
-        assert all(len(p.data) <= MIN_WINDOW_BYTES for p in parts)
+        assert all(len(p.data) <= MIN_PART_BYTES for p in parts)
         assert recorder.messages[-1].HasField("batch")
         # Both ends count the messages as they are, not their parts' framing.
         assert sender.bytes_sent == receiver.servicer.bytes_received
@@ -395,7 +396,7 @@ def _acked_after(window: _Window, size: int, seconds: float, at: float) -> float
     return at + seconds
 
 
-def test_a_window_is_what_the_link_carries_in_half_a_second_whatever_the_receivers_delay(
+def test_a_window_is_what_the_link_carries_in_its_delay_and_half_a_second_more(
         ) -> None:
     assert _Window(None).size == MAX_WINDOW_BYTES
     assert _Window(4_000).size == MIN_WINDOW_BYTES  # 250 B: no less than the least
@@ -413,6 +414,12 @@ def test_a_window_is_what_the_link_carries_in_half_a_second_whatever_the_receive
     t = _acked_after(thin, 50, 0.1, time.monotonic())
     _acked_after(thin, 4_000, 8.1, t)
     assert thin.size == MIN_WINDOW_BYTES
+    # A long round trip: 0.5 s for a near-empty message, 4.5 s for 40 kB: 10 kB/s, and the
+    # window holds what crosses in the round trip too (else the link idles during it).
+    far = _Window(None)
+    t = _acked_after(far, 50, 0.5, time.monotonic())
+    _acked_after(far, 40_000, 4.5, t)
+    assert abs(far.size - 10_000) <= 1
     # Until a near-empty message has timed the delay, nothing is measured.
     unknown = _Window(None)
     _acked_after(unknown, 4_000, 8.1, time.monotonic())
@@ -421,18 +428,20 @@ def test_a_window_is_what_the_link_carries_in_half_a_second_whatever_the_receive
 
 def test_a_full_window_holds_the_next_message_until_an_ack() -> None:
     window = _Window(4_000)
-    assert window.room(400, lambda: False)
+    assert window.room(MIN_PART_BYTES, lambda: False)
+    assert window.room(MIN_PART_BYTES, lambda: False)  # two parts go before an ack
+    window.acked(time.monotonic())
     waited: list[bool] = []
     stop = threading.Event()
-    waiter = threading.Thread(target=lambda: waited.append(window.room(400, stop.is_set)))
+    waiter = threading.Thread(target=lambda: waited.append(window.room(600, stop.is_set)))
     waiter.start()
     waiter.join(0.5)
-    assert waiter.is_alive()  # 800 B would not fit in 512
+    assert waiter.is_alive()  # 1,112 B would not fit in 1,024
     window.acked(time.monotonic())
     waiter.join(5)
     assert waited == [True]
     # Given up when its stream ends.
-    waiter = threading.Thread(target=lambda: waited.append(window.room(400, stop.is_set)))
+    waiter = threading.Thread(target=lambda: waited.append(window.room(600, stop.is_set)))
     waiter.start()
     stop.set()
     waiter.join(5)
