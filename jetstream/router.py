@@ -200,6 +200,13 @@ class Router:
     def bytes_sent(self) -> int:
         return sum(sender.bytes_sent for sender in list(self._senders))
 
+    @property
+    def rate_bps(self) -> float | None:
+        """What the link carries, by its senders' acks: the sum, as a batch's parts cross it
+        side by side (None until an ack is timed)."""
+        rates = [rate for sender in list(self._senders) if (rate := sender.rate_bps)]
+        return sum(rates) if rates else None
+
     def routes(self) -> list[tuple[str, str]]:
         """Each partition's worker: (address, epoch)."""
         with self._lock:

@@ -208,6 +208,7 @@ class LinkState:
     pinned: bool  # held by an operator rather than chosen by the policy
     sent_bytes: int  # sent for the query, resends included
     throughput: float | None  # bytes/s, the policy's recent throughput (None: none lately)
+    rate_bps: float | None = None  # what the link carries, as its acks time it (None: unknown)
 
     @property
     def saturated(self) -> bool:
@@ -709,7 +710,7 @@ class SiteRuntime:
             run.policy.level.name if run.policy else "exact",
             run.policy.level.index if run.policy else 0,
             bool(run.policy and run.policy.pinned), run.uplink.bytes_sent,
-            run.policy.recent_throughput if run.policy else None)
+            run.policy.recent_throughput if run.policy else None, run.uplink.rate_bps)
             for run in runs if run.uplink is not None}
 
     def session(self) -> Any:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import queue
 import threading
 import time
@@ -119,7 +120,16 @@ class _Window:
         self._delays: deque[float] = deque(maxlen=16)  # near-empty messages' times
         self._bytes = 0
         self._free_at: float | None = None
+        # Bytes/s the link carried, by each of the latest acks of a part: a busy receiver
+        # or a loaded machine only ever slows an ack, so the most of them is the link's.
+        self._rates: deque[float] = deque(maxlen=16)
         self._changed = threading.Condition()
+
+    @property
+    def rate(self) -> float | None:
+        """Bytes/s the link carries, by the latest acks timed (None before one is)."""
+        with self._changed:
+            return max(self._rates, default=None)
 
     def reset(self) -> None:
         """A new stream: nothing is on it."""
@@ -155,6 +165,7 @@ class _Window:
             elif size >= MIN_PART_BYTES and self._delays:
                 delay = min(self._delays)
                 link_s = seconds - delay
+                self._rates.append(size / link_s if link_s > 0 else math.inf)
                 carried = (MAX_WINDOW_BYTES if link_s <= 0
                            else size / link_s * (QUEUE_S + delay))
                 # Down at once; up at most 4x an ack, so that one quick ack among senders
@@ -224,6 +235,13 @@ class PartialSender:
                 self._hold(pb.PushMessage(batch=batch))
         self._thread = threading.Thread(target=self._run, name=f"push-{address}", daemon=True)
         self._thread.start()
+
+    @property
+    def rate_bps(self) -> float | None:
+        """What the link carries, in bits/s, by the latest acks of parts (see
+        :class:`_Window`); None until one is timed."""
+        rate = self._window.rate
+        return None if rate is None else rate * 8
 
     def send(self, batch: pb.PartialBatch) -> None:
         if self._store is not None:

@@ -151,6 +151,12 @@ class Uplink:
         return (self.sender.bytes_sent + self._routers_bytes
                 + (router.bytes_sent if router is not None else 0))
 
+    @property
+    def rate_bps(self) -> float | None:
+        """What the link carries, in bits/s, as its acks time it (None until one is)."""
+        router = self.router
+        return self.sender.rate_bps if router is None else router.rate_bps
+
     def send(self, merged: MergedWindow) -> int:
         """Send a merged window at the link's level; the rows sent."""
         rows = merged.rows

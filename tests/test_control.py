@@ -22,13 +22,15 @@ from jetstream.aggtree.loader import load_topology, parse_topology
 from jetstream.aggtree.planner import Fragment
 from jetstream.aggtree.topology import Server, Topology
 from jetstream.control.client import ControllerClient
-from jetstream.control.daemons import link_measurements, link_reports
+from jetstream.control.daemons import heartbeat_interval, link_measurements, link_reports
 from jetstream.control.global_controller import (
+    MAX_HEARTBEAT_SPACING_S,
     REPLAN_BANDWIDTH_CHANGE,
     GlobalController,
     QueryState,
     ResultsHub,
     SiteCalls,
+    beat_spacing,
     heartbeat_spacing,
 )
 from jetstream.control.launch import free_port
@@ -377,26 +379,61 @@ def test_a_site_on_a_thin_link_beats_less_often_and_is_given_longer(
     thin = dataclasses.replace(topology, links=tuple(
         dataclasses.replace(link, bandwidth_bps=4_000) if "sin" in link.ends else link
         for link in topology.links))
-    # 600 B of heartbeat and answer in a fifth of 4 kbit/s: one every 6 s at most.
-    assert heartbeat_spacing(thin, "sin") == pytest.approx(6.0)
-    assert heartbeat_spacing(thin, "sfo") < 0.01
+    # 600 B of heartbeat and answer in a twentieth of 4 kbit/s: one every 24 s at most.
+    assert heartbeat_spacing(thin, "sin") == pytest.approx(24.0)
+    assert heartbeat_spacing(thin, "sfo") < 0.05
     controller = GlobalController(thin, sites.deploy, sites.stop,
                                   heartbeat_timeout_s=TIMEOUT_S, clock=clock)
-    assert controller.timeout_of("sin") == pytest.approx(18.0)  # three of its heartbeats
+    assert controller.timeout_of("sin") == pytest.approx(72.0)  # three of its heartbeats
     assert controller.timeout_of("sfo") == TIMEOUT_S
     servicer = GlobalControllerServicer(controller, 0.5)
     plaintext = SimpleNamespace(auth_context=dict)  # a call's context on a plaintext server
     intervals = {site: servicer.RegisterSite(pb.RegisterSiteRequest(
         site=site, address=address(site)), plaintext).heartbeat_interval_s  # type: ignore[arg-type]
         for site in SITES}
-    assert intervals == {"ams": 0.5, "sfo": 0.5, "sin": pytest.approx(6.0)}
+    assert intervals == {"ams": 0.5, "sfo": 0.5, "sin": pytest.approx(24.0)}
 
     clock.advance(TIMEOUT_S + 1)
     beat(controller, "ams")
-    assert controller.check_liveness() == ["sfo"]  # sin is not late: it beats every 6 s
-    clock.advance(18.0 - TIMEOUT_S)
+    assert controller.check_liveness() == ["sfo"]  # sin is not late: it beats every 24 s
+    clock.advance(72.0 - TIMEOUT_S)
     beat(controller, "ams")
     assert controller.check_liveness() == ["sin"]
+
+
+def test_a_site_that_says_its_heartbeats_are_further_apart_is_given_longer(
+        controller: GlobalController, clock: FakeClock) -> None:
+    register_all(controller)
+    # sfo's senders time its link at 20 kbit/s: it beats every 4.8 s, and says so.
+    assert beat_spacing(20_000) == pytest.approx(4.8)
+    assert beat_spacing(None) == beat_spacing(0) == 0
+    assert beat_spacing(10) == MAX_HEARTBEAT_SPACING_S  # however thin, not for ever
+    controller.heartbeat("sfo", {}, interval_s=beat_spacing(20_000))
+    beat(controller, "ams", "sin")
+    assert controller.timeout_of("sfo") == pytest.approx(14.4)
+    clock.advance(TIMEOUT_S + 1)
+    beat(controller, "ams", "sin")
+    assert controller.check_liveness() == []  # not late: three of its 4.8 s
+    clock.advance(14.4 - TIMEOUT_S)
+    beat(controller, "ams", "sin")
+    assert controller.check_liveness() == ["sfo"]
+    # A site's word is held to the most there is.
+    controller.register_site("sfo", address("sfo"))
+    assert controller.timeout_of("sfo") == TIMEOUT_S  # registered again: as given
+    controller.heartbeat("sfo", {}, interval_s=3_600)
+    assert controller.timeout_of("sfo") == 3 * MAX_HEARTBEAT_SPACING_S
+
+
+def test_a_site_beats_less_often_where_its_senders_time_its_links_thin() -> None:
+    def link(rate_bps: float | None) -> LinkState:
+        return LinkState("ams", "exact", 0, False, 100, None, rate_bps)
+
+    assert heartbeat_interval(1.0, {}) == 1.0  # nothing timed: as given
+    assert heartbeat_interval(1.0, {"a": link(None), "b": link(1e9)}) == 1.0  # fast
+    assert heartbeat_interval(1.0, {"a": link(20_000)}) == pytest.approx(4.8)
+    # By the fastest: the controller is reached by the best way out.
+    assert heartbeat_interval(1.0, {"a": link(20_000), "b": link(40_000)}) == pytest.approx(2.4)
+    assert heartbeat_interval(30.0, {"a": link(20_000)}) == 30.0  # never shorter than given
 
 
 def test_the_root_dying_degrades_the_query_instead_of_raising(

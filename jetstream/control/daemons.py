@@ -20,7 +20,12 @@ import grpc
 from jetstream.aggtree.planner import Fragment
 from jetstream.aggtree.topology import Server, Topology
 from jetstream.control.dashboard import serve_dashboard
-from jetstream.control.global_controller import GlobalController, QueryState, SiteCalls
+from jetstream.control.global_controller import (
+    GlobalController,
+    QueryState,
+    SiteCalls,
+    beat_spacing,
+)
 from jetstream.control.security import Security
 from jetstream.control.server import start_server
 from jetstream.control.servicers import GlobalControllerServicer, SiteControllerServicer
@@ -305,6 +310,15 @@ def link_measurements(links: dict[str, LinkState]) -> list[pb.LinkMeasurement]:
             for parent, value in sorted(bps.items())]
 
 
+def heartbeat_interval(given_s: float, links: dict[str, LinkState]) -> float:
+    """The time until a site's next heartbeat: what the controller gave it, or longer where
+    its senders time its links to their parents thinner than that allows (see
+    :func:`beat_spacing`): a heartbeat that meets a window's partial on a thin link holds it
+    up."""
+    rates = [link.rate_bps for link in links.values() if link.rate_bps]
+    return max(given_s, beat_spacing(max(rates, default=None)))
+
+
 def _dialable(host: str) -> str:
     """An address this machine's processes can dial for a server listening on ``host``."""
     return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
@@ -386,21 +400,23 @@ def run_site(name: str, controller_address: str, *, security: Security, port: in
     runtime.on_failure = lambda: beats.ask(CALL_TIMEOUT_S)
 
     def beat() -> None:
-        interval, registered, backoff = 2.0, False, 0.5
+        given, interval, registered, backoff = 2.0, 2.0, False, 0.5
         while not stop.is_set():
             try:
                 if not registered:
-                    interval, registered = register(), True
+                    given, registered = register(), True
                 local = servicer.controller
                 asked = beats.asked
                 running = local.running() if local else []
                 links = runtime.links()
+                interval = heartbeat_interval(given, links)
                 response = controller.Heartbeat(pb.HeartbeatRequest(
                     site=name, running=running, input_bytes=input_bytes(),
                     links=link_measurements(links), query_links=link_reports(links),
                     placements=[placement_to_proto(p) for p in local.pieces()] if local
                     else [], failures=[pb.StageFailure(query=q, error=e)
-                                       for q, e in runtime.failures().items()]),
+                                       for q, e in runtime.failures().items()],
+                    interval_s=interval),
                     # A thin link's are far apart, and slow: a late one still counts.
                     timeout=max(CALL_TIMEOUT_S, 2 * interval))
                 beats.sent(asked)

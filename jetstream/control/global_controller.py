@@ -57,8 +57,8 @@ from jetstream.stage.check import check_stage
 from jetstream.v1.query_pb2 import QueryPlan
 
 __all__ = ["REPLAN_BANDWIDTH_CHANGE", "GlobalController", "LinkReport", "Measurement",
-           "Placement", "QueryState", "SiteCalls", "SiteState", "call_now",
-           "heartbeat_spacing"]
+           "Placement", "QueryState", "SiteCalls", "SiteState", "beat_spacing",
+           "call_now", "heartbeat_spacing"]
 
 log = logging.getLogger(__name__)
 
@@ -72,20 +72,31 @@ MAX_RESULTS = 10_000
 #: TCP/IP framing and the TCP acks (about 600 B, measured on a 4 kbit/s emulated link).
 HEARTBEAT_WIRE_BYTES = 600
 #: The share of a site's link its heartbeats may take (its fastest: the controller is
-#: reached by the best way out).
-HEARTBEAT_SHARE = 0.2
+#: reached by the best way out). Each one holds up what the link carries behind it: a
+#: window's last partial or progress report that meets one waits for it.
+HEARTBEAT_SHARE = 0.05
+#: The longest a site waits between heartbeats, however thin its link is measured.
+MAX_HEARTBEAT_SPACING_S = 30.0
 #: A site is taken for dead once it has been silent for this many of its heartbeat intervals,
 #: where its interval was stretched for a thin link (else after the controller's timeout).
 BEATS_PER_TIMEOUT = 3
 
 
+def beat_spacing(link_bps: float | None) -> float:
+    """The least time between two heartbeats for them to take no more than
+    :data:`HEARTBEAT_SHARE` of a link of ``link_bps`` (0 for None: no link known), at most
+    :data:`MAX_HEARTBEAT_SPACING_S`."""
+    if not link_bps or link_bps <= 0:
+        return 0.0
+    return min(HEARTBEAT_WIRE_BYTES * 8 / (HEARTBEAT_SHARE * link_bps), MAX_HEARTBEAT_SPACING_S)
+
+
 def heartbeat_spacing(topology: Topology, site: str) -> float:
-    """The least time between two heartbeats of ``site`` for them to take no more than
-    :data:`HEARTBEAT_SHARE` of its fastest link (0 for a site with no links): a site whose
-    every link is thin beats less often."""
-    fastest = max((link.bandwidth_bps for link in topology.links if site in link.ends),
-                  default=None)
-    return 0.0 if not fastest else HEARTBEAT_WIRE_BYTES * 8 / (HEARTBEAT_SHARE * fastest)
+    """:func:`beat_spacing` for the fastest of ``site``'s links as configured: a site whose
+    every link is thin beats less often. (A site stretches it further where its senders
+    measure its links thinner, and says so in each heartbeat.)"""
+    return beat_spacing(max((link.bandwidth_bps for link in topology.links
+                             if site in link.ends), default=None))
 
 #: Deploys one fragment to the site controller at an address; returns (piece, server) pairs.
 Deployer = Callable[[str, Fragment, "QueryState"], list[tuple[str, str]]]
@@ -205,6 +216,7 @@ class SiteState:
     placements: list[Placement] = field(default_factory=list)
     input_bytes: int = 0  # raw logs landed in its input folder, as its last heartbeat said
     links: dict[str, LinkReport] = field(default_factory=dict)  # query -> its link's report
+    interval_s: float = 0.0  # until its next heartbeat, as its last one said (0: not said)
 
 
 @dataclass
@@ -516,6 +528,7 @@ class GlobalController:
             came_back = site.address is not None and not site.alive  # it was declared dead
             site.address, site.last_seen, site.alive = address, self.clock(), True
             site.placements.clear()
+            site.interval_s = 0.0  # the interval it was given, until its heartbeats say
             log.info("site %s registered at %s", name, address)
             for query in self.queries.values():
                 query.deployed.discard(name)  # a fresh controller holds nothing yet
@@ -541,16 +554,19 @@ class GlobalController:
     def heartbeat(self, name: str, links: dict[str, float], *, input_bytes: int = 0,
                   reports: dict[str, LinkReport] | None = None,
                   placements: list[Placement] | None = None,
-                  failures: dict[str, str] | None = None) -> list[str]:
+                  failures: dict[str, str] | None = None, interval_s: float = 0.0
+                  ) -> list[str]:
         """Record that ``name`` is alive and what it measured (and, for the dashboard, its
         raw input, its links' levels and which process runs which piece, and which queries'
-        local stages failed there, and why); the queries it should run."""
+        local stages failed there, and why), and that its next heartbeat comes within
+        ``interval_s`` (0: its usual interval); the queries it should run."""
         with self.lock:
             site = self._site(name)
             if site.address is None:
                 msg = f"site {name} sent a heartbeat before registering"
                 raise ControlPlaneError(msg)
             site.last_seen = self.clock()
+            site.interval_s = min(interval_s, MAX_HEARTBEAT_SPACING_S)
             site.input_bytes, site.links = input_bytes, dict(reports or {})
             if placements is not None:
                 site.placements = [p for p in placements if p.query in self.queries]
@@ -646,9 +662,11 @@ class GlobalController:
 
     def timeout_of(self, site: str) -> float:
         """How long ``site`` may be silent before it is taken for dead: the controller's
-        heartbeat timeout, longer for a site whose thin link stretches its heartbeats."""
+        heartbeat timeout, longer for a site whose thin link stretches its heartbeats (as
+        configured, or as its last heartbeat said)."""
+        said = self.sites[site].interval_s if site in self.sites else 0.0
         return max(self.heartbeat_timeout_s,
-                   BEATS_PER_TIMEOUT * heartbeat_spacing(self.topology, site))
+                   BEATS_PER_TIMEOUT * max(heartbeat_spacing(self.topology, site), said))
 
     def expire_measurements(self) -> list[str]:
         """Forget the link measurements no heartbeat has repeated for two of the measuring

@@ -156,7 +156,8 @@ class GlobalControllerServicer(rpc.GlobalControllerServicer):
                 # stale here would show a stopped query's pieces as running for good.
                 placements=[Placement(p.query, p.piece, p.server, p.pid, p.address, p.state)
                             for p in request.placements],
-                failures={f.query: f.error for f in request.failures})
+                failures={f.query: f.error for f in request.failures},
+                interval_s=request.interval_s)
         except JetstreamError as e:
             _abort(context, e)
         return pb.HeartbeatResponse(queries=queries)

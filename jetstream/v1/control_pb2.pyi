@@ -228,7 +228,7 @@ class LinkReport(_message.Message):
     def __init__(self, query: _Optional[str] = ..., level: _Optional[str] = ..., level_index: _Optional[int] = ..., pinned: _Optional[bool] = ..., sent_bytes: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("site", "links", "running", "input_bytes", "query_links", "placements", "failures", "leaving")
+    __slots__ = ("site", "links", "running", "input_bytes", "query_links", "placements", "failures", "leaving", "interval_s")
     SITE_FIELD_NUMBER: _ClassVar[int]
     LINKS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
@@ -237,6 +237,7 @@ class HeartbeatRequest(_message.Message):
     PLACEMENTS_FIELD_NUMBER: _ClassVar[int]
     FAILURES_FIELD_NUMBER: _ClassVar[int]
     LEAVING_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     site: str
     links: _containers.RepeatedCompositeFieldContainer[LinkMeasurement]
     running: _containers.RepeatedScalarFieldContainer[str]
@@ -245,7 +246,8 @@ class HeartbeatRequest(_message.Message):
     placements: _containers.RepeatedCompositeFieldContainer[Placement]
     failures: _containers.RepeatedCompositeFieldContainer[StageFailure]
     leaving: bool
-    def __init__(self, site: _Optional[str] = ..., links: _Optional[_Iterable[_Union[LinkMeasurement, _Mapping]]] = ..., running: _Optional[_Iterable[str]] = ..., input_bytes: _Optional[int] = ..., query_links: _Optional[_Iterable[_Union[LinkReport, _Mapping]]] = ..., placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ..., failures: _Optional[_Iterable[_Union[StageFailure, _Mapping]]] = ..., leaving: _Optional[bool] = ...) -> None: ...
+    interval_s: float
+    def __init__(self, site: _Optional[str] = ..., links: _Optional[_Iterable[_Union[LinkMeasurement, _Mapping]]] = ..., running: _Optional[_Iterable[str]] = ..., input_bytes: _Optional[int] = ..., query_links: _Optional[_Iterable[_Union[LinkReport, _Mapping]]] = ..., placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ..., failures: _Optional[_Iterable[_Union[StageFailure, _Mapping]]] = ..., leaving: _Optional[bool] = ..., interval_s: _Optional[float] = ...) -> None: ...
 
 class StageFailure(_message.Message):
     __slots__ = ("query", "error")
