@@ -409,7 +409,12 @@ def run_site(name: str, controller_address: str, *, security: Security, port: in
                 asked = beats.asked
                 running = local.running() if local else []
                 links = runtime.links()
-                interval = heartbeat_interval(given, links)
+                stretched = heartbeat_interval(given, links)
+                if abs(stretched - interval) > 0.1 * interval:
+                    log.info("site %s: a heartbeat every %.1f s (%s)", name, stretched,
+                             "as given" if stretched == given
+                             else "its links to its parents are timed thin")
+                interval = stretched
                 response = controller.Heartbeat(pb.HeartbeatRequest(
                     site=name, running=running, input_bytes=input_bytes(),
                     links=link_measurements(links), query_links=link_reports(links),
