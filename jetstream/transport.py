@@ -32,6 +32,7 @@ import dataclasses
 import logging
 import math
 import queue
+import statistics
 import threading
 import time
 from collections import Counter, deque
@@ -120,8 +121,9 @@ class _Window:
         self._delays: deque[float] = deque(maxlen=16)  # near-empty messages' times
         self._bytes = 0
         self._free_at: float | None = None
-        # Bytes/s the link carried, by each of the latest acks of a part: a busy receiver
-        # or a loaded machine only ever slows an ack, so the most of them is the link's.
+        # Bytes/s the link carried, by each of the latest acks of a part (acks that come
+        # together time one as instant; a busy receiver, one as slow): their median is the
+        # link's.
         self._rates: deque[float] = deque(maxlen=16)
         self._changed = threading.Condition()
 
@@ -129,7 +131,7 @@ class _Window:
     def rate(self) -> float | None:
         """Bytes/s the link carries, by the latest acks timed (None before one is)."""
         with self._changed:
-            return max(self._rates, default=None)
+            return statistics.median_low(self._rates) if self._rates else None
 
     def reset(self) -> None:
         """A new stream: nothing is on it."""

@@ -405,6 +405,7 @@ def run_site(name: str, controller_address: str, *, security: Security, port: in
             try:
                 if not registered:
                     given, registered = register(), True
+                    interval = given
                 local = servicer.controller
                 asked = beats.asked
                 running = local.running() if local else []
