@@ -91,7 +91,8 @@ class Uplink:
         self.partial, self.ranking, self.replay = partial, ranking, options.replay
         self.store, self.metrics, self._sequence = store, run_metrics, sequence
         self.metrics.link = metrics.link_name(site, parent)
-        self._reported: tuple[int | None, bool] = (None, False)
+        # The last progress reported: (watermark, finished, received_ms).
+        self._reported: tuple[int | None, bool, int] = (None, False, 0)
         window = query.stream.window_op
         assert window is not None, "the DSL windows every aggregate"
         self._windows = window.spec
@@ -183,25 +184,42 @@ class Uplink:
             else:  # a correction (late records) goes whole
                 self.answerer.forget(merged.window)
         with self._lock:
-            if self.router is not None:
-                self.router.send(batch)
-            else:
-                self.sender.send(encode_batch(batch, self.partial, compress=not self.local))
-                if not self.local:
-                    self._via_parent.append((time.monotonic(), batch))
-                    while self._via_parent[0][0] < time.monotonic() - RESEND_S:
-                        self._via_parent.popleft()
+            self._push(batch)
         return len(batch.rows)
 
     def resend(self, batches: Sequence[PartialBatch]) -> None:
         """Send ``batches`` (sent before, to another parent) as they were."""
         with self._lock:
             for batch in batches:
-                if self.router is not None:
-                    self.router.send(batch)
-                else:
-                    self.sender.send(encode_batch(batch, self.partial, compress=not self.local))
-                    self._via_parent.append((time.monotonic(), batch))
+                self._push(batch)
+
+    def _push(self, batch: PartialBatch) -> None:
+        """Send ``batch`` the current way: to the parent's workers, or to the parent,
+        keeping it a while for its workers (under ``_lock``)."""
+        if self.router is not None:
+            self.router.send(batch)
+            return
+        self.sender.send(encode_batch(batch, self.partial, compress=not self.local))
+        if not self.local:
+            now = time.monotonic()
+            self._via_parent.append((now, batch))
+            while self._via_parent[0][0] < now - RESEND_S:
+                self._via_parent.popleft()
+
+    def _progress(self) -> None:
+        """Tell the current way how far this site has got, as last reported (under
+        ``_lock``)."""
+        watermark, finished, received_ms = self._reported
+        if watermark is None:
+            return
+        if self.router is not None:
+            self.router.progress(self.site, watermark, finished, received_ms)
+        else:
+            self.sender.send_progress(pb.Progress(
+                query=self.name, origin=self.site, watermark_ms=watermark, ended=finished,
+                sequence=next(self._sequence),
+                received_bytes=self._received() if self._received else None,
+                received_ms=received_ms))
 
     def report(self, watermark: int | None, finished: bool, received_ms: int = 0) -> None:
         """Say how far the run has got (after the batches it covers) when that passes a
@@ -210,20 +228,12 @@ class Uplink:
         each micro-batch would queue ahead of the one that closes a window."""
         if watermark is None:
             return
-        report = (watermark, finished)
-        last = self._reported[0]
-        if last is None or finished != self._reported[1] or (
+        last, was_finished, _ = self._reported
+        if last is None or finished != was_finished or (
                 self._windows.last_end(watermark) != self._windows.last_end(last)):
             with self._lock:
-                if self.router is not None:
-                    self.router.progress(self.site, watermark, finished, received_ms)
-                else:
-                    self.sender.send_progress(pb.Progress(
-                        query=self.name, origin=self.site, watermark_ms=watermark,
-                        ended=finished, sequence=next(self._sequence),
-                        received_bytes=self._received() if self._received else None,
-                        received_ms=received_ms))
-                self._reported = report
+                self._reported = (watermark, finished, received_ms)
+                self._progress()
 
     def close(self) -> None:
         """Stop sending; what is unacked stays in the store for the next uplink."""
@@ -351,19 +361,8 @@ class Uplink:
                 log.info("%s at %s: sending %d batches again the new way", self.name,
                          self.site, len(again))
             for batch in again:
-                if self.router is not None:
-                    self.router.send(batch)
-                else:
-                    self.sender.send(encode_batch(batch, self.partial))
-                    self._via_parent.append((time.monotonic(), batch))
-            watermark, finished = self._reported
-            if watermark is not None:  # the new way hears how far this site has got
-                if self.router is not None:
-                    self.router.progress(self.site, watermark, finished)
-                else:
-                    self.sender.send_progress(pb.Progress(
-                        query=self.name, origin=self.site, watermark_ms=watermark,
-                        ended=finished, sequence=next(self._sequence)))
+                self._push(batch)
+            self._progress()  # the new way hears how far this site has got
         if router is not None:
             router.close()
         log.info("%s at %s: sending to %s", self.name, self.site,

@@ -408,7 +408,10 @@ def test_a_site_that_says_its_heartbeats_are_further_apart_is_given_longer(
     assert beat_spacing(20_000) == pytest.approx(4.8)
     assert beat_spacing(None) == beat_spacing(0) == 0
     assert beat_spacing(10) == MAX_HEARTBEAT_SPACING_S  # however thin, not for ever
-    controller.heartbeat("sfo", {}, interval_s=beat_spacing(20_000))
+    servicer = GlobalControllerServicer(controller, 1.0)
+    plaintext = SimpleNamespace(auth_context=dict)  # a call's context on a plaintext server
+    servicer.Heartbeat(pb.HeartbeatRequest(site="sfo", interval_s=beat_spacing(20_000)),
+                       plaintext)  # type: ignore[arg-type]
     beat(controller, "ams", "sin")
     assert controller.timeout_of("sfo") == pytest.approx(14.4)
     clock.advance(TIMEOUT_S + 1)

@@ -400,22 +400,22 @@ def run_site(name: str, controller_address: str, *, security: Security, port: in
     runtime.on_failure = lambda: beats.ask(CALL_TIMEOUT_S)
 
     def beat() -> None:
-        given, interval, registered, backoff = 2.0, 2.0, False, 0.5
+        given, interval, logged, registered, backoff = 2.0, 2.0, 2.0, False, 0.5
         while not stop.is_set():
             try:
                 if not registered:
                     given, registered = register(), True
-                    interval = given
+                    logged = given
                 local = servicer.controller
                 asked = beats.asked
                 running = local.running() if local else []
                 links = runtime.links()
-                stretched = heartbeat_interval(given, links)
-                if abs(stretched - interval) > 0.1 * interval:
-                    log.info("site %s: a heartbeat every %.1f s (%s)", name, stretched,
-                             "as given" if stretched == given
+                interval = heartbeat_interval(given, links)
+                if abs(interval - logged) > 0.25 * logged:  # said when it moves by a quarter
+                    log.info("site %s: a heartbeat every %.1f s (%s)", name, interval,
+                             "as given" if interval == given
                              else "its links to its parents are timed thin")
-                interval = stretched
+                    logged = interval
                 response = controller.Heartbeat(pb.HeartbeatRequest(
                     site=name, running=running, input_bytes=input_bytes(),
                     links=link_measurements(links), query_links=link_reports(links),
