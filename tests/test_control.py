@@ -4,6 +4,7 @@ placement, the results hub, and the gRPC API served in-process."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -425,6 +426,9 @@ def test_a_site_that_says_its_heartbeats_are_further_apart_is_given_longer(
     assert controller.timeout_of("sfo") == TIMEOUT_S  # registered again: as given
     controller.heartbeat("sfo", {}, interval_s=3_600)
     assert controller.timeout_of("sfo") == 3 * MAX_HEARTBEAT_SPACING_S
+    for garbage in (math.nan, -5.0, 0.0):
+        controller.heartbeat("sfo", {}, interval_s=garbage)
+        assert controller.timeout_of("sfo") == TIMEOUT_S
 
 
 def test_a_site_beats_less_often_where_its_senders_time_its_links_thin() -> None:

@@ -566,7 +566,9 @@ class GlobalController:
                 msg = f"site {name} sent a heartbeat before registering"
                 raise ControlPlaneError(msg)
             site.last_seen = self.clock()
-            site.interval_s = min(interval_s, MAX_HEARTBEAT_SPACING_S)
+            # At most the longest a site may wait; what is not a positive number is ignored.
+            site.interval_s = (min(interval_s, MAX_HEARTBEAT_SPACING_S) if interval_s > 0
+                               else 0.0)
             site.input_bytes, site.links = input_bytes, dict(reports or {})
             if placements is not None:
                 site.placements = [p for p in placements if p.query in self.queries]
