@@ -512,6 +512,10 @@ def _bench(args: argparse.Namespace) -> int:
     from jetstream.lab.bench import run_bench
 
     say = _progress("bench")
+    if args.only and not args.emulate:
+        msg = (f"bench: --only {args.only} picks a system for the latency part, which runs "
+               "only with --emulate; add --emulate, or drop --only")
+        raise PlanError(msg)
     if args.emulate:
         from jetstream.lab.emulate import WideArea
 
@@ -529,7 +533,8 @@ def _bench(args: argparse.Namespace) -> int:
         report["latency"] = run_latency(
             Path(args.topology), query, work,
             phase_s=args.phase if args.phase is not None else duration / 2,
-            rate=args.live_rate, link=args.link, seed=args.seed, say=say)
+            rate=args.live_rate, link=args.link, seed=args.seed, say=say,
+            systems=[args.only] if args.only else ["jetstream", "backhaul"])
         (work / "bench.json").write_text(json.dumps(report, indent=2))
     total = report["total"]
     say(f"wide-area bytes: JetStream-py {total['jetstream_bytes']:,}, backhaul (gzip) "
@@ -553,7 +558,7 @@ def _bench(args: argparse.Namespace) -> int:
             f"{latency['dropped_to']} for {latency['phase_s']:g}s (p50 / p95 / p99, windows "
             "counted; a window closes when the last site receives the record that moves its "
             "watermark past the window's end)")
-        for system in ("jetstream", "backhaul"):
+        for system in (s for s in ("jetstream", "backhaul") if s in latency):
             figures = latency[system]
             for measure, what in (("after_close", "after close"),
                                   ("after_end", "after window end"),
@@ -986,6 +991,9 @@ def _parser() -> argparse.ArgumentParser:
                        "after the drop; a window counts from 20 s in, so 640 gives at least "
                        "60 windows of 10 s on each side of the drop (default: half of "
                        "--duration)")
+    bench.add_argument("--only", choices=("jetstream", "backhaul"), default=None,
+                       help="with --emulate: measure the latency of this system alone (half "
+                       "the time; for traces), not both side by side")
     bench.add_argument("--live-rate", type=float, default=300.0, metavar="N",
                        help="with --emulate: live records per second at each site "
                        "(default: 300)")

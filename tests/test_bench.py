@@ -10,8 +10,22 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
+from jetstream.cli import main
+from jetstream.errors import PlanError
 from jetstream.lab.baseline import Receiver, ship
-from jetstream.lab.latency_bench import Landing, LatencyPhase, WindowLatency, window_closes
+from jetstream.lab.latency_bench import (
+    Landing,
+    LatencyPhase,
+    WindowLatency,
+    run_latency,
+    window_closes,
+)
+from jetstream.queryfile import load_query
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "cdn_topk.py"
 
 
 def test_bench_quick_compares_jetstream_with_the_backhaul(tmp_path: Path) -> None:
@@ -120,3 +134,14 @@ def test_a_window_closes_when_the_last_site_receives_the_record_past_its_end() -
     assert closes == {end: 106.2, end + 1_000: 106.2}
     assert window_closes(landings, ["ams"], [end + 1_000], 5_000) == {end + 1_000: 105.0}
     assert window_closes(landings, ["ams", "sin"], [end], 5_000) == {}  # sin never closed it
+
+
+def test_a_latency_run_of_one_system_is_refused_without_emulate_or_of_an_unknown_one(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--quick", "--only", "jetstream", "--out", str(tmp_path)]) == 1
+    assert "--only jetstream picks a system for the latency part" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # refused before anything ran
+    with pytest.raises(PlanError, match="no system named spark; choose from jetstream, "
+                       "backhaul"):
+        run_latency(ROOT / "topologies" / "local-3dc.yaml", load_query(EXAMPLE), tmp_path,
+                    phase_s=1, rate=1, link="200kbit", seed=0, say=print, systems=["spark"])

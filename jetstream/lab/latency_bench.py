@@ -253,10 +253,21 @@ def _max_event_ms(path: Path) -> int:
         return max(int(line.split(",", column + 1)[column]) for line in lines)
 
 
+#: The systems the latency bench runs, in order, and their names on the plot.
+SYSTEMS = {"jetstream": "JetStream-py", "backhaul": "backhaul (gzip) + Spark job"}
+
+
 def run_latency(topology: Path, query: Query, work: Path, *, phase_s: float,
-                rate: float, link: str, seed: int, say: Say) -> dict[str, Any]:
-    """Both systems (see the module docstring), each ``phase_s`` on ``link`` then ``phase_s``
-    on a tenth of it; the report's ``latency`` part. Plots ``work/latency.png``."""
+                rate: float, link: str, seed: int, say: Say,
+                systems: Sequence[str] = tuple(SYSTEMS)) -> dict[str, Any]:
+    """Each of ``systems`` (both by default; see the module docstring), ``phase_s`` on
+    ``link`` then ``phase_s`` on a tenth of it; the report's ``latency`` part. Plots
+    ``work/latency.png``."""
+    unknown = sorted(set(systems) - set(SYSTEMS))
+    if unknown or not systems:
+        msg = (f"latency bench: no system named {', '.join(unknown) or 'at all'}; "
+               f"choose from {', '.join(SYSTEMS)}")
+        raise PlanError(msg)
     layout = load_topology(topology)
     area = WideArea(layout)
     edges = [s for s in area.sites.values() if s.parent]
@@ -280,7 +291,8 @@ def run_latency(topology: Path, query: Query, work: Path, *, phase_s: float,
     area.up()
     try:
         backhaul = functools.partial(_backhaul, spark=(master, spark_conf))
-        for system, run_phase in (("jetstream", _jetstream), ("backhaul", backhaul)):
+        runs: dict[str, Callable[..., float]] = {"jetstream": _jetstream, "backhaul": backhaul}
+        for system, run_phase in ((s, runs[s]) for s in SYSTEMS if s in systems):
             shape(shaped)
             folder = work / f"latency-{system}"
             phase = LatencyPhase(system, drop_at_s=phase_s)
@@ -459,8 +471,8 @@ def _plot(phases: list[LatencyPhase], shaped: str, dropped: str, path: Path) -> 
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(9, 4.5))
-    for phase, label in zip(phases, ("JetStream-py", "backhaul (gzip) + Spark job"),
-                            strict=True):
+    for phase in phases:
+        label = SYSTEMS[phase.system]
         given = [(w.moment_s, v, w.recall) for w in phase.windows
                  if w.given and (v := w.after_close_s) is not None]
         line = ax.plot([x for x, _, _ in given], [y for _, y, _ in given], marker="o",
