@@ -528,13 +528,13 @@ def _bench(args: argparse.Namespace) -> int:
     report = run_bench(Path(args.topology), query, work,
                        duration_s=duration, rate=rate, seed=args.seed, say=say)
     if args.emulate:
-        from jetstream.lab.latency_bench import run_latency
+        from jetstream.lab.latency_bench import SYSTEMS, run_latency
 
         report["latency"] = run_latency(
             Path(args.topology), query, work,
             phase_s=args.phase if args.phase is not None else duration / 2,
             rate=args.live_rate, link=args.link, seed=args.seed, say=say,
-            systems=[args.only] if args.only else ["jetstream", "backhaul"])
+            systems=[args.only] if args.only else list(SYSTEMS))
         (work / "bench.json").write_text(json.dumps(report, indent=2))
     total = report["total"]
     say(f"wide-area bytes: JetStream-py {total['jetstream_bytes']:,}, backhaul (gzip) "
@@ -558,7 +558,7 @@ def _bench(args: argparse.Namespace) -> int:
             f"{latency['dropped_to']} for {latency['phase_s']:g}s (p50 / p95 / p99, windows "
             "counted; a window closes when the last site receives the record that moves its "
             "watermark past the window's end)")
-        for system in (s for s in ("jetstream", "backhaul") if s in latency):
+        for system in (s for s in SYSTEMS if s in latency):
             figures = latency[system]
             for measure, what in (("after_close", "after close"),
                                   ("after_end", "after window end"),
