@@ -126,7 +126,7 @@ def _site(args: argparse.Namespace) -> int:
     options = SiteOptions(input_dir=Path(args.input) if args.input else None,
                           replay=args.replay, deadline_s=args.window_deadline,
                           idle_s=args.idle_timeout, spark_master=args.spark_master,
-                          trigger_s=args.trigger,
+                          trigger_s=args.trigger, warm_up_s=args.warm_up,
                           spark_conf=dict(args.spark_conf or ()),
                           cubes=args.cubes, retention=parse_retention(args.retention))
     if args.state_dir:
@@ -582,13 +582,22 @@ def _bench(args: argparse.Namespace) -> int:
 
 def _positive_seconds(text: str) -> float:
     """A command-line duration in seconds: a finite number above zero."""
+    return _duration(text, zero=False)
+
+
+def _seconds_or_zero(text: str) -> float:
+    """A command-line duration in seconds: a finite number, zero or above."""
+    return _duration(text, zero=True)
+
+
+def _duration(text: str, *, zero: bool) -> float:
     try:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not (0 < value < math.inf):
-        msg = f"expected a number of seconds above 0, not {text!r}"
-        raise argparse.ArgumentTypeError(msg)
+    if not (0 < value < math.inf or (zero and value == 0)):
+        msg = f"expected a number of seconds {'0 or' if zero else ''} above 0, not {text!r}"
+        raise argparse.ArgumentTypeError(msg.replace("  ", " "))
     return value
 
 
@@ -747,6 +756,11 @@ def _parser() -> argparse.ArgumentParser:
     site.add_argument("--trigger", type=_positive_seconds, default=SiteOptions.trigger_s,
                       metavar="S", help="the live local stage reads new files this often "
                                         f"(default: {SiteOptions.trigger_s:g}s)")
+    site.add_argument("--warm-up", type=_seconds_or_zero, default=SiteOptions.warm_up_s,
+                      metavar="S", help="before a live local stage starts, run it on made-up "
+                                        "records for up to this long, so that its first "
+                                        "windows do not wait for the JVM to compile; 0: off "
+                                        f"(default: {SiteOptions.warm_up_s:g}s)")
     site.add_argument("--idle-timeout", type=float, default=5.0, metavar="S",
                       help="input without records this long is idle and holds no window "
                            "back (default: 5s)")

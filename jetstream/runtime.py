@@ -57,6 +57,7 @@ from jetstream.rewrite import distributed
 from jetstream.router import Router, own_rows
 from jetstream.stage.check import check_stage, local_inputs, source_of
 from jetstream.stage.inputs import StageInput, source_folder
+from jetstream.stage.warm import WARM_UP_S
 from jetstream.transport import Connect, DataPlaneServicer, PartialSender
 from jetstream.uplink import LinkLevel, Uplink
 from jetstream.v1 import dataplane_pb2 as pb
@@ -105,6 +106,7 @@ def _checkpoint_file_manager() -> dict[str, str]:
 #: --spark-conf`` says otherwise; values are strings, as Spark reads them.
 DEFAULT_SPARK_CONF: Mapping[str, str] = MappingProxyType({
     "spark.ui.enabled": "false",  # no web UI: several site JVMs share one machine's ports
+    "spark.ui.showConsoleProgress": "false",  # no progress bars in the site's log
     "spark.ui.retainedJobs": "50",  # a stage runs for days: keep few past jobs, not 1,000
     "spark.ui.retainedStages": "50",  # likewise for stages
     "spark.sql.ui.retainedExecutions": "20",  # likewise for SQL executions
@@ -165,6 +167,9 @@ class SiteOptions:
     deadline_s: float | None = None  # overrides the SLO's max_latency for window deadlines
     idle_s: float = 5.0  # an input without records this long is idle
     trigger_s: float = 0.25  # micro-batch interval of a live local stage
+    #: Before a live stage's stream starts, warm its JVM up on made-up records for at most
+    #: this long (:mod:`jetstream.stage.warm`); 0: not at all.
+    warm_up_s: float = WARM_UP_S
     level_interval_s: float = 5.0  # a link's degradation level changes at most this often
     #: The local stage's Spark master; None: what the controller says (the topology's).
     #: Given up front, Spark starts before anything else (see ``SiteRuntime.session``).
@@ -279,6 +284,11 @@ class QueryRun:
     def name(self) -> str:
         return self.assignment.fragment.query
 
+    @property
+    def starting(self) -> bool:
+        """Whether a local stage here has yet to start reading (Spark starts, or it warms up)."""
+        return any(stage.starting for stage in self.stages)
+
     def _inputs(self, assignment: Assignment) -> set[str]:
         """What the merger merges: the fragment's children and local stage, or, when its
         partitions run on workers, what the workers send back."""
@@ -381,6 +391,7 @@ class QueryRun:
                            source_folder(self.options.input_dir, source_of(chain).name, alone),
                            state if name == self.site else state / name[len(self.site) + 1:-1],
                            replay=self.options.replay, trigger_s=self.options.trigger_s,
+                           warm_up_s=self.options.warm_up_s,
                            idle_s=self.options.idle_s, hand_on=self._local,
                            progress=self.progress, on_batch=self._stage_batch,
                            on_failure=self._stage_failed)
@@ -694,6 +705,13 @@ class SiteRuntime:
     def run(self, query: str) -> QueryRun | None:
         with self._lock:
             return self._runs.get(query)
+
+    def starting(self) -> set[str]:
+        """The queries with a local stage here that does not read yet (Spark starts, or the
+        stage warms up)."""
+        with self._lock:
+            runs = list(self._runs.values())
+        return {run.name for run in runs if run.starting}
 
     def failures(self) -> dict[str, str]:
         """The queries whose local stage failed here, and why."""

@@ -840,6 +840,9 @@ def test_running_answers_while_a_deploy_or_a_stop_waits_for_the_runtime() -> Non
         def stop(self, query: str) -> None:
             self.deploy(Assignment(Fragment(query, "lhr"), b""))
 
+        def starting(self) -> set[str]:  # asked by pieces(): its stage reads
+            return set()
+
     site = SiteController("lhr", SERVERS, SlowRuntime())  # type: ignore[arg-type]
     fragment = Fragment("a", "lhr", sources=("cdn_logs",))
     for change, running in [(lambda: site.deploy(fragment, 1, Assignment(fragment, b"")), ["a"]),

@@ -241,6 +241,8 @@ def test_live_sites_with_quiet_neighbours_still_close_their_windows(
     with LocalCluster(TOPOLOGY, tmp_path / "input", idle_timeout_s=2,
                       logs=tmp_path / "logs") as cluster:
         cluster.client.submit(path)
+        # ams's stage has warmed up and reads (the quiet sites, without a folder, read none).
+        cluster.wait_for_stages("live")
         # An operator asks about sfo's link, through the controller to sfo's process.
         now = cluster.client.set_level("live", "sfo", "auto")
         assert (now.link, now.level, now.pinned, list(now.levels)) == (

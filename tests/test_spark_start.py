@@ -1,8 +1,8 @@
 """A site whose Spark is starting stays alive: a real controller and a real site, in a fresh
 process so that the site starts a JVM of its own (the tests' shared session would answer at
-once), with heartbeats tighter than a JVM start; and the session it starts has the Spark
-settings of its command line over the topology's (carried at registration) over the
-defaults."""
+once), with heartbeats tighter than a JVM start; its local stage shows as starting until it
+has warmed up and reads; and the session it starts has the Spark settings of its command
+line over the topology's (carried at registration) over the defaults."""
 
 from __future__ import annotations
 
@@ -97,6 +97,17 @@ def _probe(folder: Path) -> dict[str, Any]:
     while not seen["spark"]:
         assert time.monotonic() < deadline, "Spark never started"
         time.sleep(0.1)
+    # The local stage is "starting" while Spark starts and the stage warms up, then
+    # "running": the states the controller's status showed, in order.
+    seen["stage"] = []
+    deadline = time.monotonic() + 120
+    while seen["stage"][-1:] != ["running"]:
+        assert time.monotonic() < deadline, f"the stage never ran: {seen['stage']}"
+        states = [p.state for site in client.status().sites for p in site.placements
+                  if p.piece == "local stage"]
+        if states and seen["stage"][-1:] != states:
+            seen["stage"] += states
+        time.sleep(0.05)
     time.sleep(2 * TIMEOUT_S)  # a death during the start would be declared by now
     spark = sessions[0]
     seen["conf"] = {key: spark.conf.get(key, None) for key in (
@@ -124,7 +135,8 @@ def test_a_site_is_not_declared_dead_while_its_spark_starts(tmp_path: Path) -> N
     beats = [started, *(b for b in seen["beats"] if started < b < up), up]
     gaps = [b - a for a, b in itertools.pairwise(beats)]
     assert max(gaps) < TIMEOUT_S, f"no heartbeat for {max(gaps):.1f} s while Spark started"
-    assert seen["dead"] == []
+    assert seen["dead"] == []  # while Spark started, warmed up, and then
+    assert seen["stage"] == ["starting", "running"]
     assert seen["replans"] == [0]
     # The fragment was taken while the JVM started: deploys do not wait for Spark either.
     assert seen["deployed"] and seen["deployed"][0] < up

@@ -39,6 +39,8 @@ STARTUP_TIMEOUT_S = 60.0
 STARTUP_LIMIT_S = 600.0
 #: How long a process may take to stop after SIGTERM (a site stops its Spark streams and JVM).
 STOP_TIMEOUT_S = 30.0
+#: How long :meth:`LocalCluster.wait_for_stages` waits for the local stages to read.
+STAGES_TIMEOUT_S = 180.0
 
 Say = Callable[[str], None]
 
@@ -210,6 +212,26 @@ class LocalCluster:
                 if len(alive) == len(self.sites):
                     return
             time.sleep(0.3)
+
+    def wait_for_stages(self, query: str, timeout_s: float = STAGES_TIMEOUT_S) -> float:
+        """Wait until ``query`` is deployed at every site that reads logs and no local stage
+        of it is starting (Spark starting, or warming up: :mod:`jetstream.stage.warm`), as
+        the sites' heartbeats report them; the seconds it took."""
+        started = time.monotonic()
+        waiting: list[str] = sorted(self.readers)
+        while waiting:
+            if time.monotonic() - started > timeout_s:
+                msg = (f"the local stages of {query} were not all reading within "
+                       f"{timeout_s:.0f}s; waiting for {', '.join(waiting)}\n{self.tail()}")
+                raise ControlPlaneError(msg)
+            self.check_alive()
+            with contextlib.suppress(ControlPlaneError):
+                placed = {site.name: [p for p in site.placements if p.query == query]
+                          for site in self.client.status().sites}
+                waiting = sorted(site for site in self.readers if not placed.get(site) or any(
+                    p.piece == "local stage" and p.state == "starting" for p in placed[site]))
+            time.sleep(0.3)
+        return time.monotonic() - started
 
     def kill(self, name: str) -> None:
         """Kill a process at once (SIGKILL: no clean-up), as a crash would."""

@@ -52,7 +52,9 @@ class Piece:
     server: str
     pid: int = 0  # the process that runs it: the site's own, or its server's worker
     address: str = ""  # that process's gRPC address
-    state: str = "running"  # or, for a worker: "starting", "restarting"
+    #: Or "starting": a worker not registered yet, a local stage whose Spark starts or warms
+    #: up; "restarting": a worker started again.
+    state: str = "running"
     on_worker: bool = False
 
 
@@ -179,12 +181,15 @@ class SiteController:
         workers = self.workers.states() if self.workers is not None else {}
         with self._lock:
             placed = [p for d in self._deployments.values() for p in d.pieces]
+        starting = self.runtime.starting() if self.runtime is not None else set()
         out = []
         for piece in placed:
             worker = workers.get(piece.server) if piece.on_worker else None
             if worker is None:
+                state = ("starting" if piece.name == "local stage" and piece.query in starting
+                         else piece.state)
                 out.append(dataclasses.replace(piece, pid=os.getpid(), address=self.address,
-                                               on_worker=False))
+                                               on_worker=False, state=state))
             else:
                 out.append(dataclasses.replace(piece, pid=worker.pid, address=worker.address,
                                                state=worker.state))

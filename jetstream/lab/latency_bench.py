@@ -366,6 +366,10 @@ def _jetstream(area: WideArea, topology: Path, query: Query, folder: Path,
                       site_host=lambda s: area.sites[s].address,
                       site_prefix=area.prefix) as cluster:
         name = cluster.client.submit(query).query
+        # The backhaul's job runs in a JVM this process warmed up already: the logs begin
+        # once the sites' stages have warmed up too.
+        waited = cluster.wait_for_stages(name)
+        say(f"  the sites' local stages read their logs {waited:.0f}s after submitting")
         latest: dict[Window, int] = {}
 
         def collect() -> None:

@@ -4,8 +4,9 @@ A site runs one local stage (:class:`~jetstream.stage.job.LocalStage`) per chain
 query that reads a source it holds (:func:`~jetstream.stage.check.local_inputs`): one for most
 queries, one per branch for a ``union``, each with a watermark of its own, as the reference
 executor gives each input stream its own. :class:`StageInput` is one of them: a thread that
-starts the stage, runs it (live, closing its windows when its input goes idle, or over what
-its folder holds now) and tells the run its windows, its progress and its failure under its
+starts the stage, runs it (live, after a warm-up on made-up records, see
+:mod:`jetstream.stage.warm`, closing its windows when its input goes idle; or over what its
+folder holds now) and tells the run its windows, its progress and its failure under its
 input's name.
 
 Where a source's files are (:func:`source_folder`): in ``<input>/<source>/`` when the site's
@@ -28,6 +29,7 @@ from jetstream.aggregator import ENDED
 from jetstream.dsl import Query
 from jetstream.errors import PlanError
 from jetstream.stage.check import Chain, source_of
+from jetstream.stage.warm import warm_up
 
 if TYPE_CHECKING:
     from jetstream.stage.job import LocalStage, StageStats
@@ -66,10 +68,13 @@ class StageInput:
     def __init__(self, name: str, query: Query, chain: Chain, folder: Path | None,
                  state: Path, *, replay: bool, trigger_s: float, idle_s: float,
                  hand_on: HandOn, progress: Progress, on_batch: OnBatch,
-                 on_failure: Callable[[str], None]) -> None:
+                 on_failure: Callable[[str], None], warm_up_s: float = 0.0) -> None:
         self.name, self.query, self.chain, self.folder = name, query, chain, folder
         self.state, self.replay = state, replay
-        self.trigger_s, self.idle_s = trigger_s, idle_s
+        self.trigger_s, self.idle_s, self.warm_up_s = trigger_s, idle_s, warm_up_s
+        #: True until the stage's stream starts (while Spark starts and the stage warms up),
+        #: or until the stage ends without one (a replay, no folder, a failure).
+        self.starting = True
         self._hand_on, self._progress, self._on_batch = hand_on, progress, on_batch
         self._on_failure = on_failure
         self.stage: LocalStage | None = None
@@ -94,6 +99,12 @@ class StageInput:
             self._thread.join(wait_s)
 
     def _run(self, spark: Callable[[], Any]) -> None:
+        try:
+            self._read(spark)
+        finally:
+            self.starting = False
+
+    def _read(self, spark: Callable[[], Any]) -> None:
         if self.folder is None:
             log.warning("%s has no folder of %s records: %s reads nothing of it there",
                         self.name, self.source, self.query.name)
@@ -124,9 +135,18 @@ class StageInput:
             self._progress(self.name, ENDED, self.replay, 0)
 
     def _run_live(self, stage: LocalStage) -> None:
+        if self.warm_up_s > 0 and not self._stop.is_set():
+            warm = warm_up(stage.spark, self.query, self.chain, self.state / "warm-up",
+                           seconds=self.warm_up_s, stopping=self._stop.is_set)
+            if not warm.again:
+                log.info("%s: warmed %s up in %.1fs: %d batches on made-up records, the "
+                         "first %.2fs, the last %.2fs%s", self.name, self.query.name,
+                         warm.seconds, warm.batches, warm.first_s, warm.last_s,
+                         f"; stopped by {warm.failure}" if warm.failure else "")
         if self._stop.is_set():  # stopped while Spark started
             return
         stream = stage.start(self.trigger_s)
+        self.starting = False
         seen, quiet_since, idle = -1, time.monotonic(), False
         while not self._stop.wait(TICK_S):
             if not stream.isActive:
