@@ -596,8 +596,8 @@ def _duration(text: str, *, zero: bool) -> float:
     except ValueError:
         value = math.nan
     if not (0 < value < math.inf or (zero and value == 0)):
-        msg = f"expected a number of seconds {'0 or' if zero else ''} above 0, not {text!r}"
-        raise argparse.ArgumentTypeError(msg.replace("  ", " "))
+        msg = f"expected a number of seconds, {'0 or more' if zero else 'above 0'}, not {text!r}"
+        raise argparse.ArgumentTypeError(msg)
     return value
 
 

@@ -230,3 +230,20 @@ def test_a_bad_site_spark_setting_is_refused_before_anything_starts(
         cli._parser().parse_args(["site", "--name", "ams", "--insecure", "--spark-conf", flag])
     assert exit_.value.code == 2
     assert f"argument --spark-conf: {message}" in capsys.readouterr().err
+
+
+def test_a_sites_warm_up_is_its_flag_zero_for_none_and_never_negative(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    sites: list[dict[str, object]] = []
+    monkeypatch.setattr(cli, "run_site", lambda name, controller, **kw: sites.append(kw))
+    for given, want in [([], SiteOptions.warm_up_s), (["--warm-up", "0"], 0.0),
+                        (["--warm-up", "2.5"], 2.5)]:
+        args = cli._parser().parse_args(["site", "--name", "ams", "--insecure", *given])
+        assert args.run(args) == 0
+        options = sites.pop()["options"]
+        assert isinstance(options, SiteOptions) and options.warm_up_s == want
+    for bad in ("-1", "nan", "soon"):
+        with pytest.raises(SystemExit):
+            cli._parser().parse_args(["site", "--name", "ams", "--insecure", "--warm-up", bad])
+        assert (f"argument --warm-up: expected a number of seconds, 0 or more, not {bad!r}"
+                in capsys.readouterr().err)

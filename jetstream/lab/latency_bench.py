@@ -60,6 +60,9 @@ __all__ = ["Landing", "LatencyPhase", "WindowLatency", "run_latency", "window_cl
 
 #: Windows ending this soon after the logs start are not counted: Spark is still warming up.
 WARMUP_S = 20.0
+#: The sites' ``--warm-up`` here: three JVMs starting on two cores take 11-16 s for their first
+#: batch, where a site's default (15 s) allows them one to three.
+SITE_WARM_UP_S = 90.0
 #: Windows ending this close to the end of the logs are not counted: nothing closes them.
 CLOSING_S = 10.0
 #: How long a phase waits, after the logs stop, for the windows still on their way.
@@ -361,13 +364,14 @@ def _jetstream(area: WideArea, topology: Path, query: Query, folder: Path,
     sites = list(area.sites)
     for site in sites:  # a site without its folder at deploy time reads nothing
         (folder / "input" / site).mkdir(parents=True, exist_ok=True)
+    # The backhaul's job runs in this process's JVM, warm from the replay part: the sites'
+    # stages warm up for as long as they get faster, and the logs begin once all of them read.
     with LocalCluster(topology, folder / "input", idle_timeout_s=30, logs=folder / "logs",
                       say=say, host=HOST_ADDRESS,
                       site_host=lambda s: area.sites[s].address,
-                      site_prefix=area.prefix) as cluster:
+                      site_prefix=area.prefix,
+                      site_args=lambda s: ["--warm-up", f"{SITE_WARM_UP_S:g}"]) as cluster:
         name = cluster.client.submit(query).query
-        # The backhaul's job runs in a JVM this process warmed up already: the logs begin
-        # once the sites' stages have warmed up too.
         waited = cluster.wait_for_stages(name)
         say(f"  the sites' local stages read their logs {waited:.0f}s after submitting")
         latest: dict[Window, int] = {}
