@@ -63,6 +63,13 @@ WARMUP_S = 20.0
 #: The sites' ``--warm-up`` here: three JVMs starting on two cores take 11-16 s for their first
 #: batch, where a site's default (15 s) allows them one to three.
 SITE_WARM_UP_S = 90.0
+#: A site's live log files land this often. Not a multiple of the stages' trigger (0.25 s,
+#: which Spark times from the epoch, so every site's batches start on the same grid): a file
+#: a second would land at one point of that grid for a whole run, wherever the run happened
+#: to start, and wait for the next batch the same 0.01-0.16 s in every window of it (runs
+#: seven to nine). A slightly longer period lands files at every point of it, as shippers
+#: that do not keep time with Spark would.
+LIVE_CHUNK_S = 1.03
 #: Windows ending this close to the end of the logs are not counted: nothing closes them.
 CLOSING_S = 10.0
 #: How long a phase waits, after the logs stop, for the windows still on their way.
@@ -348,6 +355,7 @@ def _live_logs(inputs: Path, sites: list[str], rate: float, seed: int,
     stop = threading.Event()
     writer = threading.Thread(target=write_live, args=(inputs, sites), daemon=True,
                               kwargs={"rate": rate, "spec": LogSpec(), "seed": seed,
+                                      "chunk_s": LIVE_CHUNK_S,
                                       "stop": stop, "on_file": landings})
     started = time.time()
     writer.start()
