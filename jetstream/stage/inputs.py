@@ -139,9 +139,10 @@ class StageInput:
             warm = warm_up(stage.spark, self.query, self.chain, self.state / "warm-up",
                            seconds=self.warm_up_s, stopping=self._stop.is_set)
             if not warm.again:
-                log.info("%s: warmed %s up in %.1fs: %d batches on made-up records, the "
+                log.info("%s: warmed %s up in %.1fs: %d batch%s on made-up records, the "
                          "first %.2fs, the last %.2fs%s", self.name, self.query.name,
-                         warm.seconds, warm.batches, warm.first_s, warm.last_s,
+                         warm.seconds, warm.batches, "" if warm.batches == 1 else "es",
+                         warm.first_s, warm.last_s,
                          f"; stopped by {warm.failure}" if warm.failure else "")
         if self._stop.is_set():  # stopped while Spark started
             return
