@@ -12,7 +12,6 @@ compiled; nothing of the warm-up reaches the site's windows, counters or folders
 from __future__ import annotations
 
 import csv
-import logging
 import random
 import shutil
 import threading
@@ -27,8 +26,6 @@ from jetstream.schema import DataType, Schema
 from jetstream.stage.check import Chain, source_of
 
 __all__ = ["PATIENCE", "WARM_UP_BATCHES", "WARM_UP_S", "WarmUp", "made_up_records", "warm_up"]
-
-log = logging.getLogger(__name__)
 
 #: At most this many warm-up batches run...
 WARM_UP_BATCHES = 40
@@ -93,8 +90,9 @@ def warm_up(spark: Any, query: Query, chain: Chain, scratch: Path, *,
     """
     from jetstream.stage.job import LocalStage  # Spark loads only where a stage runs
 
-    schema = source_of(chain).schema
-    key = (spark.sparkContext.applicationId, query.name, source_of(chain).name)
+    source = source_of(chain)
+    schema = source.schema
+    key = (spark.sparkContext.applicationId, query.name, source.name)
     with _lock:
         if key in _warmed:  # a stage started again (a new plan version, a restart)
             return WarmUp(0, 0.0, 0.0, 0.0, again=True)
