@@ -102,6 +102,11 @@ def _checkpoint_file_manager() -> dict[str, str]:
     return {}
 
 
+# HotSpot's thresholds for its optimising compiler (tier 4): 100,000 calls (the default is
+# 5,000), or 12,000 calls with 120,000 calls and loop iterations together (600 and 15,000).
+_LATE_C2 = ("-XX:Tier4InvocationThreshold=100000 -XX:Tier4MinInvocationThreshold=12000 "
+            "-XX:Tier4CompileThreshold=120000")
+
 #: A site's Spark settings where neither its topology (``spark_conf``) nor ``jetstream site
 #: --spark-conf`` says otherwise; values are strings, as Spark reads them.
 DEFAULT_SPARK_CONF: Mapping[str, str] = MappingProxyType({
@@ -121,8 +126,14 @@ DEFAULT_SPARK_CONF: Mapping[str, str] = MappingProxyType({
     # demo's three JVMs peaked at 3.0 GB with Spark's defaults, 1.9 GB with these
     # (scripts/demo_memory.py, docs/benchmarks.md).
     # (Not smaller thread stacks: -Xss512k overflowed in java.util.regex on URLs.)
+    # The optimising compiler (C2) takes a method only after far more calls than by
+    # default: a live stage calls thousands of Spark's methods a few times a micro-batch,
+    # and with the default thresholds C2 was still compiling them minutes in (about 40% of
+    # the JVM's CPU, on cores the other sites share); the bulk paths of a large batch (per
+    # row, loops) still get there (docs/benchmarks.md, "Eleventh run").
     "spark.driver.extraJavaOptions": "-Xms32m -XX:+UseSerialGC -XX:MinHeapFreeRatio=10 "
-                                     "-XX:MaxHeapFreeRatio=30 -XX:ReservedCodeCacheSize=48m",
+                                     "-XX:MaxHeapFreeRatio=30 -XX:ReservedCodeCacheSize=48m "
+                                     f"{_LATE_C2}",
     "spark.sql.adaptive.enabled": "false",  # micro-batches are tiny; AQE re-plans each one
     # The offset, commit and source logs written through Hadoop's FileSystem rather than its
     # FileContext, whose local rename runs `readlink` in a child process for every file
