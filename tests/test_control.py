@@ -840,8 +840,11 @@ def test_running_answers_while_a_deploy_or_a_stop_waits_for_the_runtime() -> Non
         def stop(self, query: str) -> None:
             self.deploy(Assignment(Fragment(query, "lhr"), b""))
 
-        def starting(self) -> set[str]:  # asked by pieces(): its stage reads
+        def starting(self) -> set[str]:  # asked by pieces(): no stage of a run starts
             return set()
+
+        def run(self, query: str) -> object | None:  # nor is there a run until deploy returns
+            return None
 
     site = SiteController("lhr", SERVERS, SlowRuntime())  # type: ignore[arg-type]
     fragment = Fragment("a", "lhr", sources=("cdn_logs",))
@@ -854,7 +857,9 @@ def test_running_answers_while_a_deploy_or_a_stop_waits_for_the_runtime() -> Non
         assert entered.wait(5)
         asked = time.monotonic()
         assert site.running() == running
-        assert [p.query for p in site.pieces()] == running
+        # Listed while the runtime makes the run, the local stage as starting: the stage is
+        # not made yet (wait_for_stages must not take it for one that reads).
+        assert [(p.query, p.state) for p in site.pieces()] == [(q, "starting") for q in running]
         assert time.monotonic() - asked < 1.0
         release.set()
         changing.join(5)

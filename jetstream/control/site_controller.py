@@ -181,13 +181,17 @@ class SiteController:
         workers = self.workers.states() if self.workers is not None else {}
         with self._lock:
             placed = [p for d in self._deployments.values() for p in d.pieces]
-        starting = self.runtime.starting() if self.runtime is not None else set()
+        runtime = self.runtime
+        starting = runtime.starting() if runtime is not None else set()
         out = []
         for piece in placed:
             worker = workers.get(piece.server) if piece.on_worker else None
             if worker is None:
-                state = ("starting" if piece.name == "local stage" and piece.query in starting
-                         else piece.state)
+                # A deployment is listed before the runtime has its run: a stage not yet
+                # made is starting too.
+                state = ("starting" if piece.name == "local stage" and runtime is not None and (
+                    piece.query in starting or runtime.run(piece.query) is None)
+                    else piece.state)
                 out.append(dataclasses.replace(piece, pid=os.getpid(), address=self.address,
                                                on_worker=False, state=state))
             else:
