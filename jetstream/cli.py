@@ -16,7 +16,7 @@ from typing import TextIO
 
 from rich.console import Console
 
-from jetstream import __version__
+from jetstream import __version__, trace
 from jetstream.aggtree.loader import load_topology
 from jetstream.aggtree.planner import plan_query
 from jetstream.aggtree.topology import spark_key_problem
@@ -1021,6 +1021,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         logging.getLogger("py4j").setLevel(logging.WARNING)  # else a line per micro-batch
+        trace.enable_from_env()  # JETSTREAM_TRACE=1: a window's steps, see jetstream.trace
     try:
         code: int = args.run(args)
     except (JetstreamError, OSError) as e:

@@ -39,7 +39,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from jetstream import metrics
+from jetstream import metrics, trace
 from jetstream.aggregator import ENDED, WindowMerger
 from jetstream.aggtree.planner import Fragment
 from jetstream.approx.levels import ranking
@@ -435,6 +435,8 @@ class QueryRun:
         (the child forgets it once acked; the stage's snapshot, once handed on). With
         workers, an input's batch goes to them, and a worker's merged partition is merged.
         A batch of no input in the plan raises LookupError (the sender tries again later)."""
+        trace.mark("receive", query=self.name, site=self.site, origin=batch.origin,
+                   end=batch.window[1], early=batch.early)
         if self._from_worker(batch.origin):
             self.merger.add(batch)
             return
@@ -465,6 +467,8 @@ class QueryRun:
                  received_ms: int = 0) -> None:
         """How far an input (or, with workers, a worker) has got, and when it received the
         records that moved it there (0: not known)."""
+        trace.mark("progress", query=self.name, site=self.site, origin=origin,
+                   watermark=watermark_ms)
         if self.router is not None and not self._from_worker(origin):
             self.router.progress(origin, watermark_ms, ended, received_ms)
         else:
@@ -572,6 +576,9 @@ class QueryRun:
             self.metrics.watermark(watermark, ended=watermark == ENDED)
         if self.uplink is None:
             expected = self.assignment.expected or self.assignment.covers
+            for m in merged:
+                trace.mark("publish", query=self.name, site=self.site, end=m.window[1],
+                           covers=len(m.covers), expected=len(expected))
             self.results.publish(merged, finished, expected)
             for child, window, ask in self.merger.asks():
                 if child not in self._asked:  # once a child: the rounds are under way
@@ -581,6 +588,7 @@ class QueryRun:
                 self.merger.charge(window, self.asks.put(child, window, ask))
             return
         for m in merged:
+            trace.mark("send", query=self.name, site=self.site, end=m.window[1])
             self.metrics.handed_on(self.uplink.send(m))
         self.uplink.report(watermark, finished, received_ms)
 

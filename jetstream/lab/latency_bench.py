@@ -94,6 +94,11 @@ class Landing:
     at: float  # wall-clock seconds, just after the file's atomic rename
     max_event_ms: int  # the largest event time in it
 
+    @classmethod
+    def of_file(cls, path: Path) -> Landing:
+        """A file in ``<site>/``, read back after a run: it landed when it was last written."""
+        return cls(path.parent.name, path.stat().st_mtime, _max_event_ms(path))
+
 
 def window_closes(landings: Iterable[Landing], sites: Sequence[str], ends_ms: Iterable[int],
                   watermark_ms: int) -> dict[int, float]:

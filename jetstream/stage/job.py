@@ -53,6 +53,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import StringType, StructField, StructType
 
+from jetstream import trace
 from jetstream.approx.sketches import TopKItems
 from jetstream.dsl import Query
 from jetstream.errors import PlanError
@@ -275,10 +276,12 @@ class LocalStage:
 
     def _process(self, prepared: DataFrame, batch_id: int | None = None) -> None:
         c = self._compiled
+        started = time.time()
         self.stats.batches += 1
         observation = Observation(f"{self.name}/{batch_id}")
         df = prepared.observe(observation, *c.counters)
         rows = df.groupBy(*c.keys).agg(*c.aggregates).collect()
+        collected = time.time()
         counters = observation.get
         self.stats.records_in += int(counters["records"])
         malformed = {reason: int(counters[reason]) for reason in _REASONS if counters[reason]}
@@ -297,6 +300,9 @@ class LocalStage:
         # before that runs the batch again, and what is handed on again is dropped downstream.
         self.windows.close_passed()
         self.windows.hand_on_early()
+        trace.mark("batch", query=self.name, batch=batch_id, start=f"{started:.3f}",
+                   collected=f"{collected:.3f}", watermark=self.windows.watermark,
+                   arrived=counters["arrived"])
         if self.snapshot is not None and batch_id is not None:
             self.windows.save(self.snapshot, batch_id)
 
