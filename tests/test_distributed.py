@@ -343,3 +343,26 @@ def test_duplicated_and_resent_batches_leave_the_results_unchanged() -> None:
         assert root.runtime.servicer.duplicates >= len(sent["sfo"])
     finally:
         root.close()
+
+
+def test_waiting_for_the_stages_takes_a_stage_not_reported_yet_for_one_not_reading(
+        tmp_path: Path) -> None:
+    """From the deploy to the site's next heartbeat, the controller lists a site's local stage
+    with no state: the wait goes on until every reader's stage says "running"."""
+    from types import SimpleNamespace
+
+    cluster = LocalCluster(TOPOLOGY, tmp_path / "input", logs=tmp_path / "logs")
+    states = iter(["", "starting", "running"])
+    asked: list[str] = []
+
+    class Status:  # the controller's answer: every reader's stage in the same state
+        def status(self) -> Any:
+            state = asked[-1] if len(asked) >= 3 else next(states)
+            asked.append(state)
+            return SimpleNamespace(sites=[SimpleNamespace(name=site, placements=[
+                SimpleNamespace(query="q", piece="local stage", state=state),
+                SimpleNamespace(query="q", piece="merge", state="")]) for site in cluster.sites])
+
+    cluster.client = Status()  # type: ignore[assignment]
+    cluster.wait_for_stages("q", timeout_s=30)
+    assert asked == ["", "starting", "running"]

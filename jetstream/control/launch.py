@@ -228,8 +228,10 @@ class LocalCluster:
             with contextlib.suppress(ControlPlaneError):
                 placed = {site.name: [p for p in site.placements if p.query == query]
                           for site in self.client.status().sites}
+                # Reading once its heartbeat says so: a stage is "" (not reported yet) from
+                # the deploy to the site's next heartbeat, then "starting" until it reads.
                 waiting = sorted(site for site in self.readers if not placed.get(site) or any(
-                    p.piece == "local stage" and p.state == "starting" for p in placed[site]))
+                    p.piece == "local stage" and p.state != "running" for p in placed[site]))
             time.sleep(0.3)
         return time.monotonic() - started
 
