@@ -28,6 +28,7 @@ windows, then the slowest windows step by step.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import statistics
 import sys
@@ -123,8 +124,13 @@ def main() -> None:
     if not marks:
         sys.exit(f"no trace lines in {logs}/*.log: run the cluster with JETSTREAM_TRACE=1")
     sites = sorted(p.name for p in inputs.iterdir() if p.is_dir())
-    landings = [Landing.of_file(f) for site in sites for f in (inputs / site).glob("*.csv")
-                if f.stat().st_size > 0]
+    landings = []
+    for site in sites:
+        for path in (inputs / site).glob("*.csv"):
+            with contextlib.suppress(ValueError, StopIteration):  # empty, or a header only
+                landings.append(Landing.of_file(path))
+    if not landings:
+        sys.exit(f"no live files with records in {inputs}/<site>/*.csv")
     first = min(landing.at for landing in landings)
     ends = {int(m.fields["end"]) for m in marks if m.step == "publish"}
     closes = {end: at for end, at in window_closes(landings, sites, ends,
