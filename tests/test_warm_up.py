@@ -74,11 +74,13 @@ def test_a_warm_up_stops_when_asked_and_a_failing_one_is_reported(
 
 
 @pytest.mark.parametrize(("times", "settled"), [
-    ([5.0, 0.9, 0.6, 0.7, 0.8, 0.65], False),  # too few to tell
-    ([5.0, 0.9, 0.6, 0.7, 0.8, 0.65, 0.61, 0.9], True),  # five none faster than 0.6
-    ([5.0, 0.9, 0.6, 0.7, 0.8, 0.65, 0.61, 0.5], False),  # still getting faster
+    ([5.0, 0.9] + [0.6, 0.7] * 8, False),  # too few to tell
+    ([5.0, 0.9] + [0.6, 0.7] * 10, True),  # ten no faster in the median than any ten before
+    ([5.0, 0.9] + [0.6, 0.7] * 8 + [0.5, 0.6], False),  # still getting faster
+    ([5.0, 0.9] + [0.6, 0.7] * 9 + [1.5] * 3, True),  # slower now: others took the cores
+    ([5.0, 0.4, 0.4, 0.4] + [0.9] * 16 + [0.6] * 10, False),  # a fast start does not count
 ])
 def test_a_warm_up_ends_once_its_batches_get_no_faster(times: list[float],
                                                        settled: bool) -> None:
-    assert PATIENCE == 5
+    assert PATIENCE == 10
     assert _settled(times) is settled

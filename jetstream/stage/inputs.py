@@ -137,9 +137,10 @@ class StageInput:
     def _run_live(self, stage: LocalStage) -> None:
         if self.warm_up_s > 0 and not self._stop.is_set():
             warm = warm_up(stage.spark, self.query, self.chain, self.state / "warm-up",
-                           seconds=self.warm_up_s, stopping=self._stop.is_set)
+                           seconds=self.warm_up_s, trigger_s=self.trigger_s,
+                           stopping=self._stop.is_set)
             if not warm.again:
-                log.info("%s: warmed %s up in %.1fs: %d batch%s on made-up records, the "
+                log.info("%s: warmed %s up in %.1fs: %d micro-batch%s of made-up records, the "
                          "first %.2fs, the last %.2fs%s", self.name, self.query.name,
                          warm.seconds, warm.batches, "" if warm.batches == 1 else "es",
                          warm.first_s, warm.last_s,

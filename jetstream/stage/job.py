@@ -173,11 +173,6 @@ class LocalStage:
         return StructType([StructField(f.name, StringType()) for f in self.source.schema]
                           + [StructField(_CORRUPT, StringType())])
 
-    def read_folder(self) -> DataFrame:
-        """Every file in the folder now, as one micro-batch of the stream reads its files
-        (the same reader, a batch job): what :func:`~jetstream.stage.warm.warm_up` runs."""
-        return self._reader(self.spark.read)
-
     def _reader(self, reader: Any = None) -> DataFrame:
         """The folder's records, by ``reader`` (the stream's, unless given)."""
         # A record's file's modification time is when the site received it (shippers

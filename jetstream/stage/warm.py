@@ -1,12 +1,15 @@
 """Warming a live stage up before its stream starts.
 
 A site's JVM is fresh when its first stage is deployed: the first few dozen micro-batches run
-slowly while the JVM compiles Spark's planner, the CSV reader and the code Spark generates for
-the stage's plan (in the latency benchmark, the first three windows took 1.4-2.9 s against
-0.7 s later). :func:`warm_up` runs that same work ahead of the stream: the stage's own plan,
-read from CSV files by the same reader, over made-up records of the source's schema, on a
-copy of the stage whose windows are thrown away. The stream then starts with the code
-compiled; nothing of the warm-up reaches the site's windows, counters or folders.
+slowly while the JVM compiles Spark's planner, the CSV reader, the code Spark generates for
+the stage's plan and the streaming engine around them (in the latency benchmark, the first
+three windows took 1.4-2.9 s against 0.7 s later). :func:`warm_up` runs that same work ahead
+of the stream: a copy of the stage, its windows thrown away, streams from a scratch folder
+with the live trigger, and a made-up file of the source's schema lands there as soon as
+the last one was read. Every part of a live micro-batch runs: listing the folder, the offset
+and commit logs, the CSV reader, the plan, the call into Python, the window bookkeeping. The
+stream then starts with that code compiled; nothing of the warm-up reaches the site's
+windows, counters or folders.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import csv
 import random
 import shutil
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -28,13 +32,15 @@ from jetstream.stage.check import Chain, source_of
 __all__ = ["PATIENCE", "WARM_UP_BATCHES", "WARM_UP_S", "WarmUp", "made_up_records", "warm_up"]
 
 #: At most this many warm-up batches run...
-WARM_UP_BATCHES = 40
+WARM_UP_BATCHES = 1000
 #: ...none starts after this many seconds...
 WARM_UP_S = 15.0
-#: ...and they stop once this many in a row were no faster than the fastest before them.
-#: (Alone on this 2-core machine, batches of a cold JVM took 5.1 s, 0.9 s, then 0.3-0.8 s,
-#: the best 0.26 s at the tenth, and 0.2 s only after forty: the rest warms up live.)
-PATIENCE = 5
+#: ...and they stop once the median of the latest this many is no lower than the lowest
+#: median of this many in a row before them. A median, not the fastest: three JVMs warming
+#: up on two cores see their batches take twice as long or half as long with what the
+#: others do, and "none of five faster than the fastest" stopped them after 13-15 batches,
+#: the last of them 0.9-1.6 s (eleventh latency run).
+PATIENCE = 10
 #: Records in a warm-up batch: about what a live micro-batch of a busy site reads.
 RECORDS = 200
 #: How far back the made-up event times reach.
@@ -79,16 +85,19 @@ def made_up_records(schema: Schema, n: int, now_ms: int, seed: int = 0) -> list[
 
 def warm_up(spark: Any, query: Query, chain: Chain, scratch: Path, *,
             batches: int = WARM_UP_BATCHES, seconds: float = WARM_UP_S,
+            trigger_s: float | None = None,
             stopping: Callable[[], bool] = lambda: False) -> WarmUp:
-    """Run the stage of ``chain`` over made-up records in ``scratch`` (emptied, then removed)
-    up to ``batches`` times, until its batches get no faster (``PATIENCE``), starting none
-    after ``seconds`` or once ``stopping()``.
+    """Stream the stage of ``chain`` from ``scratch`` (emptied, then removed) with the live
+    trigger (``trigger_s``; the stage's default if None), a file of made-up records at a
+    time, up to ``batches`` micro-batches, until they get no faster (``PATIENCE``), landing
+    no file after ``seconds`` or once ``stopping()``. A batch's time is from its file
+    landing to the stage's end of it, as a live window's would be.
 
     A batch that fails ends the warm-up and is reported in :attr:`WarmUp.failure`, not
     raised: a query's ``map`` may refuse made-up values, and the live stage is what counts.
     A query whose stage of the same source this JVM warmed up before runs none again.
     """
-    from jetstream.stage.job import LocalStage  # Spark loads only where a stage runs
+    from jetstream.stage.job import DEFAULT_TRIGGER_S, LocalStage  # Spark loads only here
 
     source = source_of(chain)
     schema = source.schema
@@ -98,36 +107,61 @@ def warm_up(spark: Any, query: Query, chain: Chain, scratch: Path, *,
             return WarmUp(0, 0.0, 0.0, 0.0, again=True)
         _warmed.add(key)
     shutil.rmtree(scratch, ignore_errors=True)
-    folder = scratch / "input"
+    folder, landing = scratch / "input", scratch / "landing"
     folder.mkdir(parents=True)
-    with (folder / "made-up.csv").open("w", newline="") as out:
-        writer = csv.writer(out)
-        writer.writerow(schema.names)
-        writer.writerows(made_up_records(schema, RECORDS, time.time_ns() // 1_000_000))
+    landing.mkdir()
     began = time.monotonic()
     times: list[float] = []
     failure = ""
+    read = threading.Semaphore(0)  # released at the end of each micro-batch
+    stage = None
     try:
         stage = LocalStage(spark, query, folder, chain=chain, emit=_drop,
+                           on_batch=lambda *_: read.release(),
                            checkpoint_dir=scratch / "checkpoint",
                            quarantine_dir=scratch / "quarantine")
+        stream = stage.start(DEFAULT_TRIGGER_S if trigger_s is None else trigger_s)
         while (len(times) < batches and time.monotonic() - began < seconds
                and not stopping() and not _settled(times)):
-            started = time.monotonic()
-            stage.process_batch(stage.read_folder(), len(times))
-            times.append(time.monotonic() - started)
+            landed = _land(schema, landing, folder, len(times))
+            while not read.acquire(timeout=0.1):
+                if not stream.isActive:
+                    raise stream.exception() or RuntimeError("the warm-up's stream stopped")
+                if stopping():
+                    break
+            else:
+                times.append(time.monotonic() - landed)
     except Exception as e:  # reported: the live stage runs regardless
         lines = str(e).strip().splitlines()
         failure = f"{type(e).__name__}: {lines[0][:300] if lines else ''}"
     finally:
+        if stage is not None:
+            stage.stop()
         shutil.rmtree(scratch, ignore_errors=True)
     return WarmUp(len(times), time.monotonic() - began, times[0] if times else 0.0,
                   times[-1] if times else 0.0, failure)
 
 
+def _land(schema: Schema, landing: Path, folder: Path, n: int) -> float:
+    """Write a file of made-up records and move it into ``folder``, as a log shipper does;
+    return when it landed (``time.monotonic()``)."""
+    path = landing / f"made-up-{n:05d}.csv"
+    with path.open("w", newline="") as out:
+        writer = csv.writer(out)
+        writer.writerow(schema.names)
+        writer.writerows(made_up_records(schema, RECORDS, time.time_ns() // 1_000_000, seed=n))
+    path.rename(folder / path.name)
+    return time.monotonic()
+
+
 def _settled(times: list[float]) -> bool:
-    """Whether the last ``PATIENCE`` batches were none faster than the fastest before them."""
-    return len(times) > PATIENCE and min(times[-PATIENCE:]) >= min(times[:-PATIENCE])
+    """Whether the median of the last ``PATIENCE`` batches is no lower than the lowest
+    median of ``PATIENCE`` in a row before them."""
+    if len(times) < 2 * PATIENCE:
+        return False
+    latest = statistics.median(times[-PATIENCE:])
+    return latest >= min(statistics.median(times[i:i + PATIENCE])
+                         for i in range(len(times) - 2 * PATIENCE + 1))
 
 
 def _drop(*_: Any, **__: Any) -> None:
