@@ -757,9 +757,10 @@ def _parser() -> argparse.ArgumentParser:
                       metavar="S", help="the live local stage reads new files this often "
                                         f"(default: {SiteOptions.trigger_s:g}s)")
     site.add_argument("--warm-up", type=_seconds_or_zero, default=SiteOptions.warm_up_s,
-                      metavar="S", help="before a live local stage starts, run it on made-up "
-                                        "records for up to this long, so that its first "
-                                        "windows do not wait for the JVM to compile; 0: off "
+                      metavar="S", help="before a live local stage starts, stream made-up "
+                                        "records through a copy of it for this long, so "
+                                        "that its first windows do not wait for the JVM "
+                                        "to compile; 0: off "
                                         f"(default: {SiteOptions.warm_up_s:g}s)")
     site.add_argument("--idle-timeout", type=float, default=5.0, metavar="S",
                       help="input without records this long is idle and holds no window "

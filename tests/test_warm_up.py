@@ -7,11 +7,9 @@ import csv
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 import jetstream as js
 from jetstream.stage.check import check_stage
-from jetstream.stage.warm import PATIENCE, _settled, made_up_records, warm_up
+from jetstream.stage.warm import made_up_records, warm_up
 from tests.test_spark_stage import run_stage
 
 EVERY_TYPE = js.Schema.of({"ts": js.DataType.INT, "site": js.DataType.STRING,
@@ -71,16 +69,3 @@ def test_a_warm_up_stops_when_asked_and_a_failing_one_is_reported(
     warm = warm_up(spark, query, chain, tmp_path / "b", seconds=120)
     assert warm.batches == 0 and warm.failure  # said, not raised: the live stage still runs
     assert not (tmp_path / "b").exists()
-
-
-@pytest.mark.parametrize(("times", "settled"), [
-    ([5.0, 0.9] + [0.6, 0.7] * 8, False),  # too few to tell
-    ([5.0, 0.9] + [0.6, 0.7] * 10, True),  # ten no faster in the median than any ten before
-    ([5.0, 0.9] + [0.6, 0.7] * 8 + [0.5, 0.6], False),  # still getting faster
-    ([5.0, 0.9] + [0.6, 0.7] * 9 + [1.5] * 3, True),  # slower now: others took the cores
-    ([5.0, 0.4, 0.4, 0.4] + [0.9] * 16 + [0.6] * 10, False),  # a fast start does not count
-])
-def test_a_warm_up_ends_once_its_batches_get_no_faster(times: list[float],
-                                                       settled: bool) -> None:
-    assert PATIENCE == 10
-    assert _settled(times) is settled
