@@ -60,8 +60,8 @@ __all__ = ["Landing", "LatencyPhase", "WindowLatency", "run_latency", "window_cl
 
 #: Windows ending this soon after the logs start are not counted: Spark is still warming up.
 WARMUP_S = 20.0
-#: The sites' ``--warm-up`` here: three JVMs starting on two cores take 11-16 s for their first
-#: batch, where a site's default (15 s) allows them one to three.
+#: The sites' ``--warm-up`` here: three JVMs starting on two cores take 9-16 s for their first
+#: batch, where a site's default (15 s) allows them a few; in 90 s each runs 110-130.
 SITE_WARM_UP_S = 90.0
 #: A site's live log files land this often. Not a multiple of the stages' trigger (0.25 s,
 #: which Spark times from the epoch, so every site's batches start on the same grid): a file
