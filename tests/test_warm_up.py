@@ -46,10 +46,11 @@ def test_a_warm_up_runs_the_stage_and_leaves_nothing_behind(spark: Any, tmp_path
     query = js.optimize(counted(SOURCE.where(js.col("ok")), "warm-once"))
     [chain] = check_stage(query)
     scratch = tmp_path / "warm-up"
+    streams = len(spark.streams.active)
     warm = warm_up(spark, query, chain, scratch, batches=3, seconds=120)
-    assert warm.failure == "" and 1 <= warm.batches <= 3 and not warm.again
+    assert warm.failure == "" and warm.batches == 3 and not warm.again
     assert warm.seconds >= warm.first_s > 0 and warm.last_s > 0
-    assert not scratch.exists()
+    assert not scratch.exists() and len(spark.streams.active) == streams  # its stream stopped
     # Started again in this JVM (a new plan version, say), the stage is warm already.
     assert warm_up(spark, query, chain, scratch, batches=3, seconds=120).again
 
