@@ -259,8 +259,9 @@ class PartialSender:
         self._put(pb.PushMessage(progress=progress))
 
     def _put(self, message: pb.PushMessage) -> None:
-        self._hold(message)
-        self._queue.put(message)
+        with self._lock:  # held and queued at once: a new stream takes both or neither
+            self._hold(message)
+            self._queue.put(message)
 
     def _hold(self, message: pb.PushMessage) -> None:
         key = _key(message)
@@ -319,10 +320,10 @@ class PartialSender:
                     done.set()
 
     def _requests(self, done: threading.Event) -> Iterator[pb.PushMessage]:
-        with self._lock:
+        with self._lock:  # against _put: a message held after this is queued after it too
             pending = list(self._unacked.values())  # a new stream resends what is unacked
-        while not self._queue.empty():  # those are in ``pending`` already
-            self._queue.get_nowait()
+            while not self._queue.empty():  # those are in ``pending`` already
+                self._queue.get_nowait()
         # Each stream starts its key dictionary empty, as the receiver's end of it does.
         keys = KeyEncoder() if self._wide_area else None
 
