@@ -320,10 +320,12 @@ class PartialSender:
                     done.set()
 
     def _requests(self, done: threading.Event) -> Iterator[pb.PushMessage]:
-        with self._lock:  # against _put: a message held after this is queued after it too
+        with self._lock:  # against _put: a message held after this goes to this queue
             pending = list(self._unacked.values())  # a new stream resends what is unacked
-            while not self._queue.empty():  # those are in ``pending`` already
-                self._queue.get_nowait()
+            # A queue of this stream's own: the last stream's generator can still be waiting
+            # on its queue after its call failed, and would take a message into a dead call.
+            waiting: queue.Queue[pb.PushMessage] = queue.Queue()
+            self._queue = waiting
         # Each stream starts its key dictionary empty, as the receiver's end of it does.
         keys = KeyEncoder() if self._wide_area else None
 
@@ -334,7 +336,7 @@ class PartialSender:
             yield from self._pieces(self._coded(message, keys), stopped)
         while not stopped():
             try:
-                message = self._queue.get(timeout=0.2)
+                message = waiting.get(timeout=0.2)
             except queue.Empty:
                 continue
             yield from self._pieces(self._coded(message, keys), stopped)
