@@ -533,3 +533,43 @@ def test_a_stream_that_breaks_between_parts_leaves_the_next_one_free() -> None:
     finally:
         sender.close()
         receiver.stop()
+
+
+def test_a_message_sent_while_the_stream_reconnects_goes_on_the_new_stream() -> None:
+    # The failed stream's generator can still be waiting for a message when the next stream
+    # takes its list of unacked ones: a message sent then must go out on the new stream,
+    # not into the dead call. (With one queue for both, either took it, half the time.)
+    parked = threading.Event()
+
+    def park(address: str) -> Any:  # the sender's own thread waits: the test runs the streams
+        parked.wait()
+        return grpc.insecure_channel(address)
+
+    sender = PartialSender("127.0.0.1:1", connect=park)
+
+    def stream(done: threading.Event, got: list[pb.PushMessage]) -> None:
+        got.extend(sender._requests(done))  # what gRPC would take into the call
+
+    try:
+        for n in range(20):
+            old_done, new_done = threading.Event(), threading.Event()
+            old_got: list[pb.PushMessage] = []
+            new_got: list[pb.PushMessage] = []
+            old = threading.Thread(target=stream, args=(old_done, old_got))
+            old.start()
+            time.sleep(0.05)  # the old stream waits on its queue
+            old_done.set()  # its call failed; its generator has not seen it yet
+            new = threading.Thread(target=stream, args=(new_done, new_got))
+            new.start()
+            time.sleep(0.05)  # the new stream has taken its list (of what is unacked)
+            sender.send_progress(pb.Progress(query="q", origin="o", watermark_ms=n,
+                                             sequence=n + 1))
+            time.sleep(0.3)
+            new_done.set()
+            old.join(2)
+            new.join(2)
+            assert [m.progress.watermark_ms for m in new_got][-1:] == [n], n
+            assert not any(m.progress.watermark_ms == n for m in old_got), n
+    finally:
+        parked.set()
+        sender.close()
