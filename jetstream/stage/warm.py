@@ -31,11 +31,12 @@ from jetstream.stage.check import Chain, source_of
 __all__ = ["WARM_UP_S", "WarmUp", "made_up_records", "warm_up"]
 
 #: How long a site warms a stage up by default (``jetstream site --warm-up``). Micro-batches
-#: keep getting faster for about a hundred of them: alone on this 2-core machine, from
-#: 4 s for the first to 0.45 s by the tenth, 0.30 s by the fortieth, 0.23 s after about a
-#: hundred (30 s); three JVMs warming up together run about one a second each. No rule
-#: tells "warm" from the batch times early: "none of five faster than the fastest before",
-#: as they came and went with the other JVMs, stopped after 13-15 batches of 0.9-1.6 s.
+#: keep getting faster for about a hundred of them: alone on this 2-core machine, 4.6 s
+#: the first, a median of 0.69 s over the first ten, 0.32 s over the fifth ten, 0.21-0.25 s
+#: from about the hundredth on (scripts/bench_warm_up.py); three JVMs warming up together
+#: run about one a second each. No rule tells "warm" from the batch times early: "none of
+#: five faster than the fastest before", as they came and went with the other JVMs,
+#: stopped after 13-15 batches of 0.9-1.6 s.
 WARM_UP_S = 15.0
 #: Records in a warm-up batch: about what a live micro-batch of a busy site reads.
 RECORDS = 200
@@ -45,12 +46,22 @@ SPREAD_MS = 30_000
 
 @dataclass(frozen=True)
 class WarmUp:
-    batches: int  # warm-up batches run
-    seconds: float  # how long they took
-    first_s: float  # the first batch's time
-    last_s: float  # the last batch's time
+    seconds: float  # how long it took
+    times: tuple[float, ...] = ()  # each micro-batch's, from its file landing to its end
     failure: str = ""  # why it stopped early, if a batch failed
     again: bool = False  # none ran: this JVM warmed this query's stage up before
+
+    @property
+    def batches(self) -> int:
+        return len(self.times)
+
+    @property
+    def first_s(self) -> float:
+        return self.times[0] if self.times else 0.0
+
+    @property
+    def last_s(self) -> float:
+        return self.times[-1] if self.times else 0.0
 
 
 #: (Spark application, query, source) of the stages warmed up in this process.
@@ -100,7 +111,7 @@ def warm_up(spark: Any, query: Query, chain: Chain, scratch: Path, *,
     key = (spark.sparkContext.applicationId, query.name, source.name)
     with _lock:
         if key in _warmed:  # a stage started again (a new plan version, a restart)
-            return WarmUp(0, 0.0, 0.0, 0.0, again=True)
+            return WarmUp(0.0, again=True)
         _warmed.add(key)
     shutil.rmtree(scratch, ignore_errors=True)
     folder, landing = scratch / "input", scratch / "landing"
@@ -134,8 +145,7 @@ def warm_up(spark: Any, query: Query, chain: Chain, scratch: Path, *,
         if stage is not None:
             stage.stop()
         shutil.rmtree(scratch, ignore_errors=True)
-    return WarmUp(len(times), time.monotonic() - began, times[0] if times else 0.0,
-                  times[-1] if times else 0.0, failure)
+    return WarmUp(time.monotonic() - began, tuple(times), failure)
 
 
 def _land(schema: Schema, landing: Path, folder: Path, n: int) -> float:
