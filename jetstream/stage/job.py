@@ -173,12 +173,11 @@ class LocalStage:
         return StructType([StructField(f.name, StringType()) for f in self.source.schema]
                           + [StructField(_CORRUPT, StringType())])
 
-    def _reader(self, reader: Any = None) -> DataFrame:
-        """The folder's records, by ``reader`` (the stream's, unless given)."""
+    def _reader(self) -> DataFrame:
+        """The folder's records, as a stream."""
         # A record's file's modification time is when the site received it (shippers
         # write elsewhere, then rename into the folder).
-        reader = self.spark.readStream if reader is None else reader
-        return (reader.schema(self.text_schema).option("header", True)
+        return (self.spark.readStream.schema(self.text_schema).option("header", True)
                 .option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", _CORRUPT)
                 .csv(self.input_dir)
                 .withColumn(_ARRIVED, F.unix_millis(F.col("_metadata.file_modification_time"))))
