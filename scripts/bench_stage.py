@@ -2,7 +2,7 @@
 """The local stage's throughput against a plain Spark job, and partial bytes against raw bytes.
 
 Usage: python scripts/bench_stage.py [--events 200000] [--domains 2000] [--runs 3]
-                                     [--sum-latency]
+                                     [--sum-latency] [--conf KEY=VALUE ...]
 
 Writes synthetic CDN logs (Zipf-like domains) to a temporary folder, then, in one run and one
 SparkSession (local[2], a site's default Spark settings): (a) the JetStream local stage computes
@@ -15,6 +15,7 @@ wide-area bytes of the exact partials per window against the raw CSV bytes they 
 The query's sum is ``bytes / 1024`` (an integer scaled by a power of two, which the stage sums
 as an integer); ``--sum-latency`` sums ``latency_ms`` instead, a double column, which the
 stage sums exactly in bands of exponents (see ``jetstream.stage.forms``), in both jobs.
+``--conf`` overrides one of the site's Spark settings for both jobs (e.g. the JVM's options).
 """
 
 from __future__ import annotations
@@ -110,9 +111,12 @@ def main() -> None:
                         help="measured runs of each job, after one warm-up run of each")
     parser.add_argument("--sum-latency", action="store_true",
                         help="sum latency_ms, a double column, instead of bytes / 1024")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark setting instead of the site's default, for both jobs")
     args = parser.parse_args()
     builder = SparkSession.builder.master("local[2]")
-    for key, value in DEFAULT_SPARK_CONF.items():  # what a site runs with
+    conf = dict(DEFAULT_SPARK_CONF) | dict(kv.split("=", 1) for kv in args.conf)
+    for key, value in conf.items():  # what a site runs with
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")

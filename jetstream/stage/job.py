@@ -54,6 +54,7 @@ from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import StringType, StructField, StructType
 
 from jetstream import trace
+from jetstream.aggregates import Count
 from jetstream.approx.sketches import TopKItems
 from jetstream.dsl import Query
 from jetstream.errors import PlanError
@@ -318,7 +319,9 @@ class LocalStage:
         earliest = earliest - F.pmod(earliest, every) + every
         start = F.col("_start")
         # A record not kept has no window and no keys or inputs: one row, in no group.
-        inputs: list[Column] = [start, (start + size).alias("_end"),
+        # (A window is its start: its end, start + size, is added in Python, a column fewer
+        # to send from the JVM for every group.)
+        inputs: list[Column] = [start,
                                 *(F.when(keep, F.col(k)).alias(k) for k in self.partial.keys),
                                 (start == earliest).alias("_first"),
                                 *(F.col(c) for c in _INTERNAL)]
@@ -346,17 +349,21 @@ class LocalStage:
             bands.append(f"{name}_x_e")
             given.append(Input(F.col(name), F.col(f"{name}_x_e"),
                                tuple(F.col(limb) for limb in limbs)))
-        keys = ["_start", "_end", *self.partial.keys]
+        keys = ["_start", *self.partial.keys]
         # A result row is read by position (a Row finds a name by a list search): the keys,
         # the bands, the events, the records whose first window this is, each aggregate's.
         # (A tumbling window is each record's first and only one: no count of its own.)
         tumbling = spec.size_ms == spec.every_ms
+        events_at = len(keys) + len(bands)
         aggregates = [F.count(F.lit(1))]
         if not tumbling:
             aggregates.append(F.count(F.when(F.col("_first"), True)))
         firsts_at = len(keys) + len(bands) + len(aggregates) - 1
         slices: list[slice] = []
         for (_, agg), x in zip(self.partial.aggregates, given, strict=True):
+            if isinstance(agg, Count) and agg.expr is None:  # count(): the events, read again
+                slices.append(slice(events_at, events_at + 1))
+                continue
             columns = form_of(agg).columns(agg, x)
             at = len(keys) + len(bands) + len(aggregates)
             slices.append(slice(at, at + len(columns)))
@@ -439,7 +446,7 @@ class LocalStage:
         """Merge a batch's grouped rows into the open windows; the rows of a window the
         watermark has closed are dropped, their records counted late."""
         c, n = self._compiled, len(self.partial.keys)
-        events_at = len(c.keys)
+        events_at, size = len(c.keys), self.window.spec.size_ms
         forms = list(zip([agg for _, agg in self.partial.aggregates], c.accumulators, c.slices,
                          c.bands, strict=True))
         closed: dict[tuple[int, int], bool] = {}
@@ -448,7 +455,7 @@ class LocalStage:
             values = tuple(row)  # a Row's own indexing is slow; a plain tuple's is not
             if values[0] is None:  # the records not kept: they count, in no window
                 continue
-            window = (values[0], values[1])
+            window = (values[0], values[0] + size)
             if window not in closed:
                 closed[window] = self.windows.closed(window)
             if closed[window]:
@@ -456,15 +463,16 @@ class LocalStage:
                 continue
             accs = [accumulator(agg, values[part], None if band is None else values[band])
                     for agg, accumulator, part, band in forms]
-            add(window, values[2:2 + n], accs, values[events_at])
+            add(window, values[1:1 + n], accs, values[events_at])
 
     def _top_items(self, df: DataFrame, i: int, agg: TopKItems) -> None:
-        keys = ["_start", "_end", *self.partial.keys]
+        keys = ["_start", *self.partial.keys]
         counts = (df.filter(F.col("_start").isNotNull() & F.col(f"_in{i}").isNotNull())
                   .groupBy(*keys, F.col(f"_in{i}").cast("string").alias("_item")).count())
         sketches: dict[tuple[tuple[int, int], tuple[Any, ...]], Any] = {}
         for row in counts.collect():
-            window = (int(row["_start"]), int(row["_end"]))
+            start = int(row["_start"])
+            window = (start, start + self.window.spec.size_ms)
             if self.windows.closed(window):
                 continue
             group = (window, tuple(row[k] for k in self.partial.keys))
