@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import jetstream as js
 from jetstream.approx.holistic import SketchSize
 from jetstream.approx.items import ItemsSketch
@@ -77,3 +80,31 @@ def test_degrade_ships_what_the_level_says() -> None:
     sketch = steps.degrade(rows, aggregate, levels[4])
     assert isinstance(sketch, ItemsSketch)
     assert 0 < sketch.sketch.num_active_items <= 24
+
+
+def test_a_sketch_levels_error_is_the_librarys() -> None:
+    import datasketches
+
+    from jetstream.approx.levels import _epsilon
+
+    for lg in range(3, 27):
+        assert _epsilon(lg) == datasketches.frequent_strings_sketch.get_epsilon_for_lg_size(lg)
+
+
+def test_a_sender_that_makes_no_sketch_does_not_load_datasketches() -> None:
+    """Building a ladder and a local stage's forms leaves the library (and numpy) unloaded:
+    about 13 MB in each site and worker process of the demo."""
+    code = ("import sys\n"
+            "import jetstream as js\n"
+            "from jetstream.approx.levels import ladder, ranking\n"
+            "from jetstream.runtime import distributed, partial_aggregate\n"
+            "import jetstream.stage.forms, jetstream.stage.job, jetstream.uplink\n"
+            "logs = js.source('cdn_logs', schema=js.CDN_LOG_SCHEMA)\n"
+            "q = distributed(js.Query('q', logs.window(js.tumbling('10s')).group_by('domain')"
+            ".agg(n=js.count()).top_k(10, by='n')))\n"
+            "assert len(ladder(ranking(q), partial_aggregate(q)).levels) > 3\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('datasketches', '_datasketches', 'numpy')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]"

@@ -22,7 +22,6 @@ from jetstream.aggregates import Avg, Count, Sum
 from jetstream.approx.holistic import SketchSize, holistic, sketched
 from jetstream.approx.items import MIN_LG_MAX_K, ItemsSketch, to_items
 from jetstream.approx.policy import DegradationLevel, degradation_ladder
-from jetstream.approx.sketches import datasketches
 from jetstream.approx.truncate import BoundedPartial, truncate
 from jetstream.dsl import Query
 from jetstream.operators import Phase, TopK, WindowAggregate
@@ -150,9 +149,8 @@ def ladder(rank: Ranking | None, aggregate: WindowAggregate | None = None) -> La
         steps += [(f"top {factor * rank.k}{also}", factor * rank.k * row_weight,
                    max(error, floor), Encoding(keep=factor * rank.k, sketch=sketch))
                   for factor, error in zip(TRUNCATION_FACTORS, NOMINAL_ERRORS, strict=True)]
-        epsilon = datasketches().frequent_strings_sketch.get_epsilon_for_lg_size
         steps += [(f"sketch of {_capacity(lg)}", SKETCH_ITEM_WEIGHT * _capacity(lg),
-                   max(NOMINAL_ERRORS[-1], floor, epsilon(lg)), Encoding(lg_max_k=lg))
+                   max(NOMINAL_ERRORS[-1], floor, _epsilon(lg)), Encoding(lg_max_k=lg))
                   for lg in _sketch_sizes(rank, row_weight)]
     return Ladder(rank, degradation_ladder((name, size, error) for name, size, error, _ in steps),
                   tuple(how for *_, how in steps))
@@ -174,3 +172,11 @@ def _sketch_sizes(rank: Ranking, row_weight: float = 1.0) -> list[int]:
 def _capacity(lg_max_k: int) -> int:
     """How many items a sketch of this size holds (DataSketches: 3/4 of its map)."""
     return 3 * 2**lg_max_k // 4
+
+
+def _epsilon(lg_max_k: int) -> float:
+    """A sketch of this size's error, as a share of the stream's weight: DataSketches'
+    ``frequent_strings_sketch.get_epsilon_for_lg_size`` (3.5 / its map's size), here so
+    that building a ladder, which every sender does, does not load the library and numpy
+    with it (about 13 MB a process) where no sketch is ever made (tested equal)."""
+    return 3.5 / 2**lg_max_k

@@ -34,8 +34,8 @@ __all__ = ["ApproxCountDistinct", "ApproxQuantile", "TopKItems", "check_frequent
 
 def datasketches() -> Any:
     """The datasketches module, imported when a sketch is first needed: it loads numpy
-    (about 17 MB a process), which processes that build no sketch (the controller, the CLI,
-    a worker merging exact rows) do without."""
+    (about 13-17 MB a process), which processes that build no sketch (the controller, the
+    CLI, a site or a worker whose links carry exact rows) do without."""
     import datasketches as module
 
     return module

@@ -21,12 +21,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import datasketches as ds
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
 from jetstream.aggregates import Aggregate, Count, CountDistinct, Max, Min, Quantile, Sum
-from jetstream.approx.sketches import ApproxCountDistinct, ApproxQuantile, TopKItems
+from jetstream.approx.sketches import ApproxCountDistinct, ApproxQuantile, TopKItems, datasketches
 from jetstream.errors import PlanError
 from jetstream.expr import Arith, Expr, Lit
 from jetstream.schema import DataType, Schema
@@ -111,12 +110,13 @@ def _first(agg: Aggregate, values: Sequence[Any], band: int | None) -> Any:
 
 
 def _hll(agg: ApproxCountDistinct, values: Sequence[Any], band: int | None) -> Any:
-    return agg.create() if values[0] is None else ds.hll_sketch.deserialize(bytes(values[0]))
+    return (agg.create() if values[0] is None
+            else datasketches().hll_sketch.deserialize(bytes(values[0])))
 
 
 def _kll(agg: ApproxQuantile, values: Sequence[Any], band: int | None) -> Any:
     return (agg.create() if values[0] is None
-            else ds.kll_doubles_sketch.deserialize(bytes(values[0])))
+            else datasketches().kll_doubles_sketch.deserialize(bytes(values[0])))
 
 
 #: Aggregate type -> its Spark form.
