@@ -115,7 +115,8 @@ class _Compiled:
     inputs: list[Column]  # window, keys, first window, each aggregate's input
     parts: list[dict[str, Column]]  # projections adding float sums' bands, then limbs
     keys: list[str]  # the group keys: window, the query's keys, and bands of float sums
-    aggregates: list[Column]  # events, first-window records, each aggregate's Spark form
+    # events, first-window records, each aggregate's Spark form (count() reads the events)
+    aggregates: list[Column]
     firsts_at: int  # where the count of records whose first window this is sits in a row
     slices: list[slice]  # where each aggregate's values sit in a collected row
     bands: list[int | None]  # where each aggregate's band sits in a row (None: it has none)
