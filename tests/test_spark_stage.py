@@ -193,6 +193,26 @@ def test_every_splittable_aggregate_and_sliding_windows(spark: Any, tmp_path: Pa
     assert repr(got) == repr(want)  # the same floats to the last bit, and ints stay ints
 
 
+@settings(max_examples=8, deadline=None)
+@given(records=st.lists(st.tuples(st.integers(0, 45_000), st.sampled_from(["ams", "fra"]),
+                                  st.sampled_from(["HIT", "MISS"]), st.integers(0, 5000)),
+                        min_size=1, max_size=30),
+       sliding=st.booleans())
+def test_counts_under_a_where_in_any_window(spark: Any, tmp_path_factory: pytest.TempPathFactory,
+                                            records: list[tuple[int, str, str, int]],
+                                            sliding: bool) -> None:
+    # count() is read from the stage's count of each group's rows, count(expr) and the sums
+    # from columns of their own; records a where drops are read but in no group.
+    window = js.sliding("20s", every="10s") if sliding else js.tumbling("10s")
+    query = js.Query("q", LOGS.where(js.col("cache") == "HIT")
+                     .window(window, watermark="60s").group_by("pop")
+                     .agg(n=js.count(), with_bytes=js.count("bytes"), b=js.sum("bytes")))
+    rows = [log(1767225600000 + ts, pop=pop, cache=cache, bytes=b)
+            for ts, pop, cache, b in records]
+    got = run_stage_on_records(spark, query, [rows], tmp_path_factory.mktemp("stage"))
+    assert got == js.run_local(query, rows)
+
+
 def test_sketches_from_spark_stay_within_their_bounds(spark: Any, tmp_path: Path) -> None:
     approx = js.Query("q", LOGS.window(js.tumbling("30s"), watermark="5s").agg(
         users=js.approx_count_distinct("client_ip"), p50=js.approx_quantile("latency_ms"),
