@@ -182,6 +182,8 @@ def live_demo(topology: Path, query: Query, work: Path, *, rate: float,
         except KeyboardInterrupt:
             say("stopping (Ctrl-C)")
         finally:
+            if not console.is_terminal:  # a terminal's Live ends its last line; a file's not
+                console.line()
             _wind_down(cluster, name, stop, writer, say)
     return summary
 
