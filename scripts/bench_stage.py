@@ -114,6 +114,9 @@ def main() -> None:
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                         help="a Spark setting instead of the site's default, for both jobs")
     args = parser.parse_args()
+    for kv in args.conf:
+        if "=" not in kv:
+            parser.error(f"--conf takes KEY=VALUE, not {kv!r}")
     builder = SparkSession.builder.master("local[2]")
     conf = dict(DEFAULT_SPARK_CONF) | dict(kv.split("=", 1) for kv in args.conf)
     for key, value in conf.items():  # what a site runs with
