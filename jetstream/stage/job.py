@@ -359,14 +359,14 @@ class LocalStage:
         aggregates = [F.count(F.lit(1))]
         if not tumbling:
             aggregates.append(F.count(F.when(F.col("_first"), True)))
-        firsts_at = len(keys) + len(bands) + len(aggregates) - 1
+        firsts_at = events_at + len(aggregates) - 1
         slices: list[slice] = []
         for (_, agg), x in zip(self.partial.aggregates, given, strict=True):
             if isinstance(agg, Count) and agg.expr is None:  # count(): the events, read again
                 slices.append(slice(events_at, events_at + 1))
                 continue
             columns = form_of(agg).columns(agg, x)
-            at = len(keys) + len(bands) + len(aggregates)
+            at = events_at + len(aggregates)
             slices.append(slice(at, at + len(columns)))
             aggregates += columns
         band_at = [None if x.band is None else len(keys) + bands.index(f"_in{i}_x_e")
