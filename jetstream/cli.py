@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from rich.console import Console
 
@@ -512,6 +512,8 @@ def _bench(args: argparse.Namespace) -> int:
     from jetstream.lab.bench import run_bench
 
     say = _progress("bench")
+    if args.load:
+        return _bench_load(args, say)
     if args.only and not args.emulate:
         msg = (f"bench: --only {args.only} picks a system for the latency part, which runs "
                "only with --emulate; add --emulate, or drop --only")
@@ -578,6 +580,39 @@ def _bench(args: argparse.Namespace) -> int:
         plots += ", latency.png"
     say(f"report: {work / 'bench.json'}, plots: {plots} in {work}")
     return 0
+
+
+def _bench_load(args: argparse.Namespace, say: Callable[[str], None]) -> int:
+    from jetstream.lab.load_bench import run_load
+
+    if args.emulate or args.only:
+        msg = "bench: --load runs on this machine's own links; drop --emulate and --only"
+        raise PlanError(msg)
+    work = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="jetstream-load-"))
+    work.mkdir(parents=True, exist_ok=True)
+    runs = run_load(Path(args.topology), work, rates=args.rates, counts=args.queries,
+                    duration_s=args.duration, seed=args.seed, keys=args.keys, say=say,
+                    systems=args.systems)
+    (work / "load.json").write_text(json.dumps(runs, indent=2))
+    say("p95 after close of each query (seconds), CPU seconds per million records, peak "
+        "memory (MB):")
+    for run in runs:
+        p95 = ", ".join(f"{name} {_seconds(q['p95_s'])}" for name, q in run["per_query"].items())
+        say(f"  {run['system']:9} {run['rate']:>7,.0f}/s {run['queries']} quer"
+            f"{'y' if run['queries'] == 1 else 'ies'}: {p95}; CPU "
+            f"{run['cpu_s_per_million_records']}, memory {run['peak_rss_mb']:,}")
+    say(f"report: {work / 'load.json'}")
+    return 0
+
+
+def _numbers(kind: Callable[[str], Any]) -> Callable[[str], list[Any]]:
+    def parse(text: str) -> list[Any]:
+        try:
+            return [kind(part) for part in text.split(",") if part.strip()]
+        except ValueError:
+            msg = f"expected a comma-separated list of numbers, got {text!r}"
+            raise argparse.ArgumentTypeError(msg) from None
+    return parse
 
 
 def _positive_seconds(text: str) -> float:
@@ -1012,6 +1047,22 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--live-rate", type=float, default=300.0, metavar="N",
                        help="with --emulate: live records per second at each site "
                        "(default: 300)")
+    bench.add_argument("--load", action="store_true",
+                       help="instead, latency after close under load on this machine: "
+                       "JetStream-py, then one plain Spark job reading every site's folder "
+                       "(the ceiling of shipping raw logs), each alone, at every --rates and "
+                       "--queries; --duration seconds of live logs each (use 120 or more)")
+    bench.add_argument("--rates", type=_numbers(float), default=[300.0, 3000.0],
+                       metavar="N,N,...", help="with --load: records/s at each site "
+                       "(default: 300,3000)")
+    bench.add_argument("--queries", type=_numbers(int), default=[1], metavar="N,N,...",
+                       help="with --load: how many of the six standing queries run at once "
+                       "(default: 1, the CDN top-k; the baseline runs with 1 only)")
+    bench.add_argument("--keys", type=int, default=20_000, metavar="N",
+                       help="with --load: distinct domains in the logs (default: 20000)")
+    bench.add_argument("--systems", type=lambda t: t.split(","),
+                       default=["jetstream", "baseline"], metavar="S,S",
+                       help="with --load: jetstream, baseline or both (default: both)")
     bench.set_defaults(run=_bench)
     return parser
 

@@ -63,7 +63,9 @@ from jetstream.uplink import LinkLevel, Uplink
 from jetstream.v1 import dataplane_pb2 as pb
 
 if TYPE_CHECKING:
+    from jetstream.stage.inputs import Readers
     from jetstream.stage.job import StageStats
+    from jetstream.stage.reader import SourceReaders
 
 __all__ = ["DEFAULT_DEADLINE_S", "DEFAULT_SPARK_CONF", "Assignment", "LinkState", "QueryRun",
            "SiteOptions", "SiteRuntime", "distributed", "merge_inputs", "partial_aggregate",
@@ -81,6 +83,8 @@ STOP_WAIT_S = 60.0
 #: How much longer than twice its window deadline a child keeps a window's rows for the
 #: parent's asks in TPUT's rounds (the parent's deadline may run a little later).
 ROUNDS_MARGIN_S = 10.0
+#: How many times a site launches its Spark JVM before it gives up.
+SPARK_START_ATTEMPTS = 3
 #: How often a run rolls up and expires what the cube store keeps of it.
 CUBE_INTERVAL_S = 10.0
 _FOREVER_MS = 2**62  # a window end no window reaches
@@ -239,8 +243,10 @@ class QueryRun:
     def __init__(self, site: str, assignment: Assignment, options: SiteOptions,
                  spark: Callable[[], Any], publish: Publish,
                  store: CubeStore | None = None,
-                 on_failure: Callable[[], None] = lambda: None) -> None:
+                 on_failure: Callable[[], None] = lambda: None,
+                 readers: Readers | None = None) -> None:
         fragment = assignment.fragment
+        self._readers = readers
         #: Tells the controller of a failed stage now, before the stage's input ends.
         self.on_failure = on_failure
         self.site, self.assignment, self.options = site, assignment, options
@@ -405,7 +411,8 @@ class QueryRun:
                            warm_up_s=self.options.warm_up_s,
                            idle_s=self.options.idle_s, hand_on=self._local,
                            progress=self.progress, on_batch=self._stage_batch,
-                           on_failure=self._stage_failed)
+                           on_failure=self._stage_failed,
+                           readers=None if self.options.replay else self._readers)
                 for name, chain in named]
 
     def _stage_failed(self, message: str) -> None:
@@ -640,6 +647,7 @@ class SiteRuntime:
         self._spark_lock = threading.Lock()
         self._runs: dict[str, QueryRun] = {}
         self._spark: Any = None
+        self._readers: Any = None  # the site's SourceReaders, made with the first reader
         self._cubes: CubeStore | None = None
         # A worker ("site/server") names the links it receives over by its site.
         self.servicer = DataPlaneServicer(self._aggregate_of, self._deliver, self._progress,
@@ -675,7 +683,8 @@ class SiteRuntime:
                     del self._runs[name]
                 old.stop()
             run = QueryRun(self.site, assignment, self.options, self.session, self._published,
-                           self._store(), on_failure=lambda: self.on_failure())
+                           self._store(), on_failure=lambda: self.on_failure(),
+                           readers=self.readers)
             if old is not None and old.assignment.fragment.parent != fragment.parent:
                 run.resend()
             with self._lock:
@@ -705,9 +714,23 @@ class SiteRuntime:
             if run is not None:
                 run.stop()
 
+    def readers(self) -> SourceReaders:
+        """The site's readers, one per folder, which every live local stage reading that
+        folder attaches to (:mod:`jetstream.stage.reader`)."""
+        from jetstream.stage.reader import SourceReaders  # Spark loads only where a stage runs
+
+        with self._lock:
+            if self._readers is None:
+                self._readers = SourceReaders(self.options.state_dir / self.site / "readers",
+                                              self.options.trigger_s)
+            readers: SourceReaders = self._readers
+        return readers
+
     def close(self) -> None:
         for query in list(self._runs):
             self.stop(query)
+        if self._readers is not None:
+            self._readers.stop()
         if self._cubes is not None:
             self._cubes.close()
         if self._spark is not None:
@@ -775,7 +798,7 @@ class SiteRuntime:
                 builder = SparkSession.builder.master(master).appName(f"jetstream-{self.site}")
                 for key, value in conf.items():
                     builder = builder.config(key, value)
-                self._spark = builder.getOrCreate()
+                self._spark = _started(builder, self.site)
                 self._spark.sparkContext.setLogLevel("ERROR")
             return self._spark
 
@@ -821,6 +844,23 @@ class SiteRuntime:
         run = self.run(report.query)
         if run is not None:
             run.progress(report.origin, report.watermark_ms, report.ended, report.received_ms)
+
+
+def _started(builder: Any, site: str) -> Any:
+    """The builder's session, its JVM launched again if the launch fails: a JVM forked while
+    gRPC's threads run can exit before it reports its port (``JAVA_GATEWAY_EXITED``, seen
+    once in a bench run), and a site that gives up on Spark reads nothing."""
+    for attempt in range(1, SPARK_START_ATTEMPTS + 1):
+        try:
+            return builder.getOrCreate()
+        except Exception as e:
+            if attempt == SPARK_START_ATTEMPTS:
+                raise
+            log.warning("site %s: Spark's JVM did not start (%s): launching it again (%d "
+                        "of %d)", site, str(e).strip().splitlines()[0][:300], attempt + 1,
+                        SPARK_START_ATTEMPTS)
+            time.sleep(attempt)
+    raise AssertionError("unreachable")
 
 
 def partial_aggregate(query: Query) -> WindowAggregate:

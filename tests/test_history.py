@@ -243,6 +243,9 @@ def test_history_of_a_live_query_from_the_sites_cubes_equals_the_reference(
         later.write_text(HISTORY_FILE.replace("SIZE", "'1m'").replace('"past"', '"later"'))
         submitted = cluster.client.submit(later, since_ms=base - MINUTE)
         assert f"live from {seam}" in submitted.backfill, submitted.backfill
+        # A query deployed on a live site reads from where the site is then: the records
+        # after the seam land once it is deployed.
+        cluster.wait_for_stages("later")
         for site in SITES:  # records after the seam, read by both queries
             rows = sorted((log(seam + rng.randrange(40_000), f"d{rng.randrange(5)}.com",
                                pop=site, cache=rng.choice(["HIT", "MISS"]))

@@ -462,7 +462,7 @@ def test_a_stop_that_interrupts_a_batch_ends_the_stream_quietly(
                             f": java.lang.InterruptedException\n{trace}")
     stage = LocalStage.__new__(LocalStage)
     stage._stopping = True
-    with pytest.raises(job._Interrupted) as raised, job._stopped_quietly(stage):
+    with pytest.raises(job._Interrupted) as raised, job.stopped_quietly(stage):
         raise interrupted
     text = str(raised.value)  # what Spark matches, in py4j's traceback of it
     assert len(text) < 200 and proxy_error.search(text)
@@ -473,8 +473,8 @@ def test_a_stop_that_interrupts_a_batch_ends_the_stream_quietly(
             logging.getLogger("py4j.clientserver").exception("callback failed")
     assert caplog.records == []
     stage._stopping = False  # not stopping: an interruption is an error like any other
-    with pytest.raises(Py4JJavaError), job._stopped_quietly(stage):
+    with pytest.raises(Py4JJavaError), job.stopped_quietly(stage):
         raise interrupted
     stage._stopping = True
-    with pytest.raises(ValueError, match="bad"), job._stopped_quietly(stage):
+    with pytest.raises(ValueError, match="bad"), job.stopped_quietly(stage):
         raise ValueError("bad")

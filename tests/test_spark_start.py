@@ -144,3 +144,33 @@ def test_a_site_is_not_declared_dead_while_its_spark_starts(tmp_path: Path) -> N
     assert seen["conf"] == {"spark.sql.adaptive.enabled": "false", "spark.driver.memory": "768m",
                             "spark.sql.shuffle.partitions": "3",
                             "spark.jetstream.probe": "command line"}
+
+
+FAILING_JAVA = """\
+#!/bin/sh
+# The first launch exits at once, as a JVM that dies before it reports its port; then Java.
+if [ ! -e "$0.failed" ]; then touch "$0.failed"; exit 1; fi
+exec {java} "$@"
+"""
+
+
+def test_a_site_launches_its_jvm_again_when_the_first_launch_fails(tmp_path: Path) -> None:
+    java = Path(subprocess.run(["sh", "-c", "command -v java"], capture_output=True,
+                               text=True, check=True).stdout.strip()).resolve()
+    home = tmp_path / "java-home"
+    (home / "bin").mkdir(parents=True)
+    wrapper = home / "bin" / "java"
+    wrapper.write_text(FAILING_JAVA.format(java=java))
+    wrapper.chmod(0o755)
+    done = subprocess.run(
+        [sys.executable, "-c", "import logging; logging.basicConfig(); "
+         "from jetstream.runtime import SiteOptions, SiteRuntime; "
+         "spark = SiteRuntime('solo', SiteOptions(spark_master='local[1]'), "
+         "lambda *_: None).session(); print('ROWS', spark.range(3).count())"],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+        env={**os.environ, "JAVA_HOME": str(home), "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "ROWS 3" in done.stdout
+    assert (home / "bin" / "java.failed").exists()  # the first launch did fail
+    assert "Spark's JVM did not start" in done.stderr
+    assert "launching it again (2 of 3)" in done.stderr

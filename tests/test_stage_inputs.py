@@ -83,6 +83,7 @@ def test_an_input_whose_triggers_only_list_the_folder_goes_idle() -> None:
 
     flushed = threading.Event()
     stage = SimpleNamespace(stats=SimpleNamespace(records_in=5), start=lambda _: Stream(),
+                            failure=None,
                             flush=flushed.set, stop=lambda: None, received_ms=0)
     ended: list[int] = []
     query = counted(LOGS)

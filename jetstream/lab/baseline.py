@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import json
 import shutil
 import socket
 import socketserver
@@ -59,7 +60,7 @@ class BackhaulRun:
     records: int
 
 
-def _counts(spark: SparkSession, inbox: Path) -> DataFrame:
+def _counts(spark: SparkSession, inbox: Path | str) -> DataFrame:
     logs = (spark.readStream.schema(spark_schema(CDN_LOG_SCHEMA)).option("header", True)
             .csv(str(inbox)))
     return (logs.where(F.col("status") < 500)
@@ -97,7 +98,7 @@ def top_domains(spark: SparkSession, inbox: Path, checkpoint: Path, *, k: int = 
     return BackhaulRun(_top(rows, k), seconds, records)
 
 
-def live_top_domains(spark: SparkSession, inbox: Path, checkpoint: Path,
+def live_top_domains(spark: SparkSession, inbox: Path | str, checkpoint: Path,
                      on_window: Callable[[Window, Rows], None], *, k: int = 10,
                      trigger_s: float = 1.0) -> StreamingQuery:
     """Start the plain job on ``inbox`` as files arrive; ``on_window`` hears each window's
@@ -106,7 +107,8 @@ def live_top_domains(spark: SparkSession, inbox: Path, checkpoint: Path,
         for window, rows in sorted(_top(batch.selectExpr(*_WINDOWED).collect(), k).items()):
             on_window(window, rows)
 
-    inbox.mkdir(parents=True, exist_ok=True)
+    if isinstance(inbox, Path):
+        inbox.mkdir(parents=True, exist_ok=True)
     return (_counts(spark, inbox).writeStream.outputMode("append").foreachBatch(emit)
             .option("checkpointLocation", str(checkpoint))
             .trigger(processingTime=f"{trigger_s:g} seconds").start())
@@ -179,17 +181,53 @@ def _connect(to: tuple[str, int], stop: threading.Event) -> socket.socket:
                 raise
 
 
+def watch(folder: str, checkpoint: Path, out: Path, *, master: str, conf: dict[str, str],
+          trigger_s: float) -> None:
+    """Run the plain job live on ``folder`` (a path or a glob, such as every site's folder)
+    until killed, appending each window's top 10 to ``out`` as a JSON line (``start``,
+    ``end``, ``rows``); ``out`` is created once the job reads."""
+    builder = SparkSession.builder.master(master).appName("jetstream-baseline")
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    with out.open("a") as lines:
+        def on_window(window: Window, rows: Rows) -> None:
+            lines.write(json.dumps({"start": window[0], "end": window[1], "rows": rows}) + "\n")
+            lines.flush()
+
+        live_top_domains(spark, folder, checkpoint, on_window,
+                         trigger_s=trigger_s).awaitTermination()
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m jetstream.lab.baseline",
-        description="ship: the backhaul baseline's shipper for one site (see the module)")
-    parser.add_argument("action", choices=["ship"])
-    parser.add_argument("--folder", required=True, help="the site's log folder")
-    parser.add_argument("--site", required=True, help="the site's name")
-    parser.add_argument("--to", required=True, metavar="HOST:PORT", help="the receiver")
+        description="ship: the backhaul baseline's shipper for one site; watch: the plain "
+        "Spark job, live on a folder (see the module)")
+    parser.add_argument("action", choices=["ship", "watch"])
+    parser.add_argument("--folder", required=True,
+                        help="ship: the site's log folder; watch: the folder (or glob) to read")
+    parser.add_argument("--site", help="ship: the site's name")
+    parser.add_argument("--to", metavar="HOST:PORT", help="ship: the receiver")
+    parser.add_argument("--checkpoint", type=Path, help="watch: the stream's checkpoint")
+    parser.add_argument("--out", type=Path, help="watch: the JSON lines of windows")
+    parser.add_argument("--master", default="local[2]", help="watch: the Spark master")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="watch: a Spark setting; repeatable")
+    parser.add_argument("--trigger", type=float, default=0.25, metavar="S",
+                        help="watch: the micro-batch interval (default: 0.25)")
     args = parser.parse_args(argv)
-    host, port = args.to.rsplit(":", 1)
-    ship(Path(args.folder), args.site, (host, int(port)))
+    if args.action == "ship":
+        if not (args.site and args.to):
+            parser.error("ship needs --site and --to")
+        host, port = args.to.rsplit(":", 1)
+        ship(Path(args.folder), args.site, (host, int(port)))
+        return
+    if not (args.checkpoint and args.out) or any("=" not in c for c in args.conf):
+        parser.error("watch needs --checkpoint and --out, and each --conf as KEY=VALUE")
+    watch(args.folder, args.checkpoint, args.out, master=args.master,
+          conf=dict(c.split("=", 1) for c in args.conf), trigger_s=args.trigger)
 
 
 if __name__ == "__main__":

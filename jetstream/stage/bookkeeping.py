@@ -73,6 +73,9 @@ class OpenWindows:
         self.early_ms = early_after(delay_ms, early_ms)
         self.latest: int | None = None  # the largest event time read so far
         self.done = -1  # the last micro-batch the snapshot holds
+        #: The windows starting at or before this are withheld: a stage that joined a reader
+        #: under way (:mod:`jetstream.stage.reader`) missed their earlier records (None: none).
+        self.joined_ms: int | None = None
         self._open: dict[tuple[int, int], Groups] = {}
         self._events: Counter[tuple[int, int]] = Counter()
         # Windows handed on before the watermark closed them: their rows, events and revision.
@@ -193,7 +196,7 @@ class OpenWindows:
     def save(self, path: Path, batch_id: int) -> None:
         """Write the snapshot after micro-batch ``batch_id``, atomically and durably."""
         state = {"version": _SNAPSHOT_VERSION, "query": self.query, "batch": batch_id,
-                 "latest": self.latest,
+                 "latest": self.latest, "joined": self.joined_ms,
                  "windows": [[*w, self._events[w], -1, self._encode(w, g)]
                              for w, g in sorted(self._open.items())],
                  "flushed": [[*w, events, revision, self._encode(w, g)]
@@ -230,6 +233,7 @@ class OpenWindows:
             for start, end, revision, changed in state.get("early", []):
                 self._early[(start, end)] = (revision, changed)
             self.latest, self.done = state["latest"], state["batch"]
+            self.joined_ms = state.get("joined")
         except (OSError, ValueError, KeyError, TypeError, DataError) as e:
             msg = f"{self.query}: cannot restore the local stage from {path}: {e}"
             raise DataError(msg) from e

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from jetstream.aggregator import ENDED
 from jetstream.dsl import Query
@@ -33,6 +33,10 @@ from jetstream.stage.warm import warm_up
 
 if TYPE_CHECKING:
     from jetstream.stage.job import LocalStage, StageStats
+    from jetstream.stage.reader import Position, SourceReaders
+
+    #: The site's readers (made when first asked for).
+    Readers = Callable[[], SourceReaders]
 
 __all__ = ["StageInput", "source_folder"]
 
@@ -68,7 +72,8 @@ class StageInput:
     def __init__(self, name: str, query: Query, chain: Chain, folder: Path | None,
                  state: Path, *, replay: bool, trigger_s: float, idle_s: float,
                  hand_on: HandOn, progress: Progress, on_batch: OnBatch,
-                 on_failure: Callable[[str], None], warm_up_s: float = 0.0) -> None:
+                 on_failure: Callable[[str], None], warm_up_s: float = 0.0,
+                 readers: Readers | None = None) -> None:
         self.name, self.query, self.chain, self.folder = name, query, chain, folder
         self.state, self.replay = state, replay
         self.trigger_s, self.idle_s, self.warm_up_s = trigger_s, idle_s, warm_up_s
@@ -77,6 +82,10 @@ class StageInput:
         self.starting = True
         self._hand_on, self._progress, self._on_batch = hand_on, progress, on_batch
         self._on_failure = on_failure
+        #: Where a live stage gets its records: the site's reader of its folder
+        #: (:mod:`jetstream.stage.reader`); None, a stream of its own.
+        self._readers = readers
+        self._since: Position | None = None
         self.stage: LocalStage | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -86,6 +95,10 @@ class StageInput:
         return source_of(self.chain).name
 
     def start(self, spark: Callable[[], Any]) -> None:
+        if self._readers is not None and self.folder is not None:
+            # A live stage joins its reader where the reader is now, at its deploy: what
+            # lands while Spark starts or the stage warms up is read again for it.
+            self._since = self._readers().position(self.folder, source_of(self.chain).schema)
         self._thread = threading.Thread(target=self._run, args=(spark,), daemon=True,
                                         name=f"stage-{self.query.name}-{self.name}")
         self._thread.start()
@@ -147,12 +160,26 @@ class StageInput:
                          f"; stopped by {warm.failure}" if warm.failure else "")
         if self._stop.is_set():  # stopped while Spark started
             return
-        stream = stage.start(self.trigger_s)
+        if self._readers is None:
+            self._watch(stage, _OwnStream(stage.start(self.trigger_s)))
+            return
+        assert self.folder is not None
+        reader = self._readers().reader(stage, self.folder)
+        reader.attach(stage, self._since)
+        try:
+            self._watch(stage, reader)
+        finally:
+            reader.detach(stage)
+
+    def _watch(self, stage: LocalStage, stream: _Stream) -> None:
+        """Until stopped: fail with the stage, close its windows when its input goes idle."""
         self.starting = False
         seen, quiet_since, idle = -1, time.monotonic(), False
         while not self._stop.wait(TICK_S):
-            if not stream.isActive:
-                raise PlanError(f"the streaming query stopped: {stream.exception()}")
+            if stage.failure is not None:
+                raise stage.failure
+            if (failure := stream.failure()) is not None:
+                raise PlanError(f"the streaming query stopped: {failure}")
             records, status = stage.stats.records_in, stream.status
             # A micro-batch with records runs: not idle, only slow. (A trigger that only
             # lists the folder is active too, every trigger_s, for longer as the folder
@@ -166,6 +193,7 @@ class StageInput:
                 self._progress(self.name, ENDED, False, stage.received_ms)
                 idle = True
         stage.stop()
+
 
     def _batch(self, stats: StageStats, seconds: float) -> None:
         """After each micro-batch: its windows are in the merge, so its watermark may go
@@ -192,3 +220,24 @@ def _cause(error: Exception) -> str:
     ours = [line for line in lines if line.startswith("jetstream.errors.")]
     line = (ours or lines or [type(error).__name__])[-1 if ours else 0]
     return line.removeprefix("jetstream.errors.")[:500]
+
+
+class _Stream(Protocol):
+    @property
+    def status(self) -> dict[str, Any]: ...
+
+    def failure(self) -> str | None: ...
+
+
+class _OwnStream:
+    """A stage's stream of its own, as a reader shows its stream."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    @property
+    def status(self) -> dict[str, Any]:
+        return dict(self.stream.status)
+
+    def failure(self) -> str | None:
+        return None if self.stream.isActive else str(self.stream.exception())

@@ -46,7 +46,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
@@ -77,7 +77,8 @@ from jetstream.stage.check import Chain, check_stage
 from jetstream.stage.compile import spark_schema, spark_type, to_column
 from jetstream.stage.forms import Input, float_parts, form_of, scaled_exponent, scaled_parts
 
-__all__ = ["DEFAULT_TRIGGER_S", "Emit", "LocalStage", "StageStats"]
+__all__ = ["DEFAULT_TRIGGER_S", "Emit", "LocalStage", "PlannedBatch", "StageStats",
+           "gc_paused", "not_adaptive", "read_files", "read_stream", "stopped_quietly"]
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +100,19 @@ class StageStats:
     late_records: int = 0
     malformed: Counter[str] = field(default_factory=Counter)
     batches: int = 0
+    #: Records of the windows a stage that joined its source's reader late withholds.
+    withheld_records: int = 0
     #: Spark jobs the micro-batches ran (see :meth:`LocalStage.jobs_run`), when counted.
     jobs: int = 0
+
+
+@dataclass(frozen=True)
+class PlannedBatch:
+    """A micro-batch's job for one stage, planned (:meth:`LocalStage.plan`), not run."""
+
+    prepared: DataFrame  # the batch's records as the aggregation takes them
+    grouped: DataFrame  # a row per window and group key
+    observation: Observation  # the batch's counters, once ``grouped`` has run
 
 
 @dataclass(frozen=True)
@@ -163,6 +175,8 @@ class LocalStage:
         self._stream: StreamingQuery | None = None
         self._lock = threading.Lock()  # a live stage's micro-batches against flush()
         self._stopping = False
+        #: Why the stage failed, when a reader it was attached to detached it for that.
+        self.failure: Exception | None = None
         self.snapshot = snapshot
         if snapshot is not None and snapshot.exists():
             self.windows.restore(snapshot)
@@ -177,17 +191,12 @@ class LocalStage:
 
     def _reader(self) -> DataFrame:
         """The folder's records, as a stream."""
-        # A record's file's modification time is when the site received it (shippers
-        # write elsewhere, then rename into the folder).
-        return (self.spark.readStream.schema(self.text_schema).option("header", True)
-                .option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", _CORRUPT)
-                .csv(self.input_dir)
-                .withColumn(_ARRIVED, F.unix_millis(F.col("_metadata.file_modification_time"))))
+        return read_stream(self.spark, self.input_dir, self.text_schema)
 
     def run_available(self) -> StageStats:
         """Process every file in the folder now, then close every window (finite input)."""
         self._started_ms = time.time_ns() // 1_000_000
-        self._stream = (self._prepare(self._reader()).writeStream.foreachBatch(self._batch)
+        self._stream = (self.prepare(self._reader()).writeStream.foreachBatch(self._batch)
                         .option("checkpointLocation", self.checkpoint_dir)
                         .trigger(availableNow=True).start())
         self._stream.awaitTermination()
@@ -198,7 +207,7 @@ class LocalStage:
     def start(self, trigger_s: float = DEFAULT_TRIGGER_S) -> StreamingQuery:
         """Run live: a micro-batch every ``trigger_s`` seconds over the files that arrived."""
         self._started_ms = time.time_ns() // 1_000_000
-        self._stream = (self._prepare(self._reader()).writeStream.foreachBatch(self._batch)
+        self._stream = (self.prepare(self._reader()).writeStream.foreachBatch(self._batch)
                         .option("checkpointLocation", self.checkpoint_dir)
                         .trigger(processingTime=f"{int(trigger_s * 1000)} milliseconds")
                         .start())
@@ -238,24 +247,38 @@ class LocalStage:
     # -- one micro-batch ----------------------------------------------------------------------
     def process_batch(self, raw: DataFrame, batch_id: int) -> None:
         """Run one micro-batch of raw records (every column as text, see ``text_schema``)."""
-        self._batch(self._prepare(raw), batch_id)
+        self._batch(self.prepare(raw), batch_id)
 
     def _batch(self, prepared: DataFrame, batch_id: int) -> None:
         with self._lock:
-            if batch_id <= self.windows.done:  # re-run after a restart: the snapshot has it
-                log.info("%s: micro-batch %d is in the snapshot already", self.name, batch_id)
+            if self.has(batch_id):
                 return
             started = time.monotonic()
-            with _not_adaptive(prepared.sparkSession), _stopped_quietly(self), _gc_paused():
+            with not_adaptive(prepared.sparkSession), stopped_quietly(self), gc_paused():
                 self._process(prepared, batch_id)
-            if self.on_batch is not None:
-                self.on_batch(self.stats, time.monotonic() - started)
+            self.batch_done(time.monotonic() - started)
+
+    def has(self, batch_id: int) -> bool:
+        """Whether the snapshot holds the micro-batch already (one re-run after a restart)."""
+        if batch_id > self.windows.done:
+            return False
+        log.info("%s: micro-batch %d is in the snapshot already", self.name, batch_id)
+        return True
+
+    def batch_done(self, seconds: float) -> None:
+        if self.on_batch is not None:
+            self.on_batch(self.stats, seconds)
+
+    @property
+    def lock(self) -> threading.Lock:
+        """Held while a micro-batch runs (and by :meth:`flush`)."""
+        return self._lock
 
     @property
     def stopping(self) -> bool:
         return self._stopping
 
-    def _prepare(self, raw: DataFrame) -> DataFrame:
+    def prepare(self, raw: DataFrame) -> DataFrame:
         """Raw records as the aggregation takes them, a row per kept record and window it
         falls in, and a row (with no window) per record that is malformed or that a ``where``
         drops, for the counters. Built once on the stream, so a batch adds two steps."""
@@ -271,14 +294,25 @@ class LocalStage:
         return df
 
     def _process(self, prepared: DataFrame, batch_id: int | None = None) -> None:
-        c = self._compiled
         started = time.time()
-        self.stats.batches += 1
-        observation = Observation(f"{self.name}/{batch_id}")
+        planned = self.plan(prepared, batch_id)
+        self.take(planned, planned.grouped.collect(), batch_id, started)
+
+    def plan(self, prepared: DataFrame, batch_id: int | None) -> PlannedBatch:
+        """The micro-batch's one Spark job, not run yet: its rows grouped by window and key,
+        with the batch's counters observed on the way."""
+        c = self._compiled
+        observation = Observation(f"{self.name}/{id(self)}/{batch_id}")
         df = prepared.observe(observation, *c.counters)
-        rows = df.groupBy(*c.keys).agg(*c.aggregates).collect()
-        collected = time.time()
-        counters = observation.get
+        return PlannedBatch(prepared, df.groupBy(*c.keys).agg(*c.aggregates), observation)
+
+    def take(self, planned: PlannedBatch, rows: Sequence[Any], batch_id: int | None,
+             started: float) -> None:
+        """Take the grouped rows of :meth:`plan`'s job (run by the caller since ``started``,
+        wall-clock seconds) into the open windows, hand on what closed, keep the snapshot."""
+        prepared, collected = planned.prepared, time.time()
+        self.stats.batches += 1
+        counters = planned.observation.get
         self.stats.records_in += int(counters["records"])
         malformed = {reason: int(counters[reason]) for reason in _REASONS if counters[reason]}
         if malformed:
@@ -443,20 +477,26 @@ class LocalStage:
             return joined.withColumn("_keep", kept).drop(key, hit)
         return step
 
-    def _merge(self, rows: list[Any]) -> None:
+    def _merge(self, rows: Sequence[Any]) -> None:
         """Merge a batch's grouped rows into the open windows; the rows of a window the
-        watermark has closed are dropped, their records counted late."""
+        watermark has closed are dropped, their records counted late, and those of a window
+        that began before the stage joined its reader (``OpenWindows.joined_ms``) are
+        withheld."""
         c, n = self._compiled, len(self.partial.keys)
         events_at, size = len(c.keys), self.window.spec.size_ms
         forms = list(zip([agg for _, agg in self.partial.aggregates], c.accumulators, c.slices,
                          c.bands, strict=True))
         closed: dict[tuple[int, int], bool] = {}
         add = self.windows.add
+        joined = -math.inf if self.windows.joined_ms is None else self.windows.joined_ms
         for row in rows:
             values = tuple(row)  # a Row's own indexing is slow; a plain tuple's is not
             if values[0] is None:  # the records not kept: they count, in no window
                 continue
             window = (values[0], values[0] + size)
+            if window[0] <= joined:  # it holds records read before the stage joined
+                self.stats.withheld_records += values[c.firsts_at]
+                continue
             if window not in closed:
                 closed[window] = self.windows.closed(window)
             if closed[window]:
@@ -474,13 +514,38 @@ class LocalStage:
         for row in counts.collect():
             start = int(row["_start"])
             window = (start, start + self.window.spec.size_ms)
-            if self.windows.closed(window):
+            joined = self.windows.joined_ms
+            if (joined is not None and start <= joined) or self.windows.closed(window):
                 continue
             group = (window, tuple(row[k] for k in self.partial.keys))
             sketch = sketches.setdefault(group, agg.create())
             sketch.update(row["_item"], int(row["count"]))
         for (window, key), sketch in sketches.items():
             self.windows.merge_into(window, key, i, sketch)
+
+
+def read_stream(spark: SparkSession, folder: str | Path, text_schema: StructType) -> DataFrame:
+    """A folder's CSV records as a stream: every column as text, the bad line, and when the
+    record's file landed."""
+    return _arrived(_csv(spark.readStream, text_schema).csv(str(folder)))
+
+
+def read_files(spark: SparkSession, paths: Sequence[str], text_schema: StructType
+               ) -> DataFrame:
+    """Some files' CSV records, as :func:`read_stream` has them in a micro-batch."""
+    return _arrived(_csv(spark.read, text_schema).csv(list(paths)))
+
+
+def _csv(reader: Any, text_schema: StructType) -> Any:
+    return (reader.schema(text_schema).option("header", True).option("mode", "PERMISSIVE")
+            .option("columnNameOfCorruptRecord", _CORRUPT))
+
+
+def _arrived(records: DataFrame) -> DataFrame:
+    # A record's file's modification time is when the site received it (shippers
+    # write elsewhere, then rename into the folder).
+    return records.withColumn(_ARRIVED,
+                              F.unix_millis(F.col("_metadata.file_modification_time")))
 
 
 def _select(df: DataFrame, columns: list[Column]) -> DataFrame:
@@ -511,8 +576,13 @@ def _map(step: Map, schema: Schema) -> Callable[[DataFrame], DataFrame]:
     return run
 
 
+class _Stoppable(Protocol):
+    @property
+    def stopping(self) -> bool: ...
+
+
 class _Interrupted(Exception):
-    """A micro-batch's Spark job interrupted by the stream's stop (see ``_stopped_quietly``)."""
+    """A micro-batch's Spark job interrupted by the stream's stop (see ``stopped_quietly``)."""
 
 
 class _NotTheInterruption(logging.Filter):
@@ -527,7 +597,7 @@ logging.getLogger("py4j.clientserver").addFilter(_NotTheInterruption())
 
 
 @contextlib.contextmanager
-def _stopped_quietly(stage: LocalStage) -> Iterator[None]:
+def stopped_quietly(stage: _Stoppable) -> Iterator[None]:
     """Let a stop that interrupts the batch's Spark job end the stream quietly.
 
     Spark tells a stop's interruption of a ``foreachBatch`` function from a failure by
@@ -555,7 +625,7 @@ _gc_pausers = 0  # the batches under way that paused Python's cyclic garbage col
 
 
 @contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
+def gc_paused() -> Iterator[None]:
     """Python's cyclic garbage collector paused while a batch's rows are read and merged.
 
     Tens of thousands of new objects a batch (a row, a list per accumulator) would start
@@ -584,7 +654,7 @@ def _gc_paused() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _not_adaptive(spark: SparkSession) -> Iterator[None]:
+def not_adaptive(spark: SparkSession) -> Iterator[None]:
     """Adaptive execution off while a batch runs, as Spark has it for every micro-batch of a
     stream (the stream's own session); a batch given directly gets the same. (Adaptive
     execution replans a batch that comes out empty and drops what ``observe`` collected.)"""

@@ -1,0 +1,327 @@
+"""One read of a site's folder for every live stage that takes its records from it.
+
+A site runs one Spark Structured Streaming query per source folder (:class:`SourceReader`):
+it lists the folder and parses each new file once, and each micro-batch feeds every local
+stage attached to it (:class:`~jetstream.stage.job.LocalStage`, one per query and source).
+The stages' aggregations run as **one** Spark job a micro-batch — each stage's grouped rows
+packed into a struct column of its own, the stages' results put together with
+``unionByName`` — so a second query adds its plan's branch to the job rather than a stream
+of its own (a listing, offset and commit logs, a plan and a job every trigger). Each stage
+still plans, merges and snapshots on its own; the reader knows nothing of their semantics.
+
+Stages come and go while the reader runs: :meth:`SourceReader.attach` takes effect at the
+next micro-batch, :meth:`SourceReader.detach` after the one under way. A stage whose plan or
+job fails (a ``map`` that raises) is detached and told (``LocalStage.failure``); the others
+take the batch on their own. The reader stops when its last stage leaves, and starts again
+from its checkpoint when one comes.
+
+Where a stage joins: a stage with a snapshot of an earlier run of its query at this site goes
+on where that left it — micro-batch ids are the reader's, and a batch the snapshot holds is
+skipped; the files of the batches it missed while it was away are read again for it, as
+long as the reader has them listed. A new stage starts at the reader's current position: it
+withholds the windows starting at or before the largest event time the reader had read
+(``OpenWindows.joined_ms``), whose earlier records it never saw, so no window it hands on is
+short; results show them from the other sites, or the cubes answer for the past.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import logging
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.types import StructType
+
+from jetstream.schema import Schema
+from jetstream.stage.job import (
+    LocalStage,
+    PlannedBatch,
+    gc_paused,
+    not_adaptive,
+    read_files,
+    read_stream,
+    stopped_quietly,
+)
+
+__all__ = ["Position", "SourceReader", "SourceReaders"]
+
+log = logging.getLogger(__name__)
+
+#: How many recent micro-batches' files a reader keeps listed, to read them again for a
+#: stage that comes back after missing them (a query's run replaced by a new version).
+KEPT_BATCHES = 2_000
+_FILE = "_jetstream_file"
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where a reader is: its last micro-batch, the largest event time it has read."""
+
+    batch: int = -1  # -1: none yet
+    latest: int | None = None
+
+
+class SourceReader:
+    """One streaming query over one folder, serving every stage attached to it."""
+
+    def __init__(self, spark: SparkSession, folder: Path, text_schema: StructType,
+                 event_time: str, checkpoint_dir: Path, trigger_s: float) -> None:
+        self.spark, self.folder, self.text_schema = spark, folder, text_schema
+        self.event_time = event_time
+        self.checkpoint_dir, self.trigger_s = checkpoint_dir, trigger_s
+        self._stages: list[LocalStage] = []
+        self._lock = threading.Lock()  # the stages, against a micro-batch under way
+        self._stream: StreamingQuery | None = None
+        self._stopping = False
+        #: The largest event time a stage of this reader has read (None: none yet).
+        self.latest: int | None = None
+        self.last_batch = -1  # the last micro-batch run
+        self._first_batch = -1  # the first this reader ran (those before: an earlier process)
+        self._files: OrderedDict[int, list[str]] = OrderedDict()  # batch -> its files
+
+    # -- stages ---------------------------------------------------------------------------
+    @property
+    def position(self) -> Position:
+        """Where the reader is: the last micro-batch run, the largest event time read."""
+        return Position(self.last_batch, self.latest)
+
+    def attach(self, stage: LocalStage, since: Position | None = None) -> None:
+        """Feed ``stage`` from the next micro-batch on, after reading again for it the
+        batches since its snapshot's, or for a new stage those since ``since`` (where the
+        reader was when the stage was deployed); start the stream if it does not run."""
+        since = since or Position()
+        with self._lock:
+            if stage.windows.done < 0:  # new: it joins where the reader was at its deploy
+                stage.windows.done = since.batch
+                if since.latest is not None and stage.windows.joined_ms is None:
+                    stage.windows.joined_ms = since.latest
+                    log.info("%s joins %s at event time %d: it withholds the windows up to "
+                             "it", stage.name, self.folder, since.latest)
+            self._catch_up(stage)
+            self._stages.append(stage)
+            if self._stream is None or not self._stream.isActive:
+                self._start()
+
+    def detach(self, stage: LocalStage) -> None:
+        """Stop feeding ``stage``, after the micro-batch under way. The stream goes on with
+        no stage left (a query deployed next starts where the site is by then)."""
+        with self._lock, contextlib.suppress(ValueError):
+            self._stages.remove(stage)
+
+    def stop(self) -> None:
+        """Stop the stream (the site closes)."""
+        with self._lock:
+            self._stopping, self._stages, stream = True, [], self._stream
+        if stream is not None and stream.isActive:
+            stream.stop()  # outside the lock: a batch waiting for it would never end
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    @property
+    def status(self) -> dict[str, Any]:
+        """The stream's status (``StreamingQuery.status``); empty when it does not run."""
+        stream = self._stream
+        return stream.status if stream is not None else {}
+
+    def failure(self) -> str | None:
+        """Why the stream stopped, if it failed."""
+        stream = self._stream
+        if stream is None or stream.isActive:
+            return None
+        return str(stream.exception() or "the streaming query stopped")
+
+    def _start(self) -> None:
+        self._stopping = False
+        raw = read_stream(self.spark, self.folder, self.text_schema)
+        raw = raw.withColumn(_FILE, F.col("_metadata.file_path"))
+        self._stream = (raw.writeStream.foreachBatch(self._batch)
+                        .option("checkpointLocation", str(self.checkpoint_dir))
+                        .trigger(processingTime=f"{int(self.trigger_s * 1000)} milliseconds")
+                        .start())
+        log.info("reading %s (checkpoint %s)", self.folder, self.checkpoint_dir)
+
+    # -- one micro-batch ------------------------------------------------------------------
+    def _batch(self, raw: DataFrame, batch_id: int) -> None:
+        with self._lock:
+            stages = [s for s in self._stages if not s.has(batch_id)]
+            if stages:
+                self._run(stages, raw, batch_id)
+                self._read_up_to(*(s.windows.latest for s in stages))
+            elif not self._stages:  # for a stage that comes later: where the site is by then
+                self._keep_files(batch_id, self._list(raw))
+            self.last_batch = max(self.last_batch, batch_id)
+            if self._first_batch < 0:
+                self._first_batch = batch_id
+
+    def _read_up_to(self, *latest: int | None) -> None:
+        self.latest = max((t for t in (self.latest, *latest) if t is not None), default=None)
+
+    def _run(self, stages: list[LocalStage], raw: DataFrame, batch_id: int) -> None:
+        """Every stage's part of the batch, as one Spark job; if that fails, a job per
+        stage, and a stage whose own plan or job fails is detached."""
+        began = time.monotonic()
+        with contextlib.ExitStack() as held:
+            for stage in stages:
+                held.enter_context(stage.lock)
+            with not_adaptive(raw.sparkSession), stopped_quietly(self), gc_paused():
+                started = time.time()
+                files = Observation(f"files/{id(self)}/{batch_id}")
+                # The batch's files ride on the first branch of the job.
+                observed = raw.observe(files, F.collect_set(_FILE).alias("files"))
+                planned = self._plan(stages, observed, raw, batch_id)
+                try:
+                    rows: list[list[Any] | None] = list(self._together(planned))
+                    listed = sorted(files.get["files"]) if planned else None
+                except Exception:
+                    if self._stopping:
+                        raise
+                    log.warning("the job of %d stages on %s failed: running each alone",
+                                len(planned), self.folder)
+                    # Planned anew: an observation is spent on the job that failed.
+                    planned = self._plan([s for s, _ in planned], raw, raw, batch_id)
+                    rows, listed = [self._alone(s, plan) for s, plan in planned], None
+                for (stage, plan), grouped in zip(planned, rows, strict=True):
+                    if grouped is None:
+                        continue
+                    try:
+                        stage.take(plan, grouped, batch_id, started)
+                    except Exception as e:
+                        if self._stopping:
+                            raise
+                        self._fail(stage, e)
+                self._keep_files(batch_id, listed if listed is not None else self._list(raw))
+        for stage, _ in planned:
+            if stage.failure is None:
+                stage.batch_done(time.monotonic() - began)
+
+    def _plan(self, stages: list[LocalStage], first: DataFrame, raw: DataFrame,
+              batch_id: int) -> list[tuple[LocalStage, PlannedBatch]]:
+        """Each stage's job, planned from ``first`` for the first and ``raw`` for the rest;
+        a stage whose plan fails is detached."""
+        planned: list[tuple[LocalStage, PlannedBatch]] = []
+        for stage in stages:
+            try:
+                source = raw if planned else first
+                planned.append((stage, stage.plan(stage.prepare(source.drop(_FILE)),
+                                                  batch_id)))
+            except Exception as e:
+                self._fail(stage, e)
+        return planned
+
+    def _together(self, planned: list[tuple[LocalStage, PlannedBatch]]) -> list[list[Any]]:
+        """Each planned stage's grouped rows, from one Spark job."""
+        if len(planned) <= 1:
+            return [plan.grouped.collect() for _, plan in planned]
+        packed = [_packed(plan.grouped, f"_s{i}") for i, (_, plan) in enumerate(planned)]
+        together = functools.reduce(
+            lambda a, b: a.unionByName(b, allowMissingColumns=True), packed)
+        rows = together.collect()
+        at = {name: i for i, name in enumerate(together.columns)}
+        return [[row[k] for row in rows if row[k] is not None]
+                for k in (at[f"_s{i}"] for i in range(len(planned)))]
+
+    def _alone(self, stage: LocalStage, plan: PlannedBatch) -> list[Any] | None:
+        try:
+            return plan.grouped.collect()
+        except Exception as e:
+            if self._stopping:
+                raise
+            self._fail(stage, e)
+            return None
+
+    def _list(self, raw: DataFrame) -> list[str]:
+        """The batch's files, by a job of their own; and how far its event times reach."""
+        files, latest = raw.agg(
+            F.collect_set(_FILE),
+            F.max(F.expr(f"try_cast(`{self.event_time}` AS bigint)"))).collect()[0]
+        self._read_up_to(latest)
+        return sorted(files)
+
+    def _fail(self, stage: LocalStage, error: Exception) -> None:
+        """Detach a stage whose plan or job failed; the others go on."""
+        log.warning("%s on %s failed: detached from the reader", stage.name, self.folder)
+        stage.failure = error
+        with contextlib.suppress(ValueError):
+            self._stages.remove(stage)
+
+    # -- coming back ----------------------------------------------------------------------
+    def _keep_files(self, batch_id: int, files: list[str]) -> None:
+        self._files[batch_id] = files
+        while len(self._files) > KEPT_BATCHES:
+            self._files.popitem(last=False)
+
+    def _catch_up(self, stage: LocalStage) -> None:
+        """Read again, for a stage back from an earlier run, the files of the micro-batches
+        it missed; say so where the reader no longer has them listed."""
+        missed = range(max(stage.windows.done + 1, self._first_batch), self.last_batch + 1)
+        if not missed:
+            return
+        known = [b for b in missed if b in self._files]
+        if len(known) < len(missed):
+            log.warning("%s on %s: %d micro-batches since its snapshot are not listed any "
+                        "more: their records are missing from its windows", stage.name,
+                        self.folder, len(missed) - len(known))
+        paths = [path for b in known for path in self._files[b]]
+        if not paths:
+            return
+        log.info("%s on %s: reading again the %d files of the %d micro-batches it missed",
+                 stage.name, self.folder, len(paths), len(known))
+        stage.process_batch(read_files(self.spark, paths, self.text_schema), self.last_batch)
+
+
+def _packed(grouped: DataFrame, name: str) -> DataFrame:
+    """A stage's grouped rows as one struct column (its fields renamed by position: two
+    aggregates may have the same name)."""
+    renamed = grouped.toDF(*(f"c{i}" for i in range(len(grouped.columns))))
+    return renamed.select(F.struct(*renamed.columns).alias(name))
+
+
+class SourceReaders:
+    """A site's readers, one per folder and record layout, made when a stage first needs
+    one; their checkpoints under ``state_dir``."""
+
+    def __init__(self, state_dir: Path, trigger_s: float) -> None:
+        self.state_dir, self.trigger_s = state_dir, trigger_s
+        self._readers: dict[tuple[Any, ...], SourceReader] = {}
+        self._lock = threading.Lock()
+
+    def position(self, folder: Path, schema: Schema) -> Position:
+        """Where the reader of ``folder`` for records of ``schema`` is (none yet: at the
+        start)."""
+        with self._lock:
+            reader = self._readers.get(_key(folder, schema))
+        return reader.position if reader is not None else Position()
+
+    def reader(self, stage: LocalStage, folder: Path) -> SourceReader:
+        """The reader of ``folder`` for ``stage``'s records."""
+        key = _key(folder, stage.source.schema)
+        with self._lock:
+            if key not in self._readers:
+                digest = hashlib.sha256(repr(key).encode()).hexdigest()[:12]
+                self._readers[key] = SourceReader(
+                    stage.spark, folder, stage.text_schema, stage.event_time,
+                    self.state_dir / f"{folder.name}-{digest}" / "checkpoint", self.trigger_s)
+            return self._readers[key]
+
+    def stop(self) -> None:
+        with self._lock:
+            readers = list(self._readers.values())
+        for reader in readers:
+            reader.stop()
+
+
+def _key(folder: Path, schema: Schema) -> tuple[Any, ...]:
+    return (str(folder.resolve()), tuple((f.name, f.dtype.value) for f in schema),
+            schema.event_time)

@@ -1,0 +1,178 @@
+"""A site's one reader of a folder feeding every live stage: real Spark streams over files."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import jetstream as js
+from jetstream.local import finish_from_partials
+from jetstream.schema import CDN_LOG_SCHEMA
+from jetstream.stage.job import LocalStage
+from jetstream.stage.reader import SourceReader
+from tests.conftest import log
+from tests.test_spark_stage import keep_newest
+
+LOGS = js.source("cdn_logs", schema=CDN_LOG_SCHEMA)
+WINDOWED = LOGS.window(js.tumbling("1s"), watermark="100ms")
+BY_DOMAIN = js.Query("by-domain", WINDOWED.group_by("domain").agg(n=js.count()))
+BYTES = js.Query("bytes", WINDOWED.group_by("pop").agg(bytes=js.sum("bytes"), n=js.count()))
+DOMAINS = ("a.com", "b.org", "c.net", "d.io")
+
+
+def _boom(record: dict[str, Any]) -> dict[str, Any]:
+    if record["domain"] == "boom.com":
+        raise ValueError("boom")
+    return record
+
+
+BOOM = js.Query("boom", LOGS.map(_boom, schema=CDN_LOG_SCHEMA)
+                .window(js.tumbling("1s"), watermark="100ms").agg(n=js.count()))
+
+
+def records(file: int, n: int = 40, domain: str | None = None) -> list[dict[str, Any]]:
+    """File ``file``'s records: event times in order across files, a second a file."""
+    return [log(1_000_000 + file * 1000 + i * (1000 // n),
+                domain or DOMAINS[(i * 7 + file) % len(DOMAINS)],
+                pop=("ams", "sfo")[i % 2], bytes=100 + i) for i in range(n)]
+
+
+def drop(folder: Path, name: str, rows: list[dict[str, Any]]) -> None:
+    """A CSV file landing whole in ``folder``, as shippers drop them."""
+    names = CDN_LOG_SCHEMA.names
+    staged = folder.parent / f".{name}"
+    staged.write_text(",".join(names) + "\n" + "".join(
+        ",".join(str(r[n]) for n in names) + "\n" for r in rows))
+    staged.rename(folder / name)
+
+
+class Stage:
+    """A query's live stage and the windows it hands on."""
+
+    def __init__(self, spark: Any, query: js.Query, folder: Path, tmp: Path,
+                 snapshot: Path | None = None) -> None:
+        self.query = js.optimize(query)
+        self.windows: dict[tuple[int, int], list[dict[str, Any]]] = {}
+        self.stage = LocalStage(spark, self.query, folder, checkpoint_dir=tmp / "unused",
+                                quarantine_dir=tmp / f"quarantine-{query.name}",
+                                emit=keep_newest(self.windows), snapshot=snapshot)
+
+    def results(self) -> list[Any]:
+        self.stage.flush()
+        return finish_from_partials(self.query, self.windows)
+
+
+def wait_for(done: Callable[[], bool], what: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    (tmp_path / "in").mkdir()
+    return tmp_path / "in"
+
+
+@pytest.fixture
+def reader(spark: Any, folder: Path, tmp_path: Path) -> Any:
+    text_schema = Stage(spark, BY_DOMAIN, folder, tmp_path).stage.text_schema
+    made = SourceReader(spark, folder, text_schema, "ts", tmp_path / "reader", trigger_s=0.1)
+    yield made
+    made.stop()
+
+
+def test_two_queries_share_one_stream_and_each_equals_run_local(
+        spark: Any, folder: Path, tmp_path: Path, reader: SourceReader) -> None:
+    streams = len(spark.streams.active)
+    a, b = Stage(spark, BY_DOMAIN, folder, tmp_path), Stage(spark, BYTES, folder, tmp_path)
+    reader.attach(a.stage)
+    reader.attach(b.stage)
+    assert len(spark.streams.active) == streams + 1  # one stream for both queries
+    written = [r for i in range(4) for r in records(i)]
+    for i in range(4):
+        drop(folder, f"{i}.csv", records(i))
+    wait_for(lambda: a.stage.stats.records_in == b.stage.stats.records_in == len(written),
+             "both stages to read every record")
+    assert a.results() == js.run_local(BY_DOMAIN, written)
+    assert b.results() == js.run_local(BYTES, written)
+
+
+def test_a_query_added_while_another_runs_withholds_what_it_missed_and_a_removed_one_stops(
+        spark: Any, folder: Path, tmp_path: Path, reader: SourceReader) -> None:
+    first, cancelled = Stage(spark, BY_DOMAIN, folder, tmp_path), Stage(
+        spark, BYTES, folder, tmp_path / "cancelled")
+    reader.attach(first.stage)
+    reader.attach(cancelled.stage)
+    before = [r for i in range(2) for r in records(i)]
+    for i in range(2):
+        drop(folder, f"{i}.csv", records(i))
+    wait_for(lambda: first.stage.stats.records_in == len(before), "the first files")
+    since = reader.position  # a query is deployed: its stage joins where the reader is now
+    joined = max(r["ts"] for r in before)
+    assert since.latest == joined
+    # A record late into the window it joined in comes with the next file, which lands
+    # before the new stage is attached (Spark started, it warmed up): it is read again.
+    files = {i: ([log(joined + 15, "a.com")] if i == 2 else []) + records(i) for i in range(2, 5)}
+    drop(folder, "2.csv", files[2])
+    wait_for(lambda: first.stage.stats.records_in == len(before) + len(files[2]), "file 2")
+    added = Stage(spark, BYTES, folder, tmp_path / "added")
+    reader.attach(added.stage, since)
+    reader.detach(cancelled.stage)
+    assert added.stage.windows.joined_ms == joined
+    after = [r for i in range(2, 5) for r in files[i]]
+    for i in range(3, 5):
+        drop(folder, f"{i}.csv", files[i])
+    wait_for(lambda: first.stage.stats.records_in == len(before) + len(after), "every file")
+    wait_for(lambda: added.stage.stats.records_in == len(after), "the added query's files")
+    # The first query never stopped: every window; the cancelled one read only the first.
+    assert first.results() == js.run_local(BY_DOMAIN, before + after)
+    assert cancelled.stage.stats.records_in == len(before) + len(files[2])
+    # The added one withholds the window it joined in, whose first records it never saw.
+    want = [w for w in js.run_local(BYTES, before + after) if w.window_start > joined]
+    assert added.results() == want
+    assert added.stage.stats.withheld_records > 0
+
+
+def test_a_query_that_fails_is_detached_alone_and_the_reader_goes_on(
+        spark: Any, folder: Path, tmp_path: Path, reader: SourceReader) -> None:
+    good, bad = Stage(spark, BY_DOMAIN, folder, tmp_path), Stage(spark, BOOM, folder, tmp_path)
+    reader.attach(good.stage)
+    reader.attach(bad.stage)
+    written = records(0) + records(1, domain="boom.com") + records(2)
+    drop(folder, "0.csv", records(0))
+    drop(folder, "1.csv", records(1, domain="boom.com"))
+    wait_for(lambda: bad.stage.failure is not None, "the failing map to fail its stage")
+    assert "boom" in str(bad.stage.failure)
+    drop(folder, "2.csv", records(2))
+    wait_for(lambda: good.stage.stats.records_in == len(written), "the good stage's records")
+    assert reader.failure() is None
+    assert good.results() == js.run_local(BY_DOMAIN, written)
+
+
+def test_a_query_back_from_its_snapshot_reads_again_what_it_missed(
+        spark: Any, folder: Path, tmp_path: Path, reader: SourceReader) -> None:
+    snapshot = tmp_path / "stage.json"
+    first = Stage(spark, BY_DOMAIN, folder, tmp_path, snapshot=snapshot)
+    reader.attach(first.stage)
+    for i in range(2):
+        drop(folder, f"{i}.csv", records(i))
+    wait_for(lambda: first.stage.stats.records_in == 80, "the first files")
+    reader.detach(first.stage)  # its run is replaced: the new one takes its snapshot
+    for i in range(2, 4):
+        drop(folder, f"{i}.csv", records(i))
+    wait_for(lambda: sum(len(f) for f in reader._files.values()) == 4, "the files listed")
+    back = Stage(spark, BY_DOMAIN, folder, tmp_path, snapshot=snapshot)
+    reader.attach(back.stage)  # reads the two files it missed again
+    drop(folder, "4.csv", records(4))
+    wait_for(lambda: back.stage.stats.records_in == 3 * 40, "the gap and the next file")
+    assert back.stage.windows.joined_ms is None
+    back.stage.flush()
+    handed_on = {**first.windows, **back.windows}  # what the first handed on, then the next
+    assert finish_from_partials(back.query, handed_on) == js.run_local(
+        BY_DOMAIN, [r for i in range(5) for r in records(i)])
