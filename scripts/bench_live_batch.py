@@ -2,10 +2,13 @@
 """What a live micro-batch of the local stage costs: Spark's phases and the JVM's CPU.
 
 Usage: python scripts/bench_live_batch.py [--files 80] [--skip 20] [--lines 500]
-       [--every 0.5] [--conf KEY=VALUE ...]
+       [--every 0.5] [--queries 1] [--streams] [--conf KEY=VALUE ...]
 
 Starts one site's local stage for the CDN top-k query (a site's default Spark settings,
-``DEFAULT_SPARK_CONF``, under ``--conf``) live on an empty folder, then renames a file of
+``DEFAULT_SPARK_CONF``, under ``--conf``) live on an empty folder — with ``--queries N``, the
+stages of the first N of the load bench's standing queries, attached to one reader of the
+folder as a site runs them (``--streams``: each on a stream of its own, as sites did before
+the reader) — then renames a file of
 ``--lines`` log lines into it every ``--every`` seconds, ``--files`` times. Prints the medians of
 Spark's phases over the last 15 batches that read records (``recentProgress``), the median
 time of our ``foreachBatch``, and the CPU the JVM and this process spent per file after the
@@ -29,9 +32,10 @@ from bench_stage import write_logs
 from pyspark.sql import SparkSession
 
 import jetstream as js
-from jetstream.queryfile import load_query
+from jetstream.lab.load_bench import QUERIES
 from jetstream.runtime import DEFAULT_SPARK_CONF
-from jetstream.stage.job import LocalStage
+from jetstream.stage.job import DEFAULT_TRIGGER_S, LocalStage
+from jetstream.stage.reader import SourceReader
 
 ROOT = Path(__file__).resolve().parent.parent
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -64,6 +68,9 @@ def main() -> None:
                         help="files before CPU is counted (the JVM's warm-up)")
     parser.add_argument("--lines", type=int, default=500)
     parser.add_argument("--every", type=float, default=0.5, help="seconds between files")
+    parser.add_argument("--queries", type=int, default=1, help="standing queries, 1 to 6")
+    parser.add_argument("--streams", action="store_true",
+                        help="a stream per query instead of one reader for all")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
     if not 0 <= args.skip < args.files:
@@ -75,7 +82,7 @@ def main() -> None:
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     jvm = int(subprocess.check_output(["pgrep", "-P", str(os.getpid()), "java"]).split()[0])
-    query = js.optimize(load_query(ROOT / "examples" / "cdn_topk.py"))
+    queries = [js.optimize(q) for q in QUERIES[:args.queries]]
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         write_logs(work / "logs", args.files * args.lines, 2000)
@@ -85,11 +92,20 @@ def main() -> None:
         folder = work / "in"
         folder.mkdir()
         seconds: list[float] = []
-        stage = LocalStage(spark, query, folder, checkpoint_dir=work / "checkpoint",
-                           quarantine_dir=work / "quarantine", emit=lambda *_: None,
-                           snapshot=work / "stage.json",
-                           on_batch=lambda _, s: seconds.append(s))
-        stream = stage.start()
+        stages = [LocalStage(spark, query, folder, checkpoint_dir=work / f"checkpoint-{i}",
+                             quarantine_dir=work / "quarantine", emit=lambda *_: None,
+                             snapshot=work / f"stage-{i}.json",
+                             on_batch=(lambda _, s: seconds.append(s)) if i == 0 else None)
+                  for i, query in enumerate(queries)]
+        if args.streams:
+            streams = [stage.start() for stage in stages]
+            stream = streams[0]
+        else:
+            reader = SourceReader(spark, folder, stages[0].text_schema, "ts",
+                                  work / "reader", DEFAULT_TRIGGER_S)
+            for stage in stages:
+                reader.attach(stage)
+            stream = reader._stream
         jvm_before, ours_before, compiled_before = Counter[str](), 0.0, 0
         for i in range(args.files):
             if i == args.skip:
@@ -105,7 +121,10 @@ def main() -> None:
         progress = [json.loads(p.json) if hasattr(p, "json") else p
                     for p in stream.recentProgress]
         progress = [p for p in progress if p["numInputRows"] > 0][-15:]
-        stage.stop()
+        for stage in stages:
+            stage.stop()
+        if not args.streams:
+            reader.stop()
     phases = sorted({k for p in progress for k in p["durationMs"]})
     print("Spark's phases, median ms:",
           {k: round(statistics.median(p["durationMs"].get(k, 0) for p in progress))

@@ -176,3 +176,65 @@ def test_a_query_back_from_its_snapshot_reads_again_what_it_missed(
     handed_on = {**first.windows, **back.windows}  # what the first handed on, then the next
     assert finish_from_partials(back.query, handed_on) == js.run_local(
         BY_DOMAIN, [r for i in range(5) for r in records(i)])
+
+
+# -- with real processes: three sites of local-3dc, each reading its folder once -------------
+
+def test_live_sites_add_and_cancel_queries_while_a_third_runs_equal_to_run_local(
+        tmp_path: Path) -> None:
+    from jetstream.control.launch import LocalCluster
+
+    topology = Path(__file__).resolve().parent.parent / "topologies" / "local-3dc.yaml"
+    sites = ("ams", "sfo", "sin")
+    third = js.Query("third", LOGS.window(js.tumbling("2s"), watermark="200ms")
+                     .group_by("domain").agg(n=js.count(), bytes=js.sum("bytes")))
+    cancelled = js.Query("cancelled", LOGS.window(js.tumbling("2s"), watermark="200ms")
+                         .agg(n=js.count()))
+    added = js.Query("added", LOGS.window(js.tumbling("2s"), watermark="200ms")
+                     .group_by("pop").agg(n=js.count()))
+    inputs = tmp_path / "input"
+    for site in sites:
+        (inputs / site).mkdir(parents=True)
+    base = (time.time_ns() // 1_000_000) // 2000 * 2000
+
+    def land(i: int) -> None:  # a second of records at every site
+        for k, site in enumerate(sites):
+            rows = [log(base + i * 1000 + j * 25, DOMAINS[(i + j + k) % 4], pop=site)
+                    for j in range(40)]
+            drop(inputs / site, f"{i:03d}.csv", rows)
+
+    with LocalCluster(topology, inputs, idle_timeout_s=3, logs=tmp_path / "logs",
+                      site_args=lambda s: ["--warm-up", "0"]) as cluster:
+        for query in (third, cancelled):
+            cluster.client.submit(query)
+        for query in (third, cancelled):
+            cluster.wait_for_stages(query.name)
+        for i in range(6):
+            land(i)
+            time.sleep(0.5)
+        cluster.client.submit(added)
+        cluster.client.cancel(cancelled.name)
+        for i in range(6, 14):
+            land(i)
+            time.sleep(0.5)
+        results: dict[str, dict[int, Any]] = {"third": {}, "added": {}}
+        for name, want in (("third", js.run_local(third, inputs)),
+                           ("added", js.run_local(added, inputs))):
+            for result in cluster.client.results(name, timeout_s=90):
+                seen = results[name].get(result.window_start)
+                if seen is None or result.revision >= seen.revision:
+                    results[name][result.window_start] = result
+                if all(w.window_start in results[name] and results[name][
+                        w.window_start].sites_reporting == 3 for w in want):
+                    break
+            truth = {w.window_start: w.rows for w in want}
+            got = {w: r.rows for w, r in results[name].items() if r.sites_reporting == 3}
+            if name == "third":  # it ran throughout: every window, whole, as run_local has it
+                assert got == truth
+                assert len(results[name]) == len(truth)
+            else:  # it withholds the windows it joined in or before; the rest are whole
+                assert got == {w: truth[w] for w in got}
+                assert set(got) >= {w for w in truth if w >= base + 8000}
+        # Each site read its folder with one reader (one checkpoint) for all three queries.
+        for site in sites:
+            assert len(list((tmp_path / "logs" / "state" / site / "readers").iterdir())) == 1

@@ -77,7 +77,7 @@ from jetstream.stage.check import Chain, check_stage
 from jetstream.stage.compile import spark_schema, spark_type, to_column
 from jetstream.stage.forms import Input, float_parts, form_of, scaled_exponent, scaled_parts
 
-__all__ = ["DEFAULT_TRIGGER_S", "Emit", "LocalStage", "PlannedBatch", "StageStats",
+__all__ = ["DEFAULT_TRIGGER_S", "FILE_COLUMN", "Emit", "LocalStage", "PlannedBatch", "StageStats",
            "gc_paused", "not_adaptive", "read_files", "read_stream", "stopped_quietly"]
 
 log = logging.getLogger(__name__)
@@ -88,10 +88,12 @@ DEFAULT_TRIGGER_S = 0.25
 OnBatch = Callable[["StageStats", float], None]
 _CORRUPT = "_jetstream_corrupt"
 _ARRIVED = "_jetstream_arrived"  # epoch ms the record's file landed in the folder
+#: The column of a record's file (``_metadata.file_path``).
+FILE_COLUMN = "_jetstream_file"
 _REASONS = ("wrong field count", "missing field", "ill-typed field")
 # What the stage carries past the query's own steps: whether the record is kept (valid and
 # through every ``where``), why it is malformed, its line, file time and event time.
-_INTERNAL = ("_keep", "_reason", _CORRUPT, _ARRIVED, "_event")
+_INTERNAL = ("_keep", "_reason", _CORRUPT, _ARRIVED, FILE_COLUMN, "_event")
 
 
 @dataclass
@@ -284,7 +286,8 @@ class LocalStage:
         drops, for the counters. Built once on the stream, so a batch adds two steps."""
         c = self._compiled
         if _ARRIVED not in raw.columns:  # a batch not read from the folder (tests)
-            raw = raw.withColumn(_ARRIVED, F.lit(None).cast("long"))
+            raw = raw.withColumns({_ARRIVED: F.lit(None).cast("long"),
+                                   FILE_COLUMN: F.lit(None).cast("string")})
         df = raw.select(*c.typed)
         for step in c.steps:
             df = step(df)
@@ -342,6 +345,7 @@ class LocalStage:
         counters = [F.count(F.when(valid & once, True)).alias("records"),
                     F.max(F.when(valid, F.col("_event"))).alias("latest"),
                     F.min(F.when(valid, F.col(_ARRIVED))).alias("arrived"),
+                    F.collect_set(FILE_COLUMN).alias("files"),
                     *(F.count(F.when(F.col("_reason").startswith(reason), True)).alias(reason)
                       for reason in _REASONS)]
         # Each kept record once per window it falls in, and whether that is its first window
@@ -427,8 +431,8 @@ class LocalStage:
             reason = reason.when(value.isNull(), F.lit(f"ill-typed field: {f.name}"))
             typed.append(value.alias(f.name))
         event = _parse(self.event_time, self.source.schema.dtype(self.event_time))
-        return [*typed, F.col(_CORRUPT), F.col(_ARRIVED), reason.alias("_reason"),
-                reason.isNull().alias("_keep"), event.alias("_event")]
+        return [*typed, F.col(_CORRUPT), F.col(_ARRIVED), F.col(FILE_COLUMN),
+                reason.alias("_reason"), reason.isNull().alias("_keep"), event.alias("_event")]
 
     def _quarantine(self, prepared: DataFrame) -> None:
         """Set the batch's malformed records aside, each with its reason and file."""
@@ -544,8 +548,9 @@ def _csv(reader: Any, text_schema: StructType) -> Any:
 def _arrived(records: DataFrame) -> DataFrame:
     # A record's file's modification time is when the site received it (shippers
     # write elsewhere, then rename into the folder).
-    return records.withColumn(_ARRIVED,
-                              F.unix_millis(F.col("_metadata.file_modification_time")))
+    return records.withColumns({
+        _ARRIVED: F.unix_millis(F.col("_metadata.file_modification_time")),
+        FILE_COLUMN: F.col("_metadata.file_path")})
 
 
 def _select(df: DataFrame, columns: list[Column]) -> DataFrame:

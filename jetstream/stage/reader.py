@@ -33,17 +33,19 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import StructType
 
 from jetstream.schema import Schema
 from jetstream.stage.job import (
+    FILE_COLUMN,
     LocalStage,
     PlannedBatch,
     gc_paused,
@@ -60,7 +62,6 @@ log = logging.getLogger(__name__)
 #: How many recent micro-batches' files a reader keeps listed, to read them again for a
 #: stage that comes back after missing them (a query's run replaced by a new version).
 KEPT_BATCHES = 2_000
-_FILE = "_jetstream_file"
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,8 @@ class SourceReader:
         self._stages: list[LocalStage] = []
         self._lock = threading.Lock()  # the stages, against a micro-batch under way
         self._stream: StreamingQuery | None = None
+        self._alone_stage: LocalStage | None = None  # the stage whose plan the stream has
+        self._changing = threading.Lock()  # attaching and detaching, one at a time
         self._stopping = False
         #: The largest event time a stage of this reader has read (None: none yet).
         self.latest: int | None = None
@@ -100,28 +103,51 @@ class SourceReader:
         batches since its snapshot's, or for a new stage those since ``since`` (where the
         reader was when the stage was deployed); start the stream if it does not run."""
         since = since or Position()
-        with self._lock:
-            if stage.windows.done < 0:  # new: it joins where the reader was at its deploy
-                stage.windows.done = since.batch
-                if since.latest is not None and stage.windows.joined_ms is None:
-                    stage.windows.joined_ms = since.latest
-                    log.info("%s joins %s at event time %d: it withholds the windows up to "
-                             "it", stage.name, self.folder, since.latest)
-            self._catch_up(stage)
-            self._stages.append(stage)
-            if self._stream is None or not self._stream.isActive:
-                self._start()
+        with self._changing:
+            self._change(lambda: self._stages.append(stage), adding=stage, since=since)
 
     def detach(self, stage: LocalStage) -> None:
         """Stop feeding ``stage``, after the micro-batch under way. The stream goes on with
         no stage left (a query deployed next starts where the site is by then)."""
-        with self._lock, contextlib.suppress(ValueError):
-            self._stages.remove(stage)
+        with self._changing:
+            if stage in self._stages:
+                self._change(lambda: self._stages.remove(stage))
+
+    def _change(self, change: Callable[[], None], adding: LocalStage | None = None,
+                since: Position = Position()) -> None:
+        """Change the stages; stop the stream first (its batch under way is run again by
+        the next) when the stream's plan changes: one stage has its plan in the stream
+        (each batch arrives prepared for it), several take it from the raw records."""
+        alone = self._alone_stage
+        after = len(self._stages) + (1 if adding is not None else -1)
+        restart = self._stream is None or alone is not None or after == 1
+        if restart:
+            self._stop_stream()
+        with self._lock:
+            if adding is not None:
+                self._join(adding, since)
+            change()
+        if restart or not (self._stream and self._stream.isActive):
+            self._start()
+
+    def _join(self, stage: LocalStage, since: Position) -> None:
+        if stage.windows.done < 0:  # new: it joins where the reader was at its deploy
+            stage.windows.done = since.batch
+            if since.latest is not None and stage.windows.joined_ms is None:
+                stage.windows.joined_ms = since.latest
+                log.info("%s joins %s at event time %d: it withholds the windows up to it",
+                         stage.name, self.folder, since.latest)
+        self._catch_up(stage)
 
     def stop(self) -> None:
         """Stop the stream (the site closes)."""
+        with self._changing:
+            self._stop_stream()
+            self._stopping = True  # for good
+
+    def _stop_stream(self) -> None:
         with self._lock:
-            self._stopping, self._stages, stream = True, [], self._stream
+            self._stopping, stream, self._stream = True, self._stream, None
         if stream is not None and stream.isActive:
             stream.stop()  # outside the lock: a batch waiting for it would never end
 
@@ -143,24 +169,31 @@ class SourceReader:
         return str(stream.exception() or "the streaming query stopped")
 
     def _start(self) -> None:
-        self._stopping = False
-        raw = read_stream(self.spark, self.folder, self.text_schema)
-        raw = raw.withColumn(_FILE, F.col("_metadata.file_path"))
-        self._stream = (raw.writeStream.foreachBatch(self._batch)
-                        .option("checkpointLocation", str(self.checkpoint_dir))
-                        .trigger(processingTime=f"{int(self.trigger_s * 1000)} milliseconds")
-                        .start())
-        log.info("reading %s (checkpoint %s)", self.folder, self.checkpoint_dir)
+        """The stream, its plan by the stages: one stage's prepared records, or raw ones."""
+        with self._lock:
+            self._stopping = False
+            raw = read_stream(self.spark, self.folder, self.text_schema)
+            self._alone_stage = self._stages[0] if len(self._stages) == 1 else None
+            source = self._alone_stage.prepare(raw) if self._alone_stage is not None else raw
+            self._stream = (source.writeStream.foreachBatch(self._batch)
+                            .option("checkpointLocation", str(self.checkpoint_dir))
+                            .trigger(processingTime=f"{int(self.trigger_s * 1000)} "
+                                                     "milliseconds").start())
+        log.info("reading %s for %d stage%s (checkpoint %s)", self.folder, len(self._stages),
+                 "" if len(self._stages) == 1 else "s", self.checkpoint_dir)
 
     # -- one micro-batch ------------------------------------------------------------------
-    def _batch(self, raw: DataFrame, batch_id: int) -> None:
+    def _batch(self, records: DataFrame, batch_id: int) -> None:
         with self._lock:
             stages = [s for s in self._stages if not s.has(batch_id)]
-            if stages:
-                self._run(stages, raw, batch_id)
-                self._read_up_to(*(s.windows.latest for s in stages))
+            alone = self._alone_stage
+            if stages and alone is not None:  # the records come prepared for it
+                self._run(stages, records, batch_id, prepared=True)
+            elif stages:
+                self._run(stages, records, batch_id)
             elif not self._stages:  # for a stage that comes later: where the site is by then
-                self._keep_files(batch_id, self._list(raw))
+                self._keep_files(batch_id, self._list(records))
+            self._read_up_to(*(s.windows.latest for s in stages))
             self.last_batch = max(self.last_batch, batch_id)
             if self._first_batch < 0:
                 self._first_batch = batch_id
@@ -168,30 +201,33 @@ class SourceReader:
     def _read_up_to(self, *latest: int | None) -> None:
         self.latest = max((t for t in (self.latest, *latest) if t is not None), default=None)
 
-    def _run(self, stages: list[LocalStage], raw: DataFrame, batch_id: int) -> None:
+    def _run(self, stages: list[LocalStage], records: DataFrame, batch_id: int,
+             prepared: bool = False) -> None:
         """Every stage's part of the batch, as one Spark job; if that fails, a job per
-        stage, and a stage whose own plan or job fails is detached."""
+        stage, and a stage whose own plan or job fails is detached. ``prepared``: the
+        records are the one stage's, prepared (see :meth:`_start`)."""
         began = time.monotonic()
         with contextlib.ExitStack() as held:
             for stage in stages:
                 held.enter_context(stage.lock)
-            with not_adaptive(raw.sparkSession), stopped_quietly(self), gc_paused():
+            with not_adaptive(records.sparkSession), stopped_quietly(self), gc_paused():
                 started = time.time()
-                files = Observation(f"files/{id(self)}/{batch_id}")
-                # The batch's files ride on the first branch of the job.
-                observed = raw.observe(files, F.collect_set(_FILE).alias("files"))
-                planned = self._plan(stages, observed, raw, batch_id)
+                planned = self._plan(stages, records, batch_id, prepared)
                 try:
                     rows: list[list[Any] | None] = list(self._together(planned))
-                    listed = sorted(files.get["files"]) if planned else None
-                except Exception:
+                except Exception as e:
                     if self._stopping:
                         raise
-                    log.warning("the job of %d stages on %s failed: running each alone",
-                                len(planned), self.folder)
-                    # Planned anew: an observation is spent on the job that failed.
-                    planned = self._plan([s for s, _ in planned], raw, raw, batch_id)
-                    rows, listed = [self._alone(s, plan) for s, plan in planned], None
+                    if len(planned) == 1:
+                        self._fail(planned[0][0], e)
+                        rows = [None]
+                    else:
+                        log.warning("the job of %d stages on %s failed: running each alone",
+                                    len(planned), self.folder)
+                        # Planned anew: an observation is spent on the job that failed.
+                        planned = self._plan([s for s, _ in planned], records, batch_id,
+                                             prepared)
+                        rows = [self._alone(s, plan) for s, plan in planned]
                 for (stage, plan), grouped in zip(planned, rows, strict=True):
                     if grouped is None:
                         continue
@@ -201,21 +237,23 @@ class SourceReader:
                         if self._stopping:
                             raise
                         self._fail(stage, e)
-                self._keep_files(batch_id, listed if listed is not None else self._list(raw))
+                taken = [plan for (_, plan), grouped in zip(planned, rows, strict=True)
+                         if grouped is not None]
+                # Every stage's counters saw every file of the batch (a record not kept too).
+                self._keep_files(batch_id, sorted(taken[0].observation.get["files"])
+                                 if taken else self._list(records))
         for stage, _ in planned:
             if stage.failure is None:
                 stage.batch_done(time.monotonic() - began)
 
-    def _plan(self, stages: list[LocalStage], first: DataFrame, raw: DataFrame,
-              batch_id: int) -> list[tuple[LocalStage, PlannedBatch]]:
-        """Each stage's job, planned from ``first`` for the first and ``raw`` for the rest;
-        a stage whose plan fails is detached."""
+    def _plan(self, stages: list[LocalStage], records: DataFrame, batch_id: int,
+              prepared: bool) -> list[tuple[LocalStage, PlannedBatch]]:
+        """Each stage's job; a stage whose plan fails is detached."""
         planned: list[tuple[LocalStage, PlannedBatch]] = []
         for stage in stages:
             try:
-                source = raw if planned else first
-                planned.append((stage, stage.plan(stage.prepare(source.drop(_FILE)),
-                                                  batch_id)))
+                planned.append((stage, stage.plan(
+                    records if prepared else stage.prepare(records), batch_id)))
             except Exception as e:
                 self._fail(stage, e)
         return planned
@@ -243,8 +281,10 @@ class SourceReader:
 
     def _list(self, raw: DataFrame) -> list[str]:
         """The batch's files, by a job of their own; and how far its event times reach."""
+        if FILE_COLUMN not in raw.columns:  # prepared for a stage that failed: nothing to learn
+            return []
         files, latest = raw.agg(
-            F.collect_set(_FILE),
+            F.collect_set(FILE_COLUMN),
             F.max(F.expr(f"try_cast(`{self.event_time}` AS bigint)"))).collect()[0]
         self._read_up_to(latest)
         return sorted(files)
