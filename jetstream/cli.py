@@ -126,8 +126,8 @@ def _site(args: argparse.Namespace) -> int:
     options = SiteOptions(input_dir=Path(args.input) if args.input else None,
                           replay=args.replay, deadline_s=args.window_deadline,
                           idle_s=args.idle_timeout, spark_master=args.spark_master,
-                          trigger_s=args.trigger, warm_up_s=args.warm_up,
-                          spark_conf=dict(args.spark_conf or ()),
+                          trigger_s=args.trigger, batch_hold_s=args.batch_hold,
+                          warm_up_s=args.warm_up, spark_conf=dict(args.spark_conf or ()),
                           cubes=args.cubes, retention=parse_retention(args.retention))
     if args.state_dir:
         options.state_dir = Path(args.state_dir)
@@ -791,6 +791,11 @@ def _parser() -> argparse.ArgumentParser:
     site.add_argument("--trigger", type=_positive_seconds, default=SiteOptions.trigger_s,
                       metavar="S", help="the live local stage reads new files this often "
                                         f"(default: {SiteOptions.trigger_s:g}s)")
+    site.add_argument("--batch-hold", type=_seconds_or_zero, default=SiteOptions.batch_hold_s,
+                      metavar="S", help="a new file waits up to this long for the next to "
+                                        "share a micro-batch, unless its records may close "
+                                        "a window; 0: each trigger reads what landed "
+                                        f"(default: {SiteOptions.batch_hold_s:g}s)")
     site.add_argument("--warm-up", type=_seconds_or_zero, default=SiteOptions.warm_up_s,
                       metavar="S", help="before a live local stage starts, stream made-up "
                                         "records through a copy of it for this long, so "

@@ -56,6 +56,7 @@ from jetstream.results import WindowResult
 from jetstream.rewrite import distributed
 from jetstream.router import Router, own_rows
 from jetstream.stage.check import check_stage, local_inputs, source_of
+from jetstream.stage.gate import DEFAULT_HOLD_S
 from jetstream.stage.inputs import StageInput, source_folder
 from jetstream.stage.warm import WARM_UP_S
 from jetstream.transport import Connect, DataPlaneServicer, PartialSender
@@ -182,6 +183,9 @@ class SiteOptions:
     deadline_s: float | None = None  # overrides the SLO's max_latency for window deadlines
     idle_s: float = 5.0  # an input without records this long is idle
     trigger_s: float = 0.25  # micro-batch interval of a live local stage
+    #: A new file waits up to this long to share a micro-batch with the next, unless its
+    #: records may hand a window on (:mod:`jetstream.stage.gate`); 0: it never waits.
+    batch_hold_s: float = DEFAULT_HOLD_S
     #: Before a live stage's stream starts, warm its JVM up on made-up records for at most
     #: this long (:mod:`jetstream.stage.warm`); 0: not at all.
     warm_up_s: float = WARM_UP_S
@@ -722,7 +726,8 @@ class SiteRuntime:
         with self._lock:
             if self._readers is None:
                 self._readers = SourceReaders(self.options.state_dir / self.site / "readers",
-                                              self.options.trigger_s)
+                                              self.options.trigger_s,
+                                              self.options.batch_hold_s)
             readers: SourceReaders = self._readers
         return readers
 

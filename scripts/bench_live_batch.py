@@ -2,7 +2,8 @@
 """What a live micro-batch of the local stage costs: Spark's phases and the JVM's CPU.
 
 Usage: python scripts/bench_live_batch.py [--files 80] [--skip 20] [--lines 500]
-       [--every 0.5] [--queries 1] [--streams] [--conf KEY=VALUE ...]
+       [--every 0.5] [--queries 1] [--streams] [--conf KEY=VALUE ...] [--hold 0]
+       [--jfr FILE.jfr]
 
 Starts one site's local stage for the CDN top-k query (a site's default Spark settings,
 ``DEFAULT_SPARK_CONF``, under ``--conf``) live on an empty folder — with ``--queries N``, the
@@ -13,6 +14,8 @@ the reader) — then renames a file of
 Spark's phases over the last 15 batches that read records (``recentProgress``), the median
 time of our ``foreachBatch``, and the CPU the JVM and this process spent per file after the
 first ``--skip`` files, the JVM's split by thread (read from ``/proc``: Linux only).
+``--jfr`` records those files with Java Flight Recorder (``jfr print`` reads the file;
+``scripts/jfr_top.py`` sums its CPU samples by thread and method).
 """
 
 from __future__ import annotations
@@ -72,6 +75,11 @@ def main() -> None:
     parser.add_argument("--streams", action="store_true",
                         help="a stream per query instead of one reader for all")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--hold", type=float, default=0.0,
+                        help="the reader's gate holds a file up to this long (a site's "
+                             "--batch-hold; 0, the default here: every file its own batch)")
+    parser.add_argument("--jfr", type=Path, metavar="FILE.jfr",
+                        help="record the JVM with Java Flight Recorder over the counted files")
     args = parser.parse_args()
     if not 0 <= args.skip < args.files:
         parser.error("--skip must be at least 0 and below --files")
@@ -102,7 +110,8 @@ def main() -> None:
             stream = streams[0]
         else:
             reader = SourceReader(spark, folder, stages[0].text_schema, "ts",
-                                  work / "reader", DEFAULT_TRIGGER_S)
+                                  work / "reader" / "checkpoint", DEFAULT_TRIGGER_S,
+                                  hold_s=args.hold)
             for stage in stages:
                 reader.attach(stage)
             stream = reader._stream
@@ -111,11 +120,18 @@ def main() -> None:
             if i == args.skip:
                 jvm_before, ours_before = thread_ticks(jvm), sum(os.times()[:2])
                 compiled_before = compilations(spark)
+                if args.jfr:
+                    subprocess.run(["jcmd", str(jvm), "JFR.start", "name=bench",
+                                    "settings=profile", f"filename={args.jfr.resolve()}"],
+                                   check=True, capture_output=True)
             staged = work / f"f{i}.csv"
             staged.write_text(header + "".join(lines[i * args.lines:(i + 1) * args.lines]))
             staged.rename(folder / staged.name)
             time.sleep(args.every)
         jvm_after, ours_after = thread_ticks(jvm), sum(os.times()[:2])
+        if args.jfr:
+            subprocess.run(["jcmd", str(jvm), "JFR.stop", "name=bench"],
+                           check=True, capture_output=True)
         compiled = compilations(spark) - compiled_before
         counted = args.files - args.skip
         progress = [json.loads(p.json) if hasattr(p, "json") else p

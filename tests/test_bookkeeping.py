@@ -4,6 +4,7 @@ early, while the watermark waits, come to the same thing as waiting for it."""
 from __future__ import annotations
 
 import itertools
+import json
 from pathlib import Path
 from typing import Any
 
@@ -144,3 +145,60 @@ def test_what_went_early_survives_a_snapshot(tmp_path: Path) -> None:
     run_batch(again, [(12_500, "b", 1.5)])
     run_batch(again, [(15_000, "b", 1.5)])  # closes the first window: nothing new for it
     assert [(w, rev, flag) for w, _, _, rev, flag in handed] == [((0, SIZE), 0, True)]
+
+
+STEPS = st.lists(st.one_of(
+    st.tuples(st.just("batch"), EVENTS),
+    st.tuples(st.just("idle"), st.none()),
+    st.tuples(st.just("save"), st.none())), min_size=1, max_size=20)
+
+
+@settings(max_examples=100, deadline=None)
+@given(STEPS)
+def test_a_snapshot_encodes_again_only_what_changed_and_reads_back_whole(
+        tmp_path_factory: pytest.TempPathFactory,
+        steps: list[tuple[str, Any]]) -> None:
+    """Micro-batches, idle closes and snapshots in any order: every snapshot holds what
+    encoding every window afresh gives, and a stage restored from it hands on what the
+    stage it was taken from does."""
+    path = tmp_path_factory.mktemp("snap") / "stage.json"
+    handed: Handed = []
+    windows = stage(handed, early=True)
+    batch = 0
+    for kind, events in [*steps, ("save", None)]:
+        if kind == "batch":
+            run_batch(windows, events)
+        elif kind == "idle":
+            windows.close(None)
+        else:
+            windows.save(path, batch)
+            batch += 1
+            fresh = stage([], early=True)
+            fresh.restore(path)
+            saved = json.loads(path.read_text())
+            assert [w[-1] for w in saved["windows"]] == [
+                windows._encode(w, g) for w, g in sorted(windows._open.items())]
+            assert [w[-1] for w in saved["flushed"]] == [
+                windows._encode(w, g) for w, (g, _, _) in sorted(windows._flushed.items())]
+    again: Handed = []
+    restored = stage(again, early=True)
+    restored.restore(path)
+    rest: Handed = []
+    windows.emit = windows.emit_early = lambda w, rows, e, r: rest.append((w, rows, e, r, False))
+    restored.emit = restored.emit_early = lambda w, rows, e, r: again.append(
+        (w, rows, e, r, False))
+    windows.close(None)
+    restored.close(None)
+    assert [(w, canonical(rows), e, r) for w, rows, e, r, _ in again] == [
+        (w, canonical(rows), e, r) for w, rows, e, r, _ in rest]
+
+
+def test_due_is_the_next_event_time_that_hands_a_window_on() -> None:
+    windows = stage([], early=True)  # the delay 4 s: early at half of it, 2 s
+    next_end = 20_000
+    assert windows.due_ms(next_end) == next_end + 2_000  # nothing open
+    run_batch(windows, [(3_000, "a", 1.5)])
+    assert windows.due_ms(next_end) == SIZE + 2_000  # the open window, early
+    run_batch(windows, [(12_500, "a", 1.5)])  # past 10 s + 2 s: it went early
+    assert windows.due_ms(next_end) == SIZE + DELAY  # then it waits for the watermark
+    assert stage([], early=False).due_ms(next_end) == next_end + DELAY

@@ -82,6 +82,10 @@ class OpenWindows:
         self._flushed: dict[tuple[int, int], tuple[Groups, int, int]] = {}
         # Open windows handed on early: the revision, and whether records came since.
         self._early: dict[tuple[int, int], tuple[int, bool]] = {}
+        # Each window's encoding in the last snapshot, by kind ("open", "flushed"), and the
+        # windows changed since: a snapshot encodes again only those.
+        self._saved: dict[tuple[str, tuple[int, int]], str] = {}
+        self._changed: set[tuple[int, int]] = set()
 
     @property
     def watermark(self) -> int | None:
@@ -110,6 +114,7 @@ class OpenWindows:
         self._touch(window)
 
     def _touch(self, window: tuple[int, int]) -> None:
+        self._changed.add(window)
         if window in self._early:
             self._early[window] = (self._early[window][0], True)
 
@@ -124,6 +129,7 @@ class OpenWindows:
         for window in sorted(self._open):
             if watermark is not None and window[1] > watermark:
                 continue
+            self._changed.add(window)
             groups, events, revision = self._open.pop(window), self._events.pop(window, 0), 0
             if window in self._flushed:  # handed on before: merge, hand on whole again
                 before, before_events, last = self._flushed.pop(window)
@@ -163,6 +169,7 @@ class OpenWindows:
             self.emit_early(window, rows, self._events[window], 0)
             # What was handed on is the receiver's now: merge what comes into copies.
             self._open[window] = self._detached(rows)
+            self._changed.add(window)
             self._early[window] = (0, False)
 
     def close_passed(self) -> None:
@@ -176,6 +183,17 @@ class OpenWindows:
         return [dict(zip(self.partial.keys, key, strict=True)) | {
             name: agg.compact(acc) for (name, agg), acc in zip(aggregates, accs, strict=True)}
             for key, accs in groups.items()]
+
+    def due_ms(self, next_end: int) -> int:
+        """The least event time whose reading hands a window on: an open window's end plus
+        the early hand-on's share of the delay (once handed on early, plus the delay); the
+        same for the next window to open, ending at ``next_end``."""
+        early = self.delay_ms
+        if self.emit_early is not None:
+            early = min(early, self.early_ms)
+        return min([next_end + early,
+                    *(end + (self.delay_ms if (start, end) in self._early else early)
+                      for start, end in self._open)])
 
     def open_windows(self) -> list[tuple[int, int]]:
         return sorted(self._open)
@@ -197,9 +215,9 @@ class OpenWindows:
         """Write the snapshot after micro-batch ``batch_id``, atomically and durably."""
         state = {"version": _SNAPSHOT_VERSION, "query": self.query, "batch": batch_id,
                  "latest": self.latest, "joined": self.joined_ms,
-                 "windows": [[*w, self._events[w], -1, self._encode(w, g)]
+                 "windows": [[*w, self._events[w], -1, self._saving("open", w, g)]
                              for w, g in sorted(self._open.items())],
-                 "flushed": [[*w, events, revision, self._encode(w, g)]
+                 "flushed": [[*w, events, revision, self._saving("flushed", w, g)]
                              for w, (g, events, revision) in sorted(self._flushed.items())],
                  "early": [[*w, revision, changed]
                            for w, (revision, changed) in sorted(self._early.items())]}
@@ -211,6 +229,16 @@ class OpenWindows:
             os.fsync(f.fileno())
         os.replace(temporary, path)
         self.done = batch_id
+        self._saved = {k: v for k, v in self._saved.items()
+                       if k[1] in (self._open if k[0] == "open" else self._flushed)}
+        self._changed.clear()
+
+    def _saving(self, kind: str, window: tuple[int, int], groups: Groups) -> str:
+        """A window's encoding for the snapshot: the last one's, if it has not changed."""
+        key = (kind, window)
+        if window in self._changed or key not in self._saved:
+            self._saved[key] = self._encode(window, groups)
+        return self._saved[key]
 
     def restore(self, path: Path) -> None:
         """Load the snapshot at ``path``.

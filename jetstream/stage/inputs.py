@@ -184,7 +184,9 @@ class StageInput:
             # A micro-batch with records runs: not idle, only slow. (A trigger that only
             # lists the folder is active too, every trigger_s, for longer as the folder
             # grows: counting it, an input went quiet for good and was never taken for idle.)
-            if status.get("isTriggerActive") and status.get("isDataAvailable"):
+            # Files that wait to be read (``jetstream.stage.gate``) are not idle either.
+            if ((status.get("isTriggerActive") and status.get("isDataAvailable"))
+                    or status.get("waitingFiles")):
                 quiet_since = time.monotonic()
             if records != seen:
                 seen, quiet_since, idle = records, time.monotonic(), False

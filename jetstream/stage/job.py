@@ -271,6 +271,14 @@ class LocalStage:
         if self.on_batch is not None:
             self.on_batch(self.stats, seconds)
 
+    def due_ms(self) -> int | None:
+        """The least event time whose reading may hand a window on (close it, or hand it on
+        early; see ``OpenWindows.due_ms``). None: nothing read yet."""
+        latest, spec = self.windows.latest, self.window.spec
+        if latest is None:
+            return None
+        return self.windows.due_ms(spec.last_end(latest) + spec.every_ms)
+
     @property
     def lock(self) -> threading.Lock:
         """Held while a micro-batch runs (and by :meth:`flush`)."""

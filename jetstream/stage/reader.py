@@ -44,6 +44,7 @@ from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import StructType
 
 from jetstream.schema import Schema
+from jetstream.stage.gate import DEFAULT_HOLD_S, FileGate
 from jetstream.stage.job import (
     FILE_COLUMN,
     LocalStage,
@@ -76,10 +77,13 @@ class SourceReader:
     """One streaming query over one folder, serving every stage attached to it."""
 
     def __init__(self, spark: SparkSession, folder: Path, text_schema: StructType,
-                 event_time: str, checkpoint_dir: Path, trigger_s: float) -> None:
+                 event_time: str, checkpoint_dir: Path, trigger_s: float,
+                 hold_s: float = DEFAULT_HOLD_S) -> None:
         self.spark, self.folder, self.text_schema = spark, folder, text_schema
         self.event_time = event_time
         self.checkpoint_dir, self.trigger_s = checkpoint_dir, trigger_s
+        #: What the stream reads: the folder's files, let in by the gate (:mod:`.gate`).
+        self.gate = FileGate(folder, checkpoint_dir.parent / "live", hold_s, self._due)
         self._stages: list[LocalStage] = []
         self._lock = threading.Lock()  # the stages, against a micro-batch under way
         self._stream: StreamingQuery | None = None
@@ -143,6 +147,7 @@ class SourceReader:
         """Stop the stream (the site closes)."""
         with self._changing:
             self._stop_stream()
+            self.gate.stop()
             self._stopping = True  # for good
 
     def _stop_stream(self) -> None:
@@ -157,9 +162,16 @@ class SourceReader:
 
     @property
     def status(self) -> dict[str, Any]:
-        """The stream's status (``StreamingQuery.status``); empty when it does not run."""
+        """The stream's status (``StreamingQuery.status``; empty when it does not run) and
+        how many files wait at the gate (``waitingFiles``)."""
         stream = self._stream
-        return stream.status if stream is not None else {}
+        return {**(stream.status if stream is not None else {}),
+                "waitingFiles": self.gate.waiting}
+
+    def _due(self) -> int | None:
+        """The event time at which a stage next hands a window on (None: not known)."""
+        due = [stage.due_ms() for stage in list(self._stages)]
+        return None if not due or None in due else min(d for d in due if d is not None)
 
     def failure(self) -> str | None:
         """Why the stream stopped, if it failed."""
@@ -172,13 +184,14 @@ class SourceReader:
         """The stream, its plan by the stages: one stage's prepared records, or raw ones."""
         with self._lock:
             self._stopping = False
-            raw = read_stream(self.spark, self.folder, self.text_schema)
+            raw = read_stream(self.spark, self.gate.live, self.text_schema)
             self._alone_stage = self._stages[0] if len(self._stages) == 1 else None
             source = self._alone_stage.prepare(raw) if self._alone_stage is not None else raw
             self._stream = (source.writeStream.foreachBatch(self._batch)
                             .option("checkpointLocation", str(self.checkpoint_dir))
                             .trigger(processingTime=f"{int(self.trigger_s * 1000)} "
                                                      "milliseconds").start())
+        self.gate.start()
         log.info("reading %s for %d stage%s (checkpoint %s)", self.folder, len(self._stages),
                  "" if len(self._stages) == 1 else "s", self.checkpoint_dir)
 
@@ -194,6 +207,7 @@ class SourceReader:
             elif not self._stages:  # for a stage that comes later: where the site is by then
                 self._keep_files(batch_id, self._list(records))
             self._read_up_to(*(s.windows.latest for s in stages))
+            self.gate.read_up_to(self.latest)
             self.last_batch = max(self.last_batch, batch_id)
             if self._first_batch < 0:
                 self._first_batch = batch_id
@@ -332,8 +346,9 @@ class SourceReaders:
     """A site's readers, one per folder and record layout, made when a stage first needs
     one; their checkpoints under ``state_dir``."""
 
-    def __init__(self, state_dir: Path, trigger_s: float) -> None:
-        self.state_dir, self.trigger_s = state_dir, trigger_s
+    def __init__(self, state_dir: Path, trigger_s: float, hold_s: float = DEFAULT_HOLD_S
+                 ) -> None:
+        self.state_dir, self.trigger_s, self.hold_s = state_dir, trigger_s, hold_s
         self._readers: dict[tuple[Any, ...], SourceReader] = {}
         self._lock = threading.Lock()
 
@@ -352,7 +367,8 @@ class SourceReaders:
                 digest = hashlib.sha256(repr(key).encode()).hexdigest()[:12]
                 self._readers[key] = SourceReader(
                     stage.spark, folder, stage.text_schema, stage.event_time,
-                    self.state_dir / f"{folder.name}-{digest}" / "checkpoint", self.trigger_s)
+                    self.state_dir / f"{folder.name}-{digest}" / "checkpoint", self.trigger_s,
+                    self.hold_s)
             return self._readers[key]
 
     def stop(self) -> None:

@@ -1,0 +1,157 @@
+"""When a reader's stream sees a live folder's new files: a micro-batch's fixed cost, held down.
+
+A Spark micro-batch of a few hundred records costs about what one of tens of thousands costs
+(``docs/benchmarks.md``, "Under load"): listing, planning, the offset and commit logs, a job
+and its call into Python. A site that ran one for every file its shippers drop (every 0.5 s,
+say) spent its cores on that fixed work, three sites on one machine more than its two cores.
+Yet only some micro-batches are on a result's way: those that hand a window on, once the
+event time read passes its end (by its watermark delay, or by the early hand-on's share of
+it). The rest only need to run before then.
+
+So a reader's stream does not list the site's folder: it lists a folder of its own
+(``live/`` beside its checkpoint), and a :class:`FileGate` lets each new file of the site's
+folder into it (a hard link, so nothing is copied; a copy where the two are on different file
+systems) when one of these holds:
+
+- a file has waited ``hold_s`` (the reader's ``--batch-hold``, 2 s by default; 0: every
+  file at once, as a stream on the folder itself);
+- the newest waiting file may hold event times within ``hold_s / 4`` of when a stage next
+  hands a window on (:meth:`~jetstream.stage.job.LocalStage.due_ms`): its modification time,
+  less how far the event times read have trailed the files' modification times (the least
+  such lag of the recent micro-batches), reaches it;
+- nothing is known yet (no stage, or no record read): a file goes in at once.
+
+A window's last records therefore reach Spark as soon as they land, and the records before
+go in batches of ``hold_s``. Where the lag misleads (a clock ahead of the site's, logs
+replayed faster than they were written), a window waits at most ``hold_s`` longer. Files go
+in in the order they landed and are never dropped or changed, so every result is what a
+stream on the folder itself gives. The site's folder is left as the shippers wrote it.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import shutil
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+__all__ = ["DEFAULT_HOLD_S", "FileGate"]
+
+log = logging.getLogger(__name__)
+
+#: How long a new file waits at most before a micro-batch reads it (seconds).
+DEFAULT_HOLD_S = 2.0
+#: How often the site's folder is looked at (seconds).
+TICK_S = 0.05
+#: The site's folder is listed again at least this often even when its modification time
+#: has not changed (two renames within the file system's clock tick).
+RELIST_S = 1.0
+#: How many recent micro-batches' lag between modification and event times are kept.
+LAG_SAMPLES = 20
+
+
+class FileGate:
+    """Lets ``landing``'s new files into ``live`` (see the module's docstring); ``due`` says
+    the event time (epoch ms) at which a stage next hands a window on (None: unknown)."""
+
+    def __init__(self, landing: Path, live: Path, hold_s: float,
+                 due: Callable[[], int | None]) -> None:
+        self.landing, self.live, self.hold_s, self._due = landing, live, hold_s, due
+        live.mkdir(parents=True, exist_ok=True)
+        self._in = {name for name in os.listdir(live) if not _hidden(name)}
+        self._waiting: dict[str, tuple[int, float]] = {}  # name -> (mtime ms, first seen)
+        self._listed: tuple[int, float] = (-1, 0.0)  # the folder's mtime, when listed
+        self._released_ms: int | None = None  # the newest modification time let in
+        self._lags: deque[int] = deque(maxlen=LAG_SAMPLES)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.released = 0  # files let in by this gate
+
+    @property
+    def waiting(self) -> int:
+        """How many of the site's files wait to be let in."""
+        return len(self._waiting)
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, daemon=True,
+                                            name=f"gate-{self.landing.name}")
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(5)
+
+    def read_up_to(self, latest: int | None) -> None:
+        """A micro-batch ended with event times read up to ``latest``: how far they trail
+        the files let in so far is a sample of the lag."""
+        if latest is not None and self._released_ms is not None:
+            self._lags.append(self._released_ms - latest)
+
+    def _run(self) -> None:
+        while not self._stop.wait(TICK_S):
+            try:
+                self.tick()
+            except OSError as e:  # the folder went away, a full disk: said, tried again
+                log.warning("letting %s's files in: %s", self.landing, e)
+
+    def tick(self) -> None:
+        """Look at the site's folder; let its waiting files in if it is time."""
+        now = time.monotonic()
+        self._list(now)
+        if self._waiting and self._time(now):
+            for name in sorted(self._waiting, key=lambda n: self._waiting[n]):
+                self._let_in(name)
+
+    def _list(self, now: float) -> None:
+        changed = os.stat(self.landing).st_mtime_ns
+        if changed == self._listed[0] and now - self._listed[1] < RELIST_S:
+            return
+        self._listed = (changed, now)
+        with os.scandir(self.landing) as entries:
+            for entry in entries:
+                if (entry.name in self._in or entry.name in self._waiting
+                        or _hidden(entry.name) or not entry.is_file()):
+                    continue
+                self._waiting[entry.name] = (entry.stat().st_mtime_ns // 1_000_000, now)
+
+    def _time(self, now: float) -> bool:
+        if self.hold_s <= 0 or now - min(s for _, s in self._waiting.values()) >= self.hold_s:
+            return True
+        due = self._due()
+        if due is None or not self._lags:
+            return True
+        newest = max(mtime for mtime, _ in self._waiting.values())
+        return newest - min(self._lags) >= due - self.hold_s * 250
+
+    def _let_in(self, name: str) -> None:
+        mtime, _ = self._waiting.pop(name)
+        source, target = self.landing / name, self.live / name
+        try:
+            os.link(source, target)
+        except FileExistsError:
+            pass  # let in before a restart
+        except FileNotFoundError:
+            log.warning("%s left %s before it was read", name, self.landing)
+            return
+        except OSError as e:
+            if e.errno not in (errno.EXDEV, errno.EPERM):
+                raise
+            staged = self.live / f".{name}.part"  # hidden from Spark until renamed
+            shutil.copy2(source, staged)
+            os.replace(staged, target)
+        self._in.add(name)
+        self.released += 1
+        self._released_ms = mtime if self._released_ms is None else max(self._released_ms,
+                                                                        mtime)
+
+
+def _hidden(name: str) -> bool:
+    """Whether Spark's file source skips a file of this name (and so does the gate)."""
+    return name.startswith((".", "_"))

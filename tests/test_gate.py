@@ -1,0 +1,111 @@
+"""The gate between a site's folder and its reader's stream (jetstream.stage.gate): files
+wait to share a micro-batch, but never past ``hold_s``, and never those that may hand a
+window on; each goes in once, unchanged."""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from jetstream.stage.gate import FileGate
+
+HOLD_S = 0.4
+
+
+def land(folder: Path, name: str, mtime_ms: int) -> Path:
+    path = folder / name
+    path.write_text(f"{name}\n")
+    os.utime(path, ns=(mtime_ms * 1_000_000, mtime_ms * 1_000_000))
+    return path
+
+
+def gate(tmp_path: Path, due: list[int | None]) -> FileGate:
+    (tmp_path / "in").mkdir(exist_ok=True)
+    return FileGate(tmp_path / "in", tmp_path / "live", HOLD_S, lambda: due[0])
+
+
+def live(g: FileGate) -> list[str]:
+    return sorted(os.listdir(g.live))
+
+
+def test_with_nothing_known_a_file_goes_in_at_once_as_a_hard_link(tmp_path: Path) -> None:
+    g = gate(tmp_path, [None])
+    landed = land(g.landing, "a.csv", 1_000)
+    land(g.landing, ".a.csv.tmp", 1_000)  # a shipper's file being written: Spark skips it
+    land(g.landing, "_SUCCESS", 1_000)
+    g.tick()
+    assert live(g) == ["a.csv"]
+    assert os.stat(g.live / "a.csv").st_ino == landed.stat().st_ino
+    assert g.waiting == 0 and g.released == 1
+
+
+def test_files_wait_for_each_other_until_the_hold_is_up(tmp_path: Path) -> None:
+    due: list[int | None] = [100_000]
+    g = gate(tmp_path, due)
+    land(g.landing, "a.csv", 10_000)
+    g.tick()  # no lag known yet: in at once
+    g.read_up_to(9_900)  # its records reached 9.9 s: event times trail by 0.1 s
+    land(g.landing, "b.csv", 10_500)
+    land(g.landing, "c.csv", 11_000)
+    g.tick()
+    assert live(g) == ["a.csv"] and g.waiting == 2
+    time.sleep(HOLD_S)
+    g.tick()
+    assert live(g) == ["a.csv", "b.csv", "c.csv"] and g.waiting == 0
+
+
+def test_a_file_that_may_hand_a_window_on_goes_in_at_once(tmp_path: Path) -> None:
+    due: list[int | None] = [20_000]
+    g = gate(tmp_path, due)
+    land(g.landing, "a.csv", 10_000)
+    g.tick()
+    g.read_up_to(9_900)
+    land(g.landing, "b.csv", 19_000)  # 18.9 s less the lag: short of the hold's quarter
+    g.tick()
+    assert g.waiting == 1
+    land(g.landing, "c.csv", 20_000)  # may reach 20 s: it and the one before go in
+    g.tick()
+    assert live(g) == ["a.csv", "b.csv", "c.csv"]
+
+
+def test_a_gate_started_again_lets_nothing_in_twice(tmp_path: Path) -> None:
+    g = gate(tmp_path, [None])
+    land(g.landing, "a.csv", 1_000)
+    g.tick()
+    again = gate(tmp_path, [None])
+    land(again.landing, "b.csv", 2_000)
+    again.tick()
+    assert live(again) == ["a.csv", "b.csv"] and again.released == 1
+
+
+def test_across_file_systems_a_file_is_copied_whole_under_a_hidden_name_first(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def cross_device(source: Path, target: Path) -> None:
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+    monkeypatch.setattr(os, "link", cross_device)
+    g = gate(tmp_path, [None])
+    land(g.landing, "a.csv", 1_000)
+    g.tick()
+    assert live(g) == ["a.csv"]
+    assert (g.live / "a.csv").read_text() == "a.csv\n"
+    assert (g.live / "a.csv").stat().st_mtime_ns == (g.landing / "a.csv").stat().st_mtime_ns
+
+
+def test_a_file_gone_before_it_went_in_is_said_and_skipped(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    due: list[int | None] = [100_000]
+    g = gate(tmp_path, due)
+    land(g.landing, "a.csv", 10_000)
+    g.tick()
+    g.read_up_to(10_000)
+    land(g.landing, "b.csv", 10_500)
+    g.tick()
+    (g.landing / "b.csv").unlink()
+    time.sleep(HOLD_S)
+    g.tick()
+    assert live(g) == ["a.csv"] and g.waiting == 0
+    assert "b.csv left" in caplog.text
