@@ -15,10 +15,13 @@ systems) when one of these holds:
 
 - a file has waited ``hold_s`` (the reader's ``--batch-hold``, 2 s by default; 0: every
   file at once, as a stream on the folder itself);
-- the newest waiting file may hold event times within ``hold_s / 4`` of when a stage next
-  hands a window on (:meth:`~jetstream.stage.job.LocalStage.due_ms`): its modification time,
-  less how far the event times read have trailed the files' modification times (the least
-  such lag of the recent micro-batches), reaches it;
+- the newest waiting file may hold event times within the *lead* of when a stage next hands
+  a window on (:meth:`~jetstream.stage.job.LocalStage.due_ms`): its modification time, less
+  how far the event times read have trailed the files' modification times (the least such
+  lag of the recent micro-batches), reaches it. The lead is how long the recent micro-batches
+  took from a file's going in to their end (the longest of the last few), at least
+  ``hold_s / 4`` and at most ``hold_s``: what waited is read before the window's last
+  records land, so the micro-batch that hands it on holds little else;
 - nothing is known yet (no stage, or no record read): a file goes in at once.
 
 A window's last records therefore reach Spark as soon as they land, and the records before
@@ -53,6 +56,8 @@ TICK_S = 0.05
 RELIST_S = 1.0
 #: How many recent micro-batches' lag between modification and event times are kept.
 LAG_SAMPLES = 20
+#: How many recent micro-batches' times from a file's going in to their end are kept.
+TOOK_SAMPLES = 8
 
 
 class FileGate:
@@ -68,6 +73,8 @@ class FileGate:
         self._listed: tuple[int, float] = (-1, 0.0)  # the folder's mtime, when listed
         self._released_ms: int | None = None  # the newest modification time let in
         self._lags: deque[int] = deque(maxlen=LAG_SAMPLES)
+        self._took: deque[float] = deque(maxlen=TOOK_SAMPLES)  # let in -> read, seconds
+        self._unread_since: float | None = None  # when the first file not read yet went in
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.released = 0  # files let in by this gate
@@ -93,6 +100,15 @@ class FileGate:
         the files let in so far is a sample of the lag."""
         if latest is not None and self._released_ms is not None:
             self._lags.append(self._released_ms - latest)
+        if self._unread_since is not None:
+            self._took.append(time.monotonic() - self._unread_since)
+            self._unread_since = None
+
+    @property
+    def lead_s(self) -> float:
+        """How long before a window is due what waits goes in (see the module's docstring)."""
+        took = max(self._took, default=0.0) + TICK_S
+        return min(self.hold_s, max(self.hold_s / 4, took))
 
     def _run(self) -> None:
         while not self._stop.wait(TICK_S):
@@ -128,7 +144,7 @@ class FileGate:
         if due is None or not self._lags:
             return True
         newest = max(mtime for mtime, _ in self._waiting.values())
-        return newest - min(self._lags) >= due - self.hold_s * 250
+        return newest - min(self._lags) >= due - self.lead_s * 1000
 
     def _let_in(self, name: str) -> None:
         mtime, _ = self._waiting.pop(name)
@@ -148,6 +164,8 @@ class FileGate:
             os.replace(staged, target)
         self._in.add(name)
         self.released += 1
+        if self._unread_since is None:
+            self._unread_since = time.monotonic()
         self._released_ms = mtime if self._released_ms is None else max(self._released_ms,
                                                                         mtime)
 
