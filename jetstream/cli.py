@@ -530,7 +530,7 @@ def _bench(args: argparse.Namespace) -> int:
     report = run_bench(Path(args.topology), query, work,
                        duration_s=duration, rate=rate, seed=args.seed, say=say)
     if args.emulate:
-        from jetstream.lab.latency_bench import SYSTEMS, run_latency
+        from jetstream.lab.latency_bench import SYSTEMS, run_latency, seconds_text
 
         report["latency"] = run_latency(
             Path(args.topology), query, work,
@@ -569,7 +569,7 @@ def _bench(args: argparse.Namespace) -> int:
                     continue
                 parts = "; ".join(
                     f"{part.replace('_', ' ')} " + " / ".join(
-                        _seconds(figures[measure][part][f"p{q}_s"]) for q in (50, 95, 99))
+                        seconds_text(figures[measure][part][f"p{q}_s"]) for q in (50, 95, 99))
                     + f" ({figures[measure][part]['windows']})"
                     for part in ("before_drop", "after_drop"))
                 say(f"{system} {what}: {parts}")
@@ -583,6 +583,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _bench_load(args: argparse.Namespace, say: Callable[[str], None]) -> int:
+    from jetstream.lab.latency_bench import seconds_text
     from jetstream.lab.load_bench import run_load
 
     if args.emulate or args.only:
@@ -597,7 +598,8 @@ def _bench_load(args: argparse.Namespace, say: Callable[[str], None]) -> int:
     say("p95 after close of each query (seconds), CPU seconds per million records, peak "
         "memory (MB):")
     for run in runs:
-        p95 = ", ".join(f"{name} {_seconds(q['p95_s'])}" for name, q in run["per_query"].items())
+        p95 = ", ".join(f"{name} {seconds_text(q['p95_s'])}"
+                        for name, q in run["per_query"].items())
         say(f"  {run['system']:9} {run['rate']:>7,.0f}/s {run['queries']} quer"
             f"{'y' if run['queries'] == 1 else 'ies'}: {p95}; CPU "
             f"{run['cpu_s_per_million_records']}, memory {run['peak_rss_mb']:,}")
@@ -634,11 +636,6 @@ def _duration(text: str, *, zero: bool) -> float:
         msg = f"expected a number of seconds, {'0 or more' if zero else 'above 0'}, not {text!r}"
         raise argparse.ArgumentTypeError(msg)
     return value
-
-
-def _seconds(value: float | None) -> str:
-    # Hundredths: the latency goal is under a second.
-    return "-" if value is None else f"{value:.2f}s"
 
 
 def _security_options(parser: argparse.ArgumentParser) -> None:

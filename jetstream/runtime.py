@@ -58,6 +58,7 @@ from jetstream.router import Router, own_rows
 from jetstream.stage.check import check_stage, local_inputs, source_of
 from jetstream.stage.gate import DEFAULT_HOLD_S
 from jetstream.stage.inputs import StageInput, source_folder
+from jetstream.stage.spark import session_builder
 from jetstream.stage.warm import WARM_UP_S
 from jetstream.transport import Connect, DataPlaneServicer, PartialSender
 from jetstream.uplink import LinkLevel, Uplink
@@ -789,7 +790,6 @@ class SiteRuntime:
         """
         with self._spark_lock:
             if self._spark is None:
-                from pyspark.sql import SparkSession
 
                 master = self.options.spark_master or "local[1]"
                 conf = {**DEFAULT_SPARK_CONF, **self.options.spark_conf}
@@ -800,9 +800,7 @@ class SiteRuntime:
                 # Python UDFs (a query's map) run in workers of this very Python, which has
                 # jetstream and the packages the site has.
                 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-                builder = SparkSession.builder.master(master).appName(f"jetstream-{self.site}")
-                for key, value in conf.items():
-                    builder = builder.config(key, value)
+                builder = session_builder(master, f"jetstream-{self.site}", conf)
                 self._spark = _started(builder, self.site)
                 self._spark.sparkContext.setLogLevel("ERROR")
             return self._spark

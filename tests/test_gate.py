@@ -109,3 +109,20 @@ def test_a_file_gone_before_it_went_in_is_said_and_skipped(
     g.tick()
     assert live(g) == ["a.csv"] and g.waiting == 0
     assert "b.csv left" in caplog.text
+
+
+def test_a_file_read_and_trimmed_is_not_let_in_again_by_a_gate_started_again(
+        tmp_path: Path) -> None:
+    g = gate(tmp_path, [None])
+    land(g.landing, "a.csv", 1_000)
+    g.tick()
+    g.trim([(g.live / "a.csv").as_uri()])  # Spark names its files by URI
+    assert live(g) == [] and (g.landing / "a.csv").exists()
+    assert g.landed((g.live / "a.csv").as_uri()) == g.landing / "a.csv"
+    g.stop()
+    again = gate(tmp_path, [None])
+    land(again.landing, "b c.csv", 2_000)
+    again.tick()
+    assert live(again) == ["b c.csv"]
+    again.trim([(again.live / "b c.csv").as_uri()])  # a name a URI quotes
+    assert live(again) == []

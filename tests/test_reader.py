@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -101,6 +103,11 @@ def test_two_queries_share_one_stream_and_each_equals_run_local(
              "both stages to read every record")
     assert a.results() == js.run_local(BY_DOMAIN, written)
     assert b.results() == js.run_local(BYTES, written)
+    # What every stage read left the folder the stream lists, all but the last micro-batch's
+    # files (Spark commits a batch after it); the site's folder keeps every file.
+    last = {reader.gate.landed(path).name for path in reader._files[reader.last_batch]}
+    assert set(os.listdir(reader.gate.live)) == last
+    assert sorted(os.listdir(folder)) == [f"{i}.csv" for i in range(4)]
 
 
 def test_a_query_added_while_another_runs_withholds_what_it_missed_and_a_removed_one_stops(
@@ -238,3 +245,20 @@ def test_live_sites_add_and_cancel_queries_while_a_third_runs_equal_to_run_local
         # Each site read its folder with one reader (one checkpoint) for all three queries.
         for site in sites:
             assert len(list((tmp_path / "logs" / "state" / site / "readers").iterdir())) == 1
+
+
+def test_a_malformed_line_is_set_aside_naming_its_file_in_the_sites_folder(
+        spark: Any, folder: Path, tmp_path: Path, reader: SourceReader) -> None:
+    a = Stage(spark, BY_DOMAIN, folder, tmp_path)
+    reader.attach(a.stage)
+    drop(folder, "0.csv", records(0))
+    bad = folder.parent / ".1.csv"
+    bad.write_text((folder / "0.csv").read_text() + "not,a,record\n")
+    bad.rename(folder / "1.csv")
+    wait_for(lambda: a.stage.stats.records_in == 2 * len(records(0)), "both files")
+    wait_for(lambda: sum(a.stage.stats.malformed.values()) == 1, "the bad line counted")
+    wait_for(lambda: list((tmp_path / "quarantine-by-domain").glob("*.json")), "quarantine")
+    set_aside = [json.loads(line) for part in (tmp_path / "quarantine-by-domain").glob("*.json")
+                 for line in part.read_text().splitlines()]
+    assert [(r["line"], r["file"]) for r in set_aside] == [
+        ("not,a,record", (folder / "1.csv").resolve().as_uri().replace("file:///", "file:/"))]

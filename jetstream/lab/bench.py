@@ -68,9 +68,8 @@ class WindowFigures:
 def run_bench(topology: Path, query: Query, work: Path, *, duration_s: float,
               rate: float, seed: int, say: Callable[[str], None]) -> dict[str, Any]:
     """Run both systems on the same input; the report (also written to ``work/bench.json``)."""
-    from pyspark.sql import SparkSession
-
     from jetstream.lab.baseline import top_domains
+    from jetstream.stage.spark import session_builder
 
     layout = load_topology(topology)
     sites = [s.name for s in layout.sites if s.sources]
@@ -97,10 +96,8 @@ def run_bench(topology: Path, query: Query, work: Path, *, duration_s: float,
     # The root site's Spark master and settings (DEFAULT_SPARK_CONF under its spark_conf),
     # for the backhaul's job and the timed local stage alike: neither is tuned apart.
     root = layout.site(layout.root)
-    builder = SparkSession.builder.master(root.master).appName("jetstream-bench")
-    for key, value in {**DEFAULT_SPARK_CONF, **dict(root.spark_conf)}.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    spark = session_builder(root.master, "jetstream-bench",
+                            {**DEFAULT_SPARK_CONF, **dict(root.spark_conf)}).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     try:
         backhaul = top_domains(spark, work / "inbox", work / "backhaul-checkpoint", k=K)

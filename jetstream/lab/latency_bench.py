@@ -56,7 +56,8 @@ from jetstream.local import run_local
 from jetstream.runtime import DEFAULT_SPARK_CONF, SiteOptions
 from jetstream.units import format_bandwidth, parse_bandwidth
 
-__all__ = ["Landing", "LatencyPhase", "WindowLatency", "run_latency", "window_closes"]
+__all__ = ["Landing", "Landings", "LatencyPhase", "WindowLatency", "percentile", "run_latency",
+           "seconds_text", "window_closes"]
 
 #: Windows ending this soon after the logs start are not counted: Spark is still warming up.
 WARMUP_S = 20.0
@@ -170,7 +171,12 @@ class WindowLatency:
         return self.end_s if self.close_s is None else self.close_s
 
 
-def _percentile(values: Iterable[float], q: float) -> float | None:
+def seconds_text(value: float | None) -> str:
+    """A latency as printed: hundredths (the goal is under a second); "-" for none."""
+    return "-" if value is None else f"{value:.2f}s"
+
+
+def percentile(values: Iterable[float], q: float) -> float | None:
     """The nearest-rank ``q``-th percentile of ``values``; None when there are none."""
     ordered = sorted(values)
     if not ordered:
@@ -204,7 +210,7 @@ class LatencyPhase:
             for part, windows in self.parts().items():
                 values = [v for w in windows if (v := getattr(w, attribute)) is not None]
                 figures[measure][part] = {"windows": len(values), **{
-                    f"p{q}_s": _percentile(values, q) for q in PERCENTILES}}
+                    f"p{q}_s": percentile(values, q) for q in PERCENTILES}}
         recalls = [w.recall for w in self.windows if w.recall is not None]
         return {
             **figures,
@@ -240,7 +246,7 @@ class _Arrivals:
             self.seen.setdefault(window, _Arrival(at, rows, reported_s, exact))
 
 
-class _Landings:
+class Landings:
     """The live log files as they land (``write_live``'s ``on_file``): when, and which."""
 
     def __init__(self) -> None:
@@ -311,7 +317,7 @@ def run_latency(topology: Path, query: Query, work: Path, *, phase_s: float,
             shape(shaped)
             folder = work / f"latency-{system}"
             phase = LatencyPhase(system, drop_at_s=phase_s)
-            arrivals, landings = _Arrivals(), _Landings()
+            arrivals, landings = _Arrivals(), Landings()
             say(f"latency, {system}: starting")
             started = run_phase(area, topology, query, folder, arrivals, landings, phase,
                                 lambda: _timeline(phase_s, shape, dropped, say),
@@ -355,7 +361,7 @@ def _timeline(phase_s: float, shape: Callable[[str], None], dropped: str, say: S
 
 @contextlib.contextmanager
 def _live_logs(inputs: Path, sites: list[str], rate: float, seed: int,
-               landings: _Landings) -> Iterator[float]:
+               landings: Landings) -> Iterator[float]:
     """Write live logs while the block runs; yields the wall-clock time they started."""
     stop = threading.Event()
     writer = threading.Thread(target=write_live, args=(inputs, sites), daemon=True,
@@ -372,7 +378,7 @@ def _live_logs(inputs: Path, sites: list[str], rate: float, seed: int,
 
 
 def _jetstream(area: WideArea, topology: Path, query: Query, folder: Path,
-               arrivals: _Arrivals, landings: _Landings, phase: LatencyPhase,
+               arrivals: _Arrivals, landings: Landings, phase: LatencyPhase,
                timeline: Callable[[], None], *, rate: float, seed: int, say: Say) -> float:
     sites = list(area.sites)
     for site in sites:  # a site without its folder at deploy time reads nothing
@@ -406,20 +412,16 @@ def _jetstream(area: WideArea, topology: Path, query: Query, folder: Path,
 
 
 def _backhaul(area: WideArea, topology: Path, query: Query, folder: Path,
-              arrivals: _Arrivals, landings: _Landings, phase: LatencyPhase,
+              arrivals: _Arrivals, landings: Landings, phase: LatencyPhase,
               timeline: Callable[[], None], *, rate: float, seed: int,
               spark: tuple[str, dict[str, str]], say: Say) -> float:
-    from pyspark.sql import SparkSession
-
     from jetstream.lab.baseline import Receiver, live_top_domains
+    from jetstream.stage.spark import session_builder
 
     master, conf = spark
-    builder = SparkSession.builder.master(master).appName("jetstream-bench-backhaul")
-    for key, value in conf.items():
-        # spark.driver.memory only counts when this starts the JVM; after `bench` ran its
-        # own Spark, the JVM has the heap of the root's settings already.
-        builder = builder.config(key, value)
-    session = builder.getOrCreate()
+    # spark.driver.memory only counts when this starts the JVM; after `bench` ran its own
+    # Spark, the JVM has the heap of the root's settings already.
+    session = session_builder(master, "jetstream-bench-backhaul", conf).getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     receiver = Receiver((HOST_ADDRESS, 0), folder / "inbox")
     threading.Thread(target=receiver.serve_forever, daemon=True).start()

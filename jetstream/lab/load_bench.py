@@ -45,8 +45,9 @@ from jetstream.lab.latency_bench import (
     BACKHAUL_WATERMARK_MS,
     PERCENTILES,
     Landing,
-    _Landings,
-    _percentile,
+    Landings,
+    percentile,
+    seconds_text,
     window_closes,
 )
 from jetstream.lab.loggen import LogSpec, write_live
@@ -110,7 +111,7 @@ class QueryFigures:
     def summary(self) -> dict[str, Any]:
         return {"windows": self.windows, "not_given": self.not_given,
                 "unequal": self.unequal, "inexact": self.inexact,
-                **{f"p{q}_s": _percentile(self.after_close_s, q) for q in PERCENTILES}}
+                **{f"p{q}_s": percentile(self.after_close_s, q) for q in PERCENTILES}}
 
 
 @dataclass
@@ -184,7 +185,7 @@ def run_load(topology: Path, work: Path, *, rates: Sequence[float],
                 reports.append(summary)
                 for name, figures in summary["per_query"].items():
                     say(f"  {name}: p50/p95/p99 after close "
-                        + " / ".join(_seconds(figures[f"p{q}_s"]) for q in PERCENTILES)
+                        + " / ".join(seconds_text(figures[f"p{q}_s"]) for q in PERCENTILES)
                         + f" over {figures['windows']} windows, {figures['not_given']} not "
                         f"given, {figures['unequal']} exact ones unlike run_local, "
                         f"{figures['inexact']} approximate")
@@ -193,15 +194,11 @@ def run_load(topology: Path, work: Path, *, rates: Sequence[float],
     return reports
 
 
-def _seconds(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}s"
-
-
 # -- the two systems -----------------------------------------------------------------------
 # Each returns (query -> window -> (arrival time, rows, exact)), when the logs started, and
 # the files that landed.
 Arrived = dict[str, dict[Window, tuple[float, list[dict[str, Any]], bool]]]
-Logs = Callable[[Path], tuple[float, _Landings]]
+Logs = Callable[[Path], tuple[float, Landings]]
 
 
 def _jetstream(topology: Path, folder: Path, queries: Sequence[Query], sites: list[str],
@@ -300,9 +297,9 @@ def _follow(path: Path, into: dict[Window, tuple[float, list[dict[str, Any]], bo
 
 # -- the live input, and what it cost -------------------------------------------------------
 def _live_logs(inputs: Path, sites: list[str], rate: float, spec: LogSpec, seed: int,
-               chunk_s: float, duration_s: float) -> tuple[float, _Landings]:
+               chunk_s: float, duration_s: float) -> tuple[float, Landings]:
     """Write live logs for ``duration_s``; when they started, and the files as they landed."""
-    stop, landings = threading.Event(), _Landings()
+    stop, landings = threading.Event(), Landings()
     writer = threading.Thread(target=write_live, args=(inputs, sites), daemon=True,
                               kwargs={"rate": rate, "spec": spec, "seed": seed,
                                       "chunk_s": chunk_s, "stop": stop,

@@ -29,19 +29,27 @@ go in batches of ``hold_s``. Where the lag misleads (a clock ahead of the site's
 replayed faster than they were written), a window waits at most ``hold_s`` longer. Files go
 in in the order they landed and are never dropped or changed, so every result is what a
 stream on the folder itself gives. The site's folder is left as the shippers wrote it.
+
+Once Spark has committed the micro-batch that read a file (the reader knows: it runs the
+next), the file leaves ``live`` (:meth:`FileGate.trim`), so the stream's listing, every
+trigger, is of the files not read yet rather than of every file the site ever had. The names
+let in are kept in ``live.names``, so a site started again lets none in twice; a stage that
+reads a batch again reads its files from the site's folder (:meth:`FileGate.landed`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
 import shutil
 import threading
 import time
+import urllib.parse
 from collections import deque
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Callable, Iterable
+from pathlib import Path, PurePosixPath
 
 __all__ = ["DEFAULT_HOLD_S", "FileGate"]
 
@@ -68,7 +76,13 @@ class FileGate:
                  due: Callable[[], int | None]) -> None:
         self.landing, self.live, self.hold_s, self._due = landing, live, hold_s, due
         live.mkdir(parents=True, exist_ok=True)
+        #: The names let in so far, one a line (a file read and trimmed from ``live`` is
+        #: not let in again when the site starts again).
+        self.names = live.parent / f"{live.name}.names"
         self._in = {name for name in os.listdir(live) if not _hidden(name)}
+        if self.names.exists():
+            self._in.update(self.names.read_text().split("\n"))
+        self._names = self.names.open("a")
         self._waiting: dict[str, tuple[int, float]] = {}  # name -> (mtime ms, first seen)
         self._listed: tuple[int, float] = (-1, 0.0)  # the folder's mtime, when listed
         self._released_ms: int | None = None  # the newest modification time let in
@@ -94,6 +108,18 @@ class FileGate:
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(5)
+        self._names.close()
+
+    def trim(self, paths: Iterable[str]) -> None:
+        """Take files every stage has read (and Spark committed) out of ``live``: the
+        stream lists only what is new. ``paths`` as Spark names them (URIs or paths)."""
+        for path in paths:
+            with contextlib.suppress(FileNotFoundError):
+                (self.live / _name(path)).unlink()
+
+    def landed(self, path: str) -> Path:
+        """Where a file ``live`` holds (or held) is in the site's folder."""
+        return self.landing / _name(path)
 
     def read_up_to(self, latest: int | None) -> None:
         """A micro-batch ended with event times read up to ``latest``: how far they trail
@@ -163,11 +189,18 @@ class FileGate:
             shutil.copy2(source, staged)
             os.replace(staged, target)
         self._in.add(name)
+        self._names.write(f"{name}\n")  # after the link: a name logged is in ``live``
+        self._names.flush()
         self.released += 1
         if self._unread_since is None:
             self._unread_since = time.monotonic()
         self._released_ms = mtime if self._released_ms is None else max(self._released_ms,
                                                                         mtime)
+
+
+def _name(path: str) -> str:
+    """A file's name from Spark's ``file:`` URI of it (or a plain path)."""
+    return PurePosixPath(urllib.parse.unquote(urllib.parse.urlparse(path).path)).name
 
 
 def _hidden(name: str) -> bool:

@@ -179,6 +179,9 @@ class LocalStage:
         self._stopping = False
         #: Why the stage failed, when a reader it was attached to detached it for that.
         self.failure: Exception | None = None
+        #: (the folder its stream reads, the site's folder), paths ending in "/", when a
+        #: reader's gate lets the files in elsewhere (``jetstream.stage.gate``).
+        self.read_from: tuple[str, str] | None = None
         self.snapshot = snapshot
         if snapshot is not None and snapshot.exists():
             self.windows.restore(snapshot)
@@ -443,9 +446,13 @@ class LocalStage:
                 reason.alias("_reason"), reason.isNull().alias("_keep"), event.alias("_event")]
 
     def _quarantine(self, prepared: DataFrame) -> None:
-        """Set the batch's malformed records aside, each with its reason and file."""
+        """Set the batch's malformed records aside, each with its reason and file (in the
+        site's folder, where the stream read it elsewhere: ``read_from``)."""
+        file = F.col(FILE_COLUMN)
+        if self.read_from is not None:
+            file = F.replace(file, F.lit(self.read_from[0]), F.lit(self.read_from[1]))
         (prepared.filter(F.col("_reason").isNotNull())
-         .select(F.col("_reason").alias("reason"), F.input_file_name().alias("file"),
+         .select(F.col("_reason").alias("reason"), file.alias("file"),
                  F.col(_CORRUPT).alias("line"))
          .write.mode("append").json(self.quarantine_dir))
 

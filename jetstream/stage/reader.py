@@ -95,6 +95,7 @@ class SourceReader:
         self.last_batch = -1  # the last micro-batch run
         self._first_batch = -1  # the first this reader ran (those before: an earlier process)
         self._files: OrderedDict[int, list[str]] = OrderedDict()  # batch -> its files
+        self._trimmed = -1  # the files of batches up to this have left the stream's folder
 
     # -- stages ---------------------------------------------------------------------------
     @property
@@ -135,6 +136,7 @@ class SourceReader:
             self._start()
 
     def _join(self, stage: LocalStage, since: Position) -> None:
+        stage.read_from = (f"{self.gate.live.resolve()}/", f"{self.folder.resolve()}/")
         if stage.windows.done < 0:  # new: it joins where the reader was at its deploy
             stage.windows.done = since.batch
             if since.latest is not None and stage.windows.joined_ms is None:
@@ -198,6 +200,7 @@ class SourceReader:
     # -- one micro-batch ------------------------------------------------------------------
     def _batch(self, records: DataFrame, batch_id: int) -> None:
         with self._lock:
+            self._trim(batch_id)
             stages = [s for s in self._stages if not s.has(batch_id)]
             alone = self._alone_stage
             if stages and alone is not None:  # the records come prepared for it
@@ -311,6 +314,14 @@ class SourceReader:
             self._stages.remove(stage)
 
     # -- coming back ----------------------------------------------------------------------
+    def _trim(self, batch_id: int) -> None:
+        """Spark runs a micro-batch once the one before is committed: the files of the
+        batches before ``batch_id`` leave the folder the stream lists."""
+        done = [b for b in self._files if self._trimmed < b < batch_id]
+        for b in done:
+            self.gate.trim(self._files[b])
+        self._trimmed = max([self._trimmed, *done])
+
     def _keep_files(self, batch_id: int, files: list[str]) -> None:
         self._files[batch_id] = files
         while len(self._files) > KEPT_BATCHES:
@@ -327,7 +338,7 @@ class SourceReader:
             log.warning("%s on %s: %d micro-batches since its snapshot are not listed any "
                         "more: their records are missing from its windows", stage.name,
                         self.folder, len(missed) - len(known))
-        paths = [path for b in known for path in self._files[b]]
+        paths = [str(self.gate.landed(path)) for b in known for path in self._files[b]]
         if not paths:
             return
         log.info("%s on %s: reading again the %d files of the %d micro-batches it missed",
