@@ -790,7 +790,6 @@ class SiteRuntime:
         """
         with self._spark_lock:
             if self._spark is None:
-
                 master = self.options.spark_master or "local[1]"
                 conf = {**DEFAULT_SPARK_CONF, **self.options.spark_conf}
                 log.info("site %s: starting Spark (%s)", self.site, master)

@@ -10,6 +10,7 @@ arriving. Each time the final results equal the reference executor's.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import socket
 import threading
@@ -106,6 +107,14 @@ def test_a_site_killed_mid_window_is_marked_missing_then_corrected(tmp_path: Pat
     marked = {(r.window_start, r.window_end) for r in seen if r.missing_sites == ["sfo"]}
     assert marked, "no window was marked as missing sfo"
     assert all(latest[w].revision > 0 for w in marked)
+    for site in SITES:
+        # Each file went into the folder the site's stream lists once, killed or not, and
+        # what was read has left it; the site's own folder keeps every file.
+        live = next((tmp_path / "logs" / "state" / site / "readers").glob("*/live"))
+        let_in = (live.parent / "live.names").read_text().split()
+        landed = sorted(path.name for path in (tmp_path / "input" / site).iterdir())
+        assert sorted(let_in) == landed and len(landed) == FILES
+        assert len(os.listdir(live)) < FILES // 2, f"{site}: {sorted(os.listdir(live))}"
 
 
 def test_the_root_killed_mid_window_loses_nothing_it_had_acked(tmp_path: Path) -> None:

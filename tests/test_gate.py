@@ -126,3 +126,17 @@ def test_a_file_read_and_trimmed_is_not_let_in_again_by_a_gate_started_again(
     assert live(again) == ["b c.csv"]
     again.trim([(again.live / "b c.csv").as_uri()])  # a name a URI quotes
     assert live(again) == []
+
+
+def test_a_backlog_goes_in_a_bounded_number_of_files_at_a_time(tmp_path: Path) -> None:
+    (tmp_path / "in").mkdir()
+    g = FileGate(tmp_path / "in", tmp_path / "live", HOLD_S, lambda: None, max_unread=2)
+    for i in range(5):
+        land(g.landing, f"{i}.csv", 1_000 + i)
+    g.tick()
+    assert live(g) == ["0.csv", "1.csv"]  # oldest first
+    g.tick()
+    assert g.waiting == 3  # none read yet
+    g.read_up_to(1_001)
+    g.tick()
+    assert live(g) == ["0.csv", "1.csv", "2.csv", "3.csv"]

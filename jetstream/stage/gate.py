@@ -29,9 +29,11 @@ go in batches of ``hold_s``. Where the lag misleads (a clock ahead of the site's
 replayed faster than they were written), a window waits at most ``hold_s`` longer. Files go
 in in the order they landed and are never dropped or changed, so every result is what a
 stream on the folder itself gives. The site's folder is left as the shippers wrote it.
+At most ``MAX_UNREAD`` files (240) wait in ``live`` for a micro-batch: a site started on a
+folder that holds a backlog reads it in micro-batches of about that many, not in one.
 
-Once Spark has committed the micro-batch that read a file (the reader knows: it runs the
-next), the file leaves ``live`` (:meth:`FileGate.trim`), so the stream's listing, every
+Once Spark has committed the micro-batch that read a file (its commit log says so), the
+file leaves ``live`` (:meth:`FileGate.trim`, from the reader), so the stream's listing, every
 trigger, is of the files not read yet rather than of every file the site ever had. The names
 let in are kept in ``live.names``, so a site started again lets none in twice; a stage that
 reads a batch again reads its files from the site's folder (:meth:`FileGate.landed`).
@@ -66,6 +68,9 @@ RELIST_S = 1.0
 LAG_SAMPLES = 20
 #: How many recent micro-batches' times from a file's going in to their end are kept.
 TOOK_SAMPLES = 8
+#: At most this many files go in that no micro-batch has read yet: a site started on a folder
+#: with a backlog reads it in micro-batches of about this many files, not in one.
+MAX_UNREAD = 240
 
 
 class FileGate:
@@ -73,8 +78,12 @@ class FileGate:
     the event time (epoch ms) at which a stage next hands a window on (None: unknown)."""
 
     def __init__(self, landing: Path, live: Path, hold_s: float,
-                 due: Callable[[], int | None]) -> None:
+                 due: Callable[[], int | None], max_unread: int = MAX_UNREAD,
+                 tend: Callable[[], None] = lambda: None) -> None:
         self.landing, self.live, self.hold_s, self._due = landing, live, hold_s, due
+        self._tend = tend  # called after each look at the folder (the reader trims)
+        self.max_unread = max_unread
+        self._unread = 0  # files let in since the last micro-batch ended
         live.mkdir(parents=True, exist_ok=True)
         #: The names let in so far, one a line (a file read and trimmed from ``live`` is
         #: not let in again when the site starts again).
@@ -129,6 +138,7 @@ class FileGate:
         if self._unread_since is not None:
             self._took.append(time.monotonic() - self._unread_since)
             self._unread_since = None
+        self._unread = 0
 
     @property
     def lead_s(self) -> float:
@@ -140,6 +150,7 @@ class FileGate:
         while not self._stop.wait(TICK_S):
             try:
                 self.tick()
+                self._tend()
             except OSError as e:  # the folder went away, a full disk: said, tried again
                 log.warning("letting %s's files in: %s", self.landing, e)
 
@@ -147,8 +158,9 @@ class FileGate:
         """Look at the site's folder; let its waiting files in if it is time."""
         now = time.monotonic()
         self._list(now)
-        if self._waiting and self._time(now):
-            for name in sorted(self._waiting, key=lambda n: self._waiting[n]):
+        if self._waiting and self._unread < self.max_unread and self._time(now):
+            oldest = sorted(self._waiting, key=lambda n: self._waiting[n])
+            for name in oldest[:self.max_unread - self._unread]:
                 self._let_in(name)
 
     def _list(self, now: float) -> None:
@@ -192,6 +204,7 @@ class FileGate:
         self._names.write(f"{name}\n")  # after the link: a name logged is in ``live``
         self._names.flush()
         self.released += 1
+        self._unread += 1
         if self._unread_since is None:
             self._unread_since = time.monotonic()
         self._released_ms = mtime if self._released_ms is None else max(self._released_ms,

@@ -8,6 +8,10 @@ packed into a struct column of its own, the stages' results put together with
 ``unionByName`` — so a second query adds its plan's branch to the job rather than a stream
 of its own (a listing, offset and commit logs, a plan and a job every trigger). Each stage
 still plans, merges and snapshots on its own; the reader knows nothing of their semantics.
+The stream does not list the site's folder itself but a folder of the reader's own, into
+which a gate (:mod:`jetstream.stage.gate`) lets the new files, so that files that land
+between two windows' hand-ons share a micro-batch, and from which a file leaves once the
+micro-batch that read it is committed.
 
 Stages come and go while the reader runs: :meth:`SourceReader.attach` takes effect at the
 next micro-batch, :meth:`SourceReader.detach` after the one under way. A stage whose plan or
@@ -83,7 +87,8 @@ class SourceReader:
         self.event_time = event_time
         self.checkpoint_dir, self.trigger_s = checkpoint_dir, trigger_s
         #: What the stream reads: the folder's files, let in by the gate (:mod:`.gate`).
-        self.gate = FileGate(folder, checkpoint_dir.parent / "live", hold_s, self._due)
+        self.gate = FileGate(folder, checkpoint_dir.parent / "live", hold_s, self._due,
+                             tend=self._trim)
         self._stages: list[LocalStage] = []
         self._lock = threading.Lock()  # the stages, against a micro-batch under way
         self._stream: StreamingQuery | None = None
@@ -100,8 +105,10 @@ class SourceReader:
     # -- stages ---------------------------------------------------------------------------
     @property
     def position(self) -> Position:
-        """Where the reader is: the last micro-batch run, the largest event time read."""
-        return Position(self.last_batch, self.latest)
+        """Where the reader is: the last micro-batch run, the largest event time read (after
+        the micro-batch under way, if one is)."""
+        with self._lock:
+            return Position(self.last_batch, self.latest)
 
     def attach(self, stage: LocalStage, since: Position | None = None) -> None:
         """Feed ``stage`` from the next micro-batch on, after reading again for it the
@@ -200,7 +207,6 @@ class SourceReader:
     # -- one micro-batch ------------------------------------------------------------------
     def _batch(self, records: DataFrame, batch_id: int) -> None:
         with self._lock:
-            self._trim(batch_id)
             stages = [s for s in self._stages if not s.has(batch_id)]
             alone = self._alone_stage
             if stages and alone is not None:  # the records come prepared for it
@@ -314,13 +320,16 @@ class SourceReader:
             self._stages.remove(stage)
 
     # -- coming back ----------------------------------------------------------------------
-    def _trim(self, batch_id: int) -> None:
-        """Spark runs a micro-batch once the one before is committed: the files of the
-        batches before ``batch_id`` leave the folder the stream lists."""
-        done = [b for b in self._files if self._trimmed < b < batch_id]
-        for b in done:
-            self.gate.trim(self._files[b])
-        self._trimmed = max([self._trimmed, *done])
+    def _trim(self) -> None:
+        """The files of the micro-batches Spark has committed (its commit log has them)
+        leave the folder the stream lists; on the gate's thread."""
+        for batch in list(self._files):  # a copy: the stream's thread adds to it
+            if batch <= self._trimmed:
+                continue
+            if not (self.checkpoint_dir / "commits" / str(batch)).exists():
+                break
+            self.gate.trim(self._files[batch])
+            self._trimmed = batch
 
     def _keep_files(self, batch_id: int, files: list[str]) -> None:
         self._files[batch_id] = files
