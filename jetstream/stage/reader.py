@@ -16,8 +16,8 @@ micro-batch that read it is committed.
 Stages come and go while the reader runs: :meth:`SourceReader.attach` takes effect at the
 next micro-batch, :meth:`SourceReader.detach` after the one under way. A stage whose plan or
 job fails (a ``map`` that raises) is detached and told (``LocalStage.failure``); the others
-take the batch on their own. The reader stops when its last stage leaves, and starts again
-from its checkpoint when one comes.
+take the batch on their own. With no stage left the stream goes on reading, so a stage
+deployed later starts where the site is by then.
 
 Where a stage joins: a stage with a snapshot of an earlier run of its query at this site goes
 on where that left it — micro-batch ids are the reader's, and a batch the snapshot holds is
@@ -206,7 +206,9 @@ class SourceReader:
 
     # -- one micro-batch ------------------------------------------------------------------
     def _batch(self, records: DataFrame, batch_id: int) -> None:
-        with self._lock:
+        # Quietly stopped around it all: with no stage left the batch's files are listed by
+        # a job of their own, which a stop may interrupt as well.
+        with self._lock, stopped_quietly(self):
             stages = [s for s in self._stages if not s.has(batch_id)]
             alone = self._alone_stage
             if stages and alone is not None:  # the records come prepared for it
@@ -233,7 +235,7 @@ class SourceReader:
         with contextlib.ExitStack() as held:
             for stage in stages:
                 held.enter_context(stage.lock)
-            with not_adaptive(records.sparkSession), stopped_quietly(self), gc_paused():
+            with not_adaptive(records.sparkSession), gc_paused():
                 started = time.time()
                 planned = self._plan(stages, records, batch_id, prepared)
                 try:
