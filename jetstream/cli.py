@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import math
+import re
 import sys
 import tempfile
 import time
@@ -35,8 +36,9 @@ from jetstream.queryfile import load_query
 from jetstream.results import WindowResult, write_json_lines
 from jetstream.rewrite import explain
 from jetstream.runtime import SiteOptions
+from jetstream.stage.archive import READ_FILES, ReadFiles
 from jetstream.units import parse_bandwidth
-from jetstream.windows import parse_duration
+from jetstream.windows import format_duration, parse_duration
 from jetstream.wire import result_from_proto
 
 __all__ = ["main"]
@@ -127,6 +129,8 @@ def _site(args: argparse.Namespace) -> int:
                           replay=args.replay, deadline_s=args.window_deadline,
                           idle_s=args.idle_timeout, spark_master=args.spark_master,
                           trigger_s=args.trigger, batch_hold_s=args.batch_hold,
+                          read_files=ReadFiles(args.read_files, args.archive_retention,
+                                               args.archive_max_bytes),
                           warm_up_s=args.warm_up, spark_conf=dict(args.spark_conf or ()),
                           cubes=args.cubes, retention=parse_retention(args.retention))
     if args.state_dir:
@@ -638,6 +642,27 @@ def _duration(text: str, *, zero: bool) -> float:
     return value
 
 
+def _archive_retention(text: str) -> float:
+    """``--archive-retention``: a duration such as ``12h`` or ``7d``, in seconds."""
+    try:
+        return parse_duration(text, "archive retention") / 1000
+    except PlanError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*$", re.IGNORECASE)
+
+
+def _size(text: str) -> int:
+    """A number of bytes, with K, M, G or T for powers of 1024: ``500M``, ``20G``."""
+    m = _SIZE.match(text)
+    value = int(float(m.group(1)) * 1024 ** " KMGT".index(m.group(2).upper() or " ")) if m else 0
+    if value <= 0:
+        msg = f"expected a size in bytes above 0, such as 500M or 20G, not {text!r}"
+        raise argparse.ArgumentTypeError(msg)
+    return value
+
+
 def _security_options(parser: argparse.ArgumentParser) -> None:
     """How a process that serves or dials gRPC secures it (see docs/security.md)."""
     group = parser.add_argument_group(
@@ -799,6 +824,19 @@ def _parser() -> argparse.ArgumentParser:
                                         "that its first windows do not wait for the JVM "
                                         "to compile; 0: off "
                                         f"(default: {SiteOptions.warm_up_s:g}s)")
+    site.add_argument("--read-files", choices=READ_FILES, default=ReadFiles.mode,
+                      help="what becomes of an --input file once every live query here has "
+                           "read it: moved to STATE_DIR/<site>/archive/, deleted, or kept in "
+                           "--input (a replayed input is always kept; default: "
+                           f"{ReadFiles.mode})")
+    site.add_argument("--archive-retention", type=_archive_retention, metavar="DURATION",
+                      default=ReadFiles.retention_s,
+                      help="archived files older than this are deleted, e.g. 12h, 7d "
+                           f"(default: {format_duration(int(ReadFiles.retention_s * 1000))})")
+    site.add_argument("--archive-max-bytes", type=_size, metavar="SIZE",
+                      default=ReadFiles.max_bytes,
+                      help="the archive's bound: past it the oldest files are deleted, e.g. "
+                           f"500M, 20G (default: {ReadFiles.max_bytes // 2**30}G)")
     site.add_argument("--idle-timeout", type=float, default=5.0, metavar="S",
                       help="input without records this long is idle and holds no window "
                            "back (default: 5s)")

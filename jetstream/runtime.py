@@ -55,6 +55,7 @@ from jetstream.planwire import query_from_bytes
 from jetstream.results import WindowResult
 from jetstream.rewrite import distributed
 from jetstream.router import Router, own_rows
+from jetstream.stage.archive import ReadFiles
 from jetstream.stage.check import check_stage, local_inputs, source_of
 from jetstream.stage.gate import DEFAULT_HOLD_S
 from jetstream.stage.inputs import StageInput, source_folder
@@ -187,6 +188,9 @@ class SiteOptions:
     #: A new file waits up to this long to share a micro-batch with the next, unless its
     #: records may hand a window on (:mod:`jetstream.stage.gate`); 0: it never waits.
     batch_hold_s: float = DEFAULT_HOLD_S
+    #: What becomes of a live input's file once every query here has read it: archived
+    #: (kept a while), deleted or kept in place (:mod:`jetstream.stage.archive`).
+    read_files: ReadFiles = field(default_factory=ReadFiles)
     #: Before a live stage's stream starts, warm its JVM up on made-up records for at most
     #: this long (:mod:`jetstream.stage.warm`); 0: not at all.
     warm_up_s: float = WARM_UP_S
@@ -728,7 +732,8 @@ class SiteRuntime:
             if self._readers is None:
                 self._readers = SourceReaders(self.options.state_dir / self.site / "readers",
                                               self.options.trigger_s,
-                                              self.options.batch_hold_s)
+                                              self.options.batch_hold_s,
+                                              self.options.read_files)
             readers: SourceReaders = self._readers
         return readers
 

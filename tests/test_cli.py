@@ -118,6 +118,8 @@ def test_console_script_help_and_the_live_demo() -> None:
     traced = {name: text for name, text in traced.items()
               if any(t in text for t in ("Traceback", "Exception in thread", "\tat org.apache"))}
     assert not traced, "\n".join(f"{name}:\n{text[-4000:]}" for name, text in traced.items())
+    # The demo's sites archive the files every query there has read (--read-files archive).
+    assert list((logs / "state").glob("*/archive/*/*")), sorted((logs / "state").rglob("*"))
 
 
 

@@ -85,7 +85,9 @@ class LocalCluster:
     Prometheus metrics on, at its listening address; 0, the default, is none.
     ``dashboard_port``: the controller serves its live dashboard there, at ``host``.
     ``allow_code``: the controller accepts queries whose ``map`` functions travel as code
-    (``--allow-code``), as ``jetstream run`` and ``demo`` have it.
+    (``--allow-code``), as ``jetstream run`` and ``demo`` have it. ``read_files``: what a
+    live site does with the files it has read (``jetstream site --read-files``); kept by
+    default here, where results are checked against ``run_local`` over the inputs after.
     """
 
     topology: Path
@@ -104,6 +106,7 @@ class LocalCluster:
     metrics_port: Callable[[str], int] = lambda name: 0
     dashboard_port: int = 0
     allow_code: bool = True
+    read_files: str = "keep"
 
     def __post_init__(self) -> None:
         sites = load_topology(self.topology).sites
@@ -160,6 +163,8 @@ class LocalCluster:
                 args += ["--input", str(self.input_dir / site)]
             if self.replay:
                 args.append("--replay")
+            else:
+                args += ["--read-files", self.read_files]
             if self.window_deadline_s is not None:
                 args += ["--window-deadline", str(self.window_deadline_s)]
             if self.idle_timeout_s is not None:

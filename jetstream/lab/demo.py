@@ -138,8 +138,8 @@ def live_demo(topology: Path, query: Query, work: Path, *, rate: float,
     summary = DemoSummary()
     ledger = RawLogLedger()
     stop = threading.Event()
-    with LocalCluster(topology, inputs, idle_timeout_s=30, logs=work / "logs", say=say,
-                      **(cluster_options or {})) as cluster:
+    with LocalCluster(topology, inputs, read_files="archive", idle_timeout_s=30,
+                      logs=work / "logs", say=say, **(cluster_options or {})) as cluster:
         def count(chunk: int, records: int) -> None:
             summary.records += records
 

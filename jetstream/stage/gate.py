@@ -28,7 +28,8 @@ A window's last records therefore reach Spark as soon as they land, and the reco
 go in batches of ``hold_s``. Where the lag misleads (a clock ahead of the site's, logs
 replayed faster than they were written), a window waits at most ``hold_s`` longer. Files go
 in in the order they landed and are never dropped or changed, so every result is what a
-stream on the folder itself gives. The site's folder is left as the shippers wrote it.
+stream on the folder itself gives. What becomes of a site's file once its reader has read
+it (archived, deleted or kept) is the :class:`~jetstream.stage.archive.Archive`'s to say.
 At most ``MAX_UNREAD`` files (240) wait in ``live`` for a micro-batch: a site started on a
 folder that holds a backlog reads it in micro-batches of about that many, not in one.
 
@@ -36,7 +37,9 @@ Once Spark has committed the micro-batch that read a file (its commit log says s
 file leaves ``live`` (:meth:`FileGate.trim`, from the reader), so the stream's listing, every
 trigger, is of the files not read yet rather than of every file the site ever had. The names
 let in are kept in ``live.names``, so a site started again lets none in twice; a stage that
-reads a batch again reads its files from the site's folder (:meth:`FileGate.landed`).
+reads a batch again reads its files from the site's folder or its archive
+(:meth:`FileGate.landed`). When a gate starts, the names of files gone from both folders
+leave ``live.names``.
 """
 
 from __future__ import annotations
@@ -52,6 +55,8 @@ import urllib.parse
 from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path, PurePosixPath
+
+from jetstream.stage.archive import Archive
 
 __all__ = ["DEFAULT_HOLD_S", "FileGate"]
 
@@ -79,8 +84,10 @@ class FileGate:
 
     def __init__(self, landing: Path, live: Path, hold_s: float,
                  due: Callable[[], int | None], max_unread: int = MAX_UNREAD,
-                 tend: Callable[[], None] = lambda: None) -> None:
+                 tend: Callable[[], None] = lambda: None, archive: Archive | None = None
+                 ) -> None:
         self.landing, self.live, self.hold_s, self._due = landing, live, hold_s, due
+        self.archive = archive  # what becomes of the site's files once read (None: kept)
         self._tend = tend  # called after each look at the folder (the reader trims)
         self.max_unread = max_unread
         self._unread = 0  # files let in since the last micro-batch ended
@@ -90,7 +97,8 @@ class FileGate:
         self.names = live.parent / f"{live.name}.names"
         self._in = {name for name in os.listdir(live) if not _hidden(name)}
         if self.names.exists():
-            self._in.update(self.names.read_text().split("\n"))
+            self._in.update(filter(None, self.names.read_text().split("\n")))
+        self._forget_taken()
         self._names = self.names.open("a")
         self._waiting: dict[str, tuple[int, float]] = {}  # name -> (mtime ms, first seen)
         self._listed: tuple[int, float] = (-1, 0.0)  # the folder's mtime, when listed
@@ -101,6 +109,27 @@ class FileGate:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.released = 0  # files let in by this gate
+
+    def _forget_taken(self) -> None:
+        """Forget the names let in whose files have left both folders (archived, deleted),
+        so the log of names stays as long as the site's folder; and hand the archive the
+        files read before a stop that it had not taken yet (a name logged but no longer in
+        ``live`` was read: a file leaves ``live`` only once Spark has committed it)."""
+        live = set(os.listdir(self.live))
+        if self.archive is not None:
+            self.archive.register(self._done_with)
+            self.archive.read(sorted(n for n in self._in - live
+                                     if (self.landing / n).exists()))
+        kept = {n for n in self._in if n in live or (self.landing / n).exists()}
+        if len(kept) < len(self._in):
+            staged = self.names.with_name(f".{self.names.name}.part")
+            staged.write_text("".join(f"{n}\n" for n in sorted(kept)))
+            os.replace(staged, self.names)
+            self._in = kept
+
+    def _done_with(self, name: str) -> bool:
+        """Whether this gate's reader has read the site's file ``name``."""
+        return name in self._in and not (self.live / name).exists()
 
     @property
     def waiting(self) -> int:
@@ -122,13 +151,18 @@ class FileGate:
     def trim(self, paths: Iterable[str]) -> None:
         """Take files every stage has read (and Spark committed) out of ``live``: the
         stream lists only what is new. ``paths`` as Spark names them (URIs or paths)."""
-        for path in paths:
+        names = [_name(path) for path in paths]
+        for name in names:
             with contextlib.suppress(FileNotFoundError):
-                (self.live / _name(path)).unlink()
+                (self.live / name).unlink()
+        if self.archive is not None:
+            self.archive.read(names)
 
     def landed(self, path: str) -> Path:
-        """Where a file ``live`` holds (or held) is in the site's folder."""
-        return self.landing / _name(path)
+        """Where a file ``live`` holds (or held) is now: in the site's folder, or in its
+        archive."""
+        name = _name(path)
+        return self.landing / name if self.archive is None else self.archive.where(name)
 
     def read_up_to(self, latest: int | None) -> None:
         """A micro-batch ended with event times read up to ``latest``: how far they trail
@@ -151,6 +185,8 @@ class FileGate:
             try:
                 self.tick()
                 self._tend()
+                if self.archive is not None:
+                    self.archive.prune()
             except OSError as e:  # the folder went away, a full disk: said, tried again
                 log.warning("letting %s's files in: %s", self.landing, e)
 

@@ -48,6 +48,7 @@ from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import StructType
 
 from jetstream.schema import Schema
+from jetstream.stage.archive import Archive, ReadFiles
 from jetstream.stage.gate import DEFAULT_HOLD_S, FileGate
 from jetstream.stage.job import (
     FILE_COLUMN,
@@ -82,13 +83,13 @@ class SourceReader:
 
     def __init__(self, spark: SparkSession, folder: Path, text_schema: StructType,
                  event_time: str, checkpoint_dir: Path, trigger_s: float,
-                 hold_s: float = DEFAULT_HOLD_S) -> None:
+                 hold_s: float = DEFAULT_HOLD_S, archive: Archive | None = None) -> None:
         self.spark, self.folder, self.text_schema = spark, folder, text_schema
         self.event_time = event_time
         self.checkpoint_dir, self.trigger_s = checkpoint_dir, trigger_s
         #: What the stream reads: the folder's files, let in by the gate (:mod:`.gate`).
         self.gate = FileGate(folder, checkpoint_dir.parent / "live", hold_s, self._due,
-                             tend=self._trim)
+                             tend=self._trim, archive=archive)
         self._stages: list[LocalStage] = []
         self._lock = threading.Lock()  # the stages, against a micro-batch under way
         self._stream: StreamingQuery | None = None
@@ -349,7 +350,13 @@ class SourceReader:
             log.warning("%s on %s: %d micro-batches since its snapshot are not listed any "
                         "more: their records are missing from its windows", stage.name,
                         self.folder, len(missed) - len(known))
-        paths = [str(self.gate.landed(path)) for b in known for path in self._files[b]]
+        landed = [self.gate.landed(path) for b in known for path in self._files[b]]
+        paths = [str(path) for path in landed if path.exists()]
+        if len(paths) < len(landed):
+            log.warning("%s on %s: %d files of the micro-batches it missed are gone (pruned "
+                        "from the archive, or deleted: --read-files): their records are "
+                        "missing from its windows", stage.name, self.folder,
+                        len(landed) - len(paths))
         if not paths:
             return
         log.info("%s on %s: reading again the %d files of the %d micro-batches it missed",
@@ -366,12 +373,15 @@ def _packed(grouped: DataFrame, name: str) -> DataFrame:
 
 class SourceReaders:
     """A site's readers, one per folder and record layout, made when a stage first needs
-    one; their checkpoints under ``state_dir``."""
+    one; their checkpoints under ``state_dir``, the files they have all read archived
+    under ``state_dir``'s sibling ``archive`` (:mod:`jetstream.stage.archive`)."""
 
-    def __init__(self, state_dir: Path, trigger_s: float, hold_s: float = DEFAULT_HOLD_S
-                 ) -> None:
+    def __init__(self, state_dir: Path, trigger_s: float, hold_s: float,
+                 read_files: ReadFiles) -> None:
         self.state_dir, self.trigger_s, self.hold_s = state_dir, trigger_s, hold_s
+        self.read_files = read_files
         self._readers: dict[tuple[Any, ...], SourceReader] = {}
+        self._archives: dict[str, Archive] = {}  # one per folder, for all its readers
         self._lock = threading.Lock()
 
     def position(self, folder: Path, schema: Schema) -> Position:
@@ -386,18 +396,29 @@ class SourceReaders:
         key = _key(folder, stage.source.schema)
         with self._lock:
             if key not in self._readers:
-                digest = hashlib.sha256(repr(key).encode()).hexdigest()[:12]
                 self._readers[key] = SourceReader(
                     stage.spark, folder, stage.text_schema, stage.event_time,
-                    self.state_dir / f"{folder.name}-{digest}" / "checkpoint", self.trigger_s,
-                    self.hold_s)
+                    self.state_dir / f"{folder.name}-{_digest(key)}" / "checkpoint",
+                    self.trigger_s, self.hold_s, self._archive(folder))
             return self._readers[key]
+
+    def _archive(self, folder: Path) -> Archive:
+        at = str(folder.resolve())
+        if at not in self._archives:
+            self._archives[at] = Archive(
+                folder, self.state_dir.parent / "archive" / f"{folder.name}-{_digest(at)}",
+                self.read_files)
+        return self._archives[at]
 
     def stop(self) -> None:
         with self._lock:
             readers = list(self._readers.values())
         for reader in readers:
             reader.stop()
+
+
+def _digest(key: Any) -> str:
+    return hashlib.sha256(repr(key).encode()).hexdigest()[:12]
 
 
 def _key(folder: Path, schema: Schema) -> tuple[Any, ...]:
