@@ -105,7 +105,7 @@ class FileGate:
         self._released_ms: int | None = None  # the newest modification time let in
         self._lags: deque[int] = deque(maxlen=LAG_SAMPLES)
         self._took: deque[float] = deque(maxlen=TOOK_SAMPLES)  # let in -> read, seconds
-        self._unread_since: float | None = None  # when the first file not read yet went in
+        self._unread_since = 0.0  # when the first of the ``_unread`` files went in
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.released = 0  # files let in by this gate
@@ -169,9 +169,8 @@ class FileGate:
         the files let in so far is a sample of the lag."""
         if latest is not None and self._released_ms is not None:
             self._lags.append(self._released_ms - latest)
-        if self._unread_since is not None:
+        if self._unread:
             self._took.append(time.monotonic() - self._unread_since)
-            self._unread_since = None
         self._unread = 0
 
     @property
@@ -240,9 +239,9 @@ class FileGate:
         self._names.write(f"{name}\n")  # after the link: a name logged is in ``live``
         self._names.flush()
         self.released += 1
-        self._unread += 1
-        if self._unread_since is None:
+        if not self._unread:
             self._unread_since = time.monotonic()
+        self._unread += 1
         self._released_ms = mtime if self._released_ms is None else max(self._released_ms,
                                                                         mtime)
 

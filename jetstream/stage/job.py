@@ -177,7 +177,6 @@ class LocalStage:
         self._stream: StreamingQuery | None = None
         self._lock = threading.Lock()  # a live stage's micro-batches against flush()
         self._stopping = False
-        self._whole_input = False  # run_available: one batch of everything, spread over cores
         #: Why the stage failed, when a reader it was attached to detached it for that.
         self.failure: Exception | None = None
         #: (the folder its stream reads, the site's folder), paths ending in "/", when a
@@ -202,7 +201,6 @@ class LocalStage:
     def run_available(self) -> StageStats:
         """Process every file in the folder now, then close every window (finite input)."""
         self._started_ms = time.time_ns() // 1_000_000
-        self._whole_input = True
         self._stream = (self.prepare(self._reader()).writeStream.foreachBatch(self._batch)
                         .option("checkpointLocation", self.checkpoint_dir)
                         .trigger(availableNow=True).start())
@@ -314,16 +312,15 @@ class LocalStage:
         planned = self.plan(prepared, batch_id)
         self.take(planned, planned.grouped.collect(), batch_id, started)
 
-    def plan(self, prepared: DataFrame, batch_id: int | None) -> PlannedBatch:
+    def plan(self, prepared: DataFrame, batch_id: int | None, one_task: bool = False
+             ) -> PlannedBatch:
         """The micro-batch's one Spark job, not run yet: its rows grouped by window and key,
-        with the batch's counters observed on the way."""
+        with the batch's counters observed on the way. ``one_task``: grouped in one
+        partition, with no shuffle (a stage of one task; see ``SourceReader._run``)."""
         c = self._compiled
         observation = Observation(f"{self.name}/{id(self)}/{batch_id}")
         df = prepared.observe(observation, *c.counters)
-        if not self._whole_input:
-            # In one partition the grouping needs no shuffle: the job is one stage of one
-            # task. A live micro-batch is small, and a second stage and its shuffle cost
-            # more than they spread (19% less JVM CPU a file; docs/benchmarks.md).
+        if one_task:
             df = df.coalesce(1)
         return PlannedBatch(prepared, df.groupBy(*c.keys).agg(*c.aggregates), observation)
 

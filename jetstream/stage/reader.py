@@ -274,12 +274,17 @@ class SourceReader:
 
     def _plan(self, stages: list[LocalStage], records: DataFrame, batch_id: int,
               prepared: bool) -> list[tuple[LocalStage, PlannedBatch]]:
-        """Each stage's job; a stage whose plan fails is detached."""
+        """Each stage's job; a stage whose plan fails is detached. With several stages each
+        groups its rows in one task, without a shuffle: their job is then one Spark stage of
+        a task per query, where a shuffle each made it a stage per query and one more
+        (a six-query micro-batch took 1.2 s instead of 2.0 s; docs/benchmarks.md). One stage
+        alone keeps its shuffle, whose two tasks share the closing batch of a high rate."""
         planned: list[tuple[LocalStage, PlannedBatch]] = []
         for stage in stages:
             try:
                 planned.append((stage, stage.plan(
-                    records if prepared else stage.prepare(records), batch_id)))
+                    records if prepared else stage.prepare(records), batch_id,
+                    one_task=len(stages) > 1)))
             except Exception as e:
                 self._fail(stage, e)
         return planned
