@@ -278,7 +278,7 @@ class SourceReader:
         groups its rows in one task, without a shuffle: their job is then one Spark stage of
         a task per query, where a shuffle each made it a stage per query and one more
         (a six-query micro-batch took 1.2 s instead of 2.0 s; docs/benchmarks.md). One stage
-        alone keeps its shuffle, whose two tasks share the closing batch of a high rate."""
+        alone keeps its shuffle: in one task it gained nothing end to end."""
         planned: list[tuple[LocalStage, PlannedBatch]] = []
         for stage in stages:
             try:
