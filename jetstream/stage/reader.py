@@ -33,7 +33,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import json
 import logging
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -102,6 +104,7 @@ class SourceReader:
         self._first_batch = -1  # the first this reader ran (those before: an earlier process)
         self._files: OrderedDict[int, list[str]] = OrderedDict()  # batch -> its files
         self._trimmed = -1  # the files of batches up to this have left the stream's folder
+        self._trim_committed()
 
     # -- stages ---------------------------------------------------------------------------
     @property
@@ -338,6 +341,34 @@ class SourceReader:
                 break
             self.gate.trim(self._files[batch])
             self._trimmed = batch
+
+    def _trim_committed(self) -> None:
+        """The files of micro-batches Spark committed in an earlier run that are still in
+        ``live`` (the process stopped between the commit and the trim, a SIGKILL say) leave
+        it: Spark would not read them again, and the site's folder would keep them for good.
+        Which batch read which file is in the file source's own log (``sources/0``: a
+        version line, then a JSON object a file, ``path`` and ``batchId``)."""
+        live = {name for name in os.listdir(self.gate.live) if not name.startswith((".", "_"))}
+        commits = [int(p.name) for p in (self.checkpoint_dir / "commits").glob("[0-9]*")
+                   if p.name.isdigit()]
+        if not live or not commits:
+            return
+        committed, read = max(commits), []
+        for part in (self.checkpoint_dir / "sources" / "0").glob("[0-9]*"):
+            for line in part.read_text().splitlines()[1:]:
+                if not any(name in line for name in live):
+                    continue
+                try:
+                    entry = json.loads(line)
+                    if int(entry["batchId"]) <= committed:
+                        read.append(str(entry["path"]))
+                except (ValueError, KeyError, TypeError):
+                    log.warning("%s: an entry of Spark's file source log is not as expected: "
+                                "%.200s", part, line)
+        if read:
+            log.info("%s: %d files Spark committed before the site stopped leave %s",
+                     self.folder, len(read), self.gate.live)
+            self.gate.trim(read)
 
     def _keep_files(self, batch_id: int, files: list[str]) -> None:
         self._files[batch_id] = files
