@@ -3,7 +3,7 @@
 
 Usage: python scripts/bench_live_batch.py [--files 80] [--skip 20] [--lines 500]
        [--every 0.5] [--queries 1] [--streams] [--conf KEY=VALUE ...] [--hold 0]
-       [--jfr FILE.jfr]
+       [--jfr FILE.jfr] [--backlog N [--read-files archive|keep]]
 
 Starts one site's local stage for the CDN top-k query (a site's default Spark settings,
 ``DEFAULT_SPARK_CONF``, under ``--conf``) live on an empty folder — with ``--queries N``, the
@@ -15,7 +15,11 @@ Spark's phases over the last 15 batches that read records (``recentProgress``), 
 time of our ``foreachBatch``, and the CPU the JVM and this process spent per file after the
 first ``--skip`` files, the JVM's split by thread (read from ``/proc``: Linux only).
 ``--jfr`` records those files with Java Flight Recorder (``jfr print`` reads the file;
-``scripts/jfr_top.py`` sums its CPU samples by thread and method).
+``scripts/jfr_top.py`` sums its CPU samples by thread and method). ``--backlog N`` starts the
+reader on a folder that already holds N earlier files of two lines each (an hour's worth a
+3,600 files, ending before the live ones), says how long it took to read them, and only then
+starts the live files; ``--read-files`` says what becomes of the files read (as ``jetstream
+site --read-files``; archived by default, as a site does).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from pyspark.sql import SparkSession
 import jetstream as js
 from jetstream.lab.load_bench import QUERIES
 from jetstream.runtime import DEFAULT_SPARK_CONF
+from jetstream.stage.archive import Archive, ReadFiles
 from jetstream.stage.job import DEFAULT_TRIGGER_S, LocalStage
 from jetstream.stage.reader import SourceReader
 
@@ -64,6 +69,17 @@ def compilations(spark: SparkSession) -> int:
     return int(metrics.METRIC_COMPILATION_TIME().getCount())
 
 
+def backlog(folder: Path, header: str, lines: list[str], files: int) -> None:
+    """``files`` earlier files of two lines each in ``folder``, a second of event time apart,
+    ending before the first of ``lines``."""
+    first = int(lines[0].split(",", 1)[0])
+    for i in range(files):
+        ts = first - (files - i) * 1000
+        body = "".join(f"{ts + k}," + lines[(2 * i + k) % len(lines)].split(",", 1)[1]
+                       for k in range(2))
+        (folder / f"earlier-{i:06d}.csv").write_text(header + body)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=int, default=80)
@@ -78,6 +94,10 @@ def main() -> None:
     parser.add_argument("--hold", type=float, default=0.0,
                         help="the reader's gate holds a file up to this long (a site's "
                              "--batch-hold; 0, the default here: every file its own batch)")
+    parser.add_argument("--backlog", type=int, default=0, metavar="N",
+                        help="earlier files in the folder when the reader starts")
+    parser.add_argument("--read-files", choices=("archive", "keep"), default="archive",
+                        help="what becomes of a file once read (default: archive)")
     parser.add_argument("--jfr", type=Path, metavar="FILE.jfr",
                         help="record the JVM with Java Flight Recorder over the counted files")
     args = parser.parse_args()
@@ -99,6 +119,7 @@ def main() -> None:
         header = (work / "logs" / "part-0000.csv").read_text().split("\n", 1)[0] + "\n"
         folder = work / "in"
         folder.mkdir()
+        backlog(folder, header, lines, args.backlog)
         seconds: list[float] = []
         stages = [LocalStage(spark, query, folder, checkpoint_dir=work / f"checkpoint-{i}",
                              quarantine_dir=work / "quarantine", emit=lambda *_: None,
@@ -109,11 +130,21 @@ def main() -> None:
             streams = [stage.start() for stage in stages]
             stream = streams[0]
         else:
+            archive = Archive(folder, work / "archive", ReadFiles(args.read_files))
             reader = SourceReader(spark, folder, stages[0].text_schema, "ts",
                                   work / "reader" / "checkpoint", DEFAULT_TRIGGER_S,
-                                  hold_s=args.hold)
+                                  hold_s=args.hold, archive=archive)
+            began = time.monotonic()
             for stage in stages:
                 reader.attach(stage)
+            if args.backlog:
+                while reader.gate.released < args.backlog or os.listdir(reader.gate.live):
+                    time.sleep(0.1)
+                took = time.monotonic() - began
+                print(f"backlog: {args.backlog} files read in {took:.0f} s "
+                      f"({args.backlog / took:.0f} files/s, {len(seconds)} micro-batches); "
+                      f"{len(os.listdir(folder))} left in the folder, {archive.moved} taken "
+                      f"out ({args.read_files})")
             stream = reader._stream
         jvm_before, ours_before, compiled_before = Counter[str](), 0.0, 0
         for i in range(args.files):
@@ -133,6 +164,8 @@ def main() -> None:
             subprocess.run(["jcmd", str(jvm), "JFR.stop", "name=bench"],
                            check=True, capture_output=True)
         compiled = compilations(spark) - compiled_before
+        if not args.streams:
+            print(f"after the live files: {len(os.listdir(folder))} files in the folder")
         counted = args.files - args.skip
         progress = [json.loads(p.json) if hasattr(p, "json") else p
                     for p in stream.recentProgress]
