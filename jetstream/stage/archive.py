@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import heapq
-import logging
 import os
 import shutil
 import threading
@@ -37,8 +36,6 @@ from pathlib import Path
 
 __all__ = ["DEFAULT_ARCHIVE_MAX_BYTES", "DEFAULT_ARCHIVE_RETENTION_S", "READ_FILES", "Archive",
            "ReadFiles"]
-
-log = logging.getLogger(__name__)
 
 #: What a site may do with a file every reader has read (``jetstream site --read-files``).
 READ_FILES = ("archive", "delete", "keep")
