@@ -348,7 +348,7 @@ class SourceReader:
         it: Spark would not read them again, and the site's folder would keep them for good.
         Which batch read which file is in the file source's own log (``sources/0``: a
         version line, then a JSON object a file, ``path`` and ``batchId``)."""
-        live = {name for name in os.listdir(self.gate.live) if not name.startswith((".", "_"))}
+        live = set(os.listdir(self.gate.live))  # a hidden copy's name is in no entry
         commits = [int(p.name) for p in (self.checkpoint_dir / "commits").glob("[0-9]*")
                    if p.name.isdigit()]
         if not live or not commits:
