@@ -273,6 +273,10 @@ class QueryRun:
         self.ranking = ranking(self.query)
         # The root coordinates the rounds of the children whose links run TPUT.
         coordinates = fragment.final and not assignment.workers
+        # Every run with a parent hands a window on as soon as its inputs have all sent it,
+        # early if they did: a worker of the root's final merge too, so that at the close the
+        # root hears a watermark rather than waits for the partition's merge.
+        forward_early = not fragment.final or options.worker
         self.merger = WindowMerger(self.partial, self._inputs(assignment),
                                    deadline_s=options.deadline_s or slo_deadline
                                    or DEFAULT_DEADLINE_S,
@@ -280,7 +284,7 @@ class QueryRun:
                                    rounds=self.ranking if coordinates else None,
                                    recall=self._recall if store is not None
                                    and not options.replay and not assignment.workers
-                                   else None, forward_early=not fragment.final)
+                                   else None, forward_early=forward_early)
         self.asks = AskBoard()  # what the merger asks of each child, until it takes it
         self._asked: set[str] = set()  # the children asked so far
         # A merge spread over workers: the inputs go to them, their partitions come back.

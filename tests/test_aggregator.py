@@ -282,6 +282,39 @@ def test_an_early_window_whose_input_left_or_is_late_goes_out() -> None:
     assert late.early and not late.missing
 
 
+Message = PartialBatch | tuple[str, str]  # a batch, or ("ended", site)
+
+
+def early_messages(site_query: js.Query, partial: WindowAggregate,
+                   events: list[dict[str, Any]], rng: Any) -> dict[str, list[Message]]:
+    """What each site sends, in order: each window early with some of its records, then, if
+    any came after, the whole window as the next revision; then that it ended."""
+    messages: dict[str, list[Message]] = {}
+    for site in SITES:
+        mine = [e for e in events if e["pop"] == site]
+        whole = site_batches(site_query, partial, site, mine)
+        cut = rng.randrange(len(mine) + 1)
+        some = {b.window: b for b in site_batches(site_query, partial, site, mine[:cut])}
+        out: list[Message] = []
+        for batch in whole:
+            part = some.get(batch.window)
+            if part is not None and part.rows != batch.rows:
+                out += [dataclasses.replace(part, early=True),
+                        dataclasses.replace(batch, revision=1)]
+            else:
+                out.append(dataclasses.replace(batch, early=True))
+        messages[site] = [*out, ("ended", site)]
+    return messages
+
+
+def deliver(merger: WindowMerger, message: Message) -> None:
+    """Give ``merger`` a site's batch, or tell it the site ended."""
+    if isinstance(message, tuple):
+        merger.progress(message[1], 0, ended=True)
+    else:
+        merger.add(message)
+
+
 @settings(max_examples=60, deadline=None)
 @given(EVENTS, st.sampled_from(range(len(QUERIES))), st.randoms(use_true_random=False))
 def test_early_windows_through_a_tree_give_the_reference_results(
@@ -296,28 +329,8 @@ def test_early_windows_through_a_tree_give_the_reference_results(
     edge = WindowMerger(partial, ["ams", "sfo"], deadline_s=60, clock=lambda: 0.0,
                         forward_early=True)
     root = WindowMerger(partial, ["edge", "sin"], deadline_s=60, clock=lambda: 0.0)
-    messages: dict[str, list[Any]] = {}
-    for site in SITES:
-        mine = [e for e in events if e["pop"] == site]
-        whole = site_batches(site_query, partial, site, mine)
-        cut = rng.randrange(len(mine) + 1)
-        some = {b.window: b for b in site_batches(site_query, partial, site, mine[:cut])}
-        out: list[Any] = []
-        for batch in whole:
-            part = some.get(batch.window)
-            if part is not None and part.rows != batch.rows:
-                out += [dataclasses.replace(part, early=True),
-                        dataclasses.replace(batch, revision=1)]
-            else:
-                out.append(dataclasses.replace(batch, early=True))
-        messages[site] = [*out, ("ended", site)]
-
+    messages = early_messages(site_query, partial, events, rng)
     merged: list[MergedWindow] = []
-    def deliver(merger: WindowMerger, message: Any) -> None:
-        if isinstance(message, tuple):
-            merger.progress(message[1], 0, ended=True)
-        else:
-            merger.add(message)
 
     def edge_tick() -> None:
         watermark = edge.watermark

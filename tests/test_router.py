@@ -37,6 +37,8 @@ from tests.test_aggregator import (
     QUERIES,
     SITES,
     assert_reference_results,
+    deliver,
+    early_messages,
     site_batches,
     split,
 )
@@ -86,6 +88,55 @@ def test_a_merge_over_key_partitions_gives_the_reference_results(
         assert m.covers >= {s for s in sites_with_data if any(
             b.window == m.window for b in sent[s])}
         assert m.events == sum(b.events for s in SITES for b in sent[s] if b.window == m.window)
+    assert_reference_results(query, optimized, merged, events)
+
+
+@settings(max_examples=60, deadline=None)
+@given(EVENTS, st.sampled_from(range(len(QUERIES))), st.integers(1, 3),
+       st.randoms(use_true_random=False))
+def test_workers_that_send_windows_early_give_the_reference_results(
+        events: list[dict[str, Any]], which: int, count: int, rng: Any) -> None:
+    """The sites send each window early, then whole if records came after, then that they
+    ended; each worker of the site's final merge sends its partition of a window (its top-k
+    candidates, for query 0) as soon as every site has sent it, early, and its watermark
+    after. Whatever the order, the site puts out each window once, after every watermark
+    passed it, equal to the reference."""
+    query = js.Query("q", QUERIES[which])
+    optimized, site_query, partial = split(query)
+    rank = ranking(optimized) if which == 0 else None
+    workers = [WindowMerger(partial, SITES, deadline_s=60, clock=lambda: 0.0,
+                            forward_early=True) for _ in range(count)]
+    site = WindowMerger(partial, [f"w{i}" for i in range(count)], deadline_s=60,
+                        clock=lambda: 0.0, key_partitions=True)
+
+    def tick(i: int) -> None:
+        watermark = workers[i].watermark
+        for m in workers[i].ready():
+            rows = top_k_candidates(m.rows, partial, rank) if rank is not None else m.rows
+            site.add(PartialBatch("q", m.window, f"w{i}", rows, events=m.events,
+                                  covers=m.covers, revision=m.revision, early=m.early))
+        if watermark is not None:
+            site.progress(f"w{i}", watermark, ended=watermark == 2**63 - 1)
+
+    merged: list[MergedWindow] = []
+    queues = {s: list(msgs) for s, msgs in early_messages(site_query, partial, events,
+                                                           rng).items()}
+    while any(queues.values()):
+        message = queues[rng.choice([s for s, q in queues.items() if q])].pop(0)
+        parts = (split_batch(message, partial.keys, count)
+                 if isinstance(message, PartialBatch) else [message] * count)
+        for i, (worker, part) in enumerate(zip(workers, parts, strict=True)):
+            deliver(worker, part)
+            if rng.random() < 0.5:
+                tick(i)
+        for window in site.ready():
+            assert not window.correction, "a window went out before it was final"
+            merged.append(window)
+    for i in range(count):
+        tick(i)
+    merged += site.ready()
+    assert site.finished
+    assert all(m.complete and not m.correction for m in merged)
     assert_reference_results(query, optimized, merged, events)
 
 
