@@ -643,11 +643,16 @@ def _duration(text: str, *, zero: bool) -> float:
 
 
 def _archive_retention(text: str) -> float:
-    """``--archive-retention``: a duration such as ``12h`` or ``7d``, in seconds."""
+    """``--archive-retention``: a duration above 0 such as ``12h`` or ``7d``, in seconds."""
     try:
-        return parse_duration(text, "archive retention") / 1000
+        seconds = parse_duration(text, "archive retention") / 1000
     except PlanError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+    if seconds <= 0:
+        msg = (f"expected a duration above 0, such as 12h or 7d, not {text!r} "
+               "(to keep no read file, use --read-files delete)")
+        raise argparse.ArgumentTypeError(msg)
+    return seconds
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*$", re.IGNORECASE)

@@ -15,6 +15,7 @@ import jetstream as js
 from jetstream import cli
 from jetstream.cli import load_query, main
 from jetstream.runtime import SiteOptions
+from jetstream.stage.archive import ReadFiles
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "cdn_topk.py"
@@ -232,6 +233,33 @@ def test_a_bad_site_spark_setting_is_refused_before_anything_starts(
         cli._parser().parse_args(["site", "--name", "ams", "--insecure", "--spark-conf", flag])
     assert exit_.value.code == 2
     assert f"argument --spark-conf: {message}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), [
+    ("--archive-retention", "0s", "expected a duration above 0, such as 12h or 7d, not '0s' "
+                                  "(to keep no read file, use --read-files delete)"),
+    ("--archive-retention", "7", "archive retention: '7' is not a duration"),
+    ("--archive-max-bytes", "0", "expected a size in bytes above 0, such as 500M or 20G, "
+                                 "not '0'"),
+    ("--archive-max-bytes", "lots", "expected a size in bytes above 0"),
+])
+def test_a_bad_archive_setting_is_refused_before_anything_starts(
+        flag: str, value: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli._parser().parse_args(["site", "--name", "ams", "--insecure", flag, value])
+    assert exit_.value.code == 2
+    assert f"argument {flag}: {message}" in capsys.readouterr().err
+
+
+def test_an_archive_setting_reaches_the_site(monkeypatch: pytest.MonkeyPatch) -> None:
+    sites: list[dict[str, object]] = []
+    monkeypatch.setattr(cli, "run_site", lambda name, controller, **kw: sites.append(kw))
+    args = cli._parser().parse_args(["site", "--name", "ams", "--insecure",
+                                     "--archive-retention", "12h", "--archive-max-bytes", "1.5G"])
+    assert args.run(args) == 0
+    options = sites.pop()["options"]
+    assert isinstance(options, SiteOptions)
+    assert options.read_files == ReadFiles("archive", 12 * 3600, int(1.5 * 2**30))
 
 
 def test_a_sites_warm_up_is_its_flag_zero_for_none_and_never_negative(
