@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jetstream as js
-from jetstream.aggregator import MergedWindow, WindowMerger
+from jetstream.aggregator import ENDED, MergedWindow, WindowMerger
 from jetstream.local import finish_from_partials
 from jetstream.operators import TopK, WindowAggregate
 from jetstream.partials import PartialBatch, decode_batch, encode_batch
@@ -195,7 +195,7 @@ def test_a_window_waits_only_for_inputs_whose_watermark_has_not_passed_it() -> N
     merger.add(batch)
     merger.progress("sfo", 10_000)  # sfo closed [0, 10s) without a record in it
     assert merger.ready() == [] and merger.watermark is None
-    merger.progress("sin", 2**63 - 1)  # sin is idle
+    merger.progress("sin", ENDED)  # sin is idle
     (merged,) = merger.ready()
     assert merged.complete and merged.covers == {"ams"}
     assert not merger.finished  # nobody has ended
@@ -338,7 +338,7 @@ def test_early_windows_through_a_tree_give_the_reference_results(
             root.add(PartialBatch("q", window.window, "edge", window.rows,
                                   revision=window.revision, early=window.early))
         if watermark is not None:
-            root.progress("edge", watermark, ended=watermark == 2**63 - 1)
+            root.progress("edge", watermark, ended=watermark == ENDED)
 
     queues = {site: list(msgs) for site, msgs in messages.items()}
     while any(queues.values()):

@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 import jetstream as js
 from jetstream import metrics
 from jetstream import uplink as uplink_module
-from jetstream.aggregator import MergedWindow, WindowMerger
+from jetstream.aggregator import ENDED, MergedWindow, WindowMerger
 from jetstream.approx.items import to_items
-from jetstream.approx.levels import ranking
+from jetstream.approx.levels import Ranking, ranking
 from jetstream.approx.truncate import exact_partial
 from jetstream.control.server import start_server
 from jetstream.cubes import CubeStore
@@ -63,11 +63,18 @@ def _partitioned(partial: WindowAggregate, sent: dict[str, list[PartialBatch]], 
                         clock=lambda: 0.0, key_partitions=True)
     for i, worker in enumerate(workers):
         for m in worker.ready():
-            rows = top_k_candidates(m.rows, partial, rank) if rank is not None else m.rows
-            site.add(PartialBatch("q", m.window, f"w{i}", rows, events=m.events,
-                                  covers=m.covers))
+            site.add(_sent_on(m, f"w{i}", partial, rank))
         site.progress(f"w{i}", 0, ended=True)
     return site
+
+
+def _sent_on(m: MergedWindow, origin: str, partial: WindowAggregate,
+             rank: Ranking | None) -> PartialBatch:
+    """What a worker sends its site of a merged window: its top-k candidates given a
+    ranking, else every row."""
+    rows = top_k_candidates(m.rows, partial, rank) if rank is not None else m.rows
+    return PartialBatch("q", m.window, origin, rows, events=m.events, covers=m.covers,
+                        revision=m.revision, early=m.early)
 
 
 @settings(max_examples=60, deadline=None)
@@ -112,11 +119,9 @@ def test_workers_that_send_windows_early_give_the_reference_results(
     def tick(i: int) -> None:
         watermark = workers[i].watermark
         for m in workers[i].ready():
-            rows = top_k_candidates(m.rows, partial, rank) if rank is not None else m.rows
-            site.add(PartialBatch("q", m.window, f"w{i}", rows, events=m.events,
-                                  covers=m.covers, revision=m.revision, early=m.early))
+            site.add(_sent_on(m, f"w{i}", partial, rank))
         if watermark is not None:
-            site.progress(f"w{i}", watermark, ended=watermark == 2**63 - 1)
+            site.progress(f"w{i}", watermark, ended=watermark == ENDED)
 
     merged: list[MergedWindow] = []
     queues = {s: list(msgs) for s, msgs in early_messages(site_query, partial, events,
