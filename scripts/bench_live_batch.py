@@ -4,6 +4,7 @@
 Usage: python scripts/bench_live_batch.py [--files 80] [--skip 20] [--lines 500]
        [--every 0.5] [--queries 1] [--streams] [--conf KEY=VALUE ...] [--hold 0]
        [--jfr FILE.jfr] [--backlog N [--read-files archive|keep]]
+       [--folders N] [--master local[2]]
 
 Starts one site's local stage for the CDN top-k query (a site's default Spark settings,
 ``DEFAULT_SPARK_CONF``, under ``--conf``) live on an empty folder — with ``--queries N``, the
@@ -19,7 +20,12 @@ first ``--skip`` files, the JVM's split by thread (read from ``/proc``: Linux on
 reader on a folder that already holds N earlier files of two lines each (an hour's worth a
 3,600 files, ending before the live ones), says how long it took to read them, and only then
 starts the live files; ``--read-files`` says what becomes of the files read (as ``jetstream
-site --read-files``; archived by default, as a site does).
+site --read-files``; archived by default, as a site does). ``--folders N`` runs N readers, each
+on a folder of its own with its own stages, in this one JVM (as sites on one machine would
+share one Spark), a file landing in every folder at once; it also prints, for the first
+stage of each folder, how long each file took from landing to the end of the micro-batch
+that read it (p50 / p95). Run it N times side by side with ``--folders 1 --master local[1]``
+for N sites that each have their own Spark.
 """
 
 from __future__ import annotations
@@ -33,7 +39,9 @@ import subprocess
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from bench_stage import write_logs
 from pyspark.sql import SparkSession
@@ -98,13 +106,18 @@ def main() -> None:
                         help="earlier files in the folder when the reader starts")
     parser.add_argument("--read-files", choices=("archive", "keep"), default="archive",
                         help="what becomes of a file once read (default: archive)")
+    parser.add_argument("--folders", type=int, default=1,
+                        help="readers on folders of their own, in this one JVM")
+    parser.add_argument("--master", default="local[2]", help="Spark's master")
     parser.add_argument("--jfr", type=Path, metavar="FILE.jfr",
                         help="record the JVM with Java Flight Recorder over the counted files")
     args = parser.parse_args()
     if not 0 <= args.skip < args.files:
         parser.error("--skip must be at least 0 and below --files")
+    if args.folders < 1 or (args.folders > 1 and (args.streams or args.backlog)):
+        parser.error("--folders must be 1 or more, and 1 with --streams or --backlog")
     conf = dict(DEFAULT_SPARK_CONF) | dict(kv.split("=", 1) for kv in args.conf)
-    builder = SparkSession.builder.master("local[2]")
+    builder = SparkSession.builder.master(args.master)
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
@@ -117,23 +130,39 @@ def main() -> None:
         lines = [line for part in sorted((work / "logs").iterdir())
                  for line in part.read_text().splitlines(keepends=True)[1:]]
         header = (work / "logs" / "part-0000.csv").read_text().split("\n", 1)[0] + "\n"
-        folder = work / "in"
-        folder.mkdir()
-        backlog(folder, header, lines, args.backlog)
+        folders = [work / f"in-{k}" for k in range(args.folders)]
+        for folder in folders:
+            folder.mkdir()
+            backlog(folder, header, lines, args.backlog)
         seconds: list[float] = []
-        stages = [LocalStage(spark, query, folder, checkpoint_dir=work / f"checkpoint-{i}",
-                             quarantine_dir=work / "quarantine", emit=lambda *_: None,
-                             snapshot=work / f"stage-{i}.json",
-                             on_batch=(lambda _, s: seconds.append(s)) if i == 0 else None)
-                  for i, query in enumerate(queries)]
-        if args.streams:
-            streams = [stage.start() for stage in stages]
-            stream = streams[0]
-        else:
-            archive = Archive(folder, work / "archive", ReadFiles(args.read_files))
+        reached: list[list[tuple[float, int]]] = [[] for _ in folders]  # (when, latest)
+
+        def on_batch(k: int, stage_of: list[LocalStage]) -> Callable[[Any, float], None]:
+            def done(_: Any, took: float) -> None:
+                if k == 0:
+                    seconds.append(took)
+                reached[k].append((time.time(), stage_of[0].windows.latest or 0))
+            return done
+
+        readers, every_stage = [], []
+        for k, folder in enumerate(folders):
+            stages: list[LocalStage] = []
+            stages.extend(LocalStage(spark, query, folder,
+                                     checkpoint_dir=work / f"checkpoint-{k}-{i}",
+                                     quarantine_dir=work / "quarantine", emit=lambda *_: None,
+                                     snapshot=work / f"stage-{k}-{i}.json",
+                                     on_batch=on_batch(k, stages) if i == 0 else None)
+                          for i, query in enumerate(queries))
+            every_stage.extend(stages)
+            if args.streams:
+                streams = [stage.start() for stage in stages]
+                stream = streams[0]
+                continue
+            archive = Archive(folder, work / f"archive-{k}", ReadFiles(args.read_files))
             reader = SourceReader(spark, folder, stages[0].text_schema, "ts",
-                                  work / "reader" / "checkpoint", DEFAULT_TRIGGER_S,
+                                  work / f"reader-{k}" / "checkpoint", DEFAULT_TRIGGER_S,
                                   hold_s=args.hold, archive=archive)
+            readers.append(reader)
             began = time.monotonic()
             for stage in stages:
                 reader.attach(stage)
@@ -145,8 +174,10 @@ def main() -> None:
                       f"({args.backlog / took:.0f} files/s, {len(seconds)} micro-batches); "
                       f"{len(os.listdir(folder))} left in the folder, {archive.moved} taken "
                       f"out ({args.read_files})")
-            stream = reader._stream
+        if readers:
+            stream = readers[0]._stream
         jvm_before, ours_before, compiled_before = Counter[str](), 0.0, 0
+        landed: list[tuple[float, int]] = []  # (when, its largest event time), counted files
         for i in range(args.files):
             if i == args.skip:
                 jvm_before, ours_before = thread_ticks(jvm), sum(os.times()[:2])
@@ -155,25 +186,36 @@ def main() -> None:
                     subprocess.run(["jcmd", str(jvm), "JFR.start", "name=bench",
                                     "settings=profile", f"filename={args.jfr.resolve()}"],
                                    check=True, capture_output=True)
-            staged = work / f"f{i}.csv"
-            staged.write_text(header + "".join(lines[i * args.lines:(i + 1) * args.lines]))
-            staged.rename(folder / staged.name)
+            part = lines[i * args.lines:(i + 1) * args.lines]
+            for folder in folders:
+                staged = work / f"f{i}.csv"
+                staged.write_text(header + "".join(part))
+                staged.rename(folder / staged.name)
+            if i >= args.skip:
+                landed.append((time.time(), max(int(line.split(",", 1)[0]) for line in part)))
             time.sleep(args.every)
         jvm_after, ours_after = thread_ticks(jvm), sum(os.times()[:2])
+        time.sleep(3)  # the last files' micro-batches
         if args.jfr:
             subprocess.run(["jcmd", str(jvm), "JFR.stop", "name=bench"],
                            check=True, capture_output=True)
         compiled = compilations(spark) - compiled_before
         if not args.streams:
-            print(f"after the live files: {len(os.listdir(folder))} files in the folder")
+            print(f"after the live files: {len(os.listdir(folders[0]))} files in the folder")
         counted = args.files - args.skip
         progress = [json.loads(p.json) if hasattr(p, "json") else p
                     for p in stream.recentProgress]
         progress = [p for p in progress if p["numInputRows"] > 0][-15:]
-        for stage in stages:
+        for stage in every_stage:
             stage.stop()
-        if not args.streams:
+        for reader in readers:
             reader.stop()
+    waits = sorted(next(t for t, latest in done if latest >= last) - at
+                   for done in reached for at, last in landed
+                   if any(latest >= last for _, latest in done))
+    if waits:
+        print(f"landing to read, {len(waits)} files: p50 {statistics.median(waits):.2f} s, "
+              f"p95 {waits[int(0.95 * (len(waits) - 1))]:.2f} s")
     phases = sorted({k for p in progress for k in p["durationMs"]})
     print("Spark's phases, median ms:",
           {k: round(statistics.median(p["durationMs"].get(k, 0) for p in progress))

@@ -72,6 +72,30 @@ def test_a_file_that_may_hand_a_window_on_goes_in_at_once(tmp_path: Path) -> Non
     assert live(g) == ["a.csv", "b.csv", "c.csv"]
 
 
+def test_ahead_of_a_due_point_files_go_in_once_then_wait_for_the_one_that_reaches_it(
+        tmp_path: Path) -> None:
+    due: list[int | None] = [20_000]
+    g = gate(tmp_path, due)
+    land(g.landing, "a.csv", 10_000)
+    g.tick()
+    g.read_up_to(9_900)  # event times trail by 0.1 s; the lead is the hold's quarter, 0.1 s
+    land(g.landing, "b.csv", 20_000)  # may reach 19.9 s: within the lead of the due point
+    g.tick()
+    assert live(g) == ["a.csv", "b.csv"]
+    land(g.landing, "c.csv", 20_050)  # within the lead again: waits, the flush was spent
+    g.tick()
+    assert g.waiting == 1
+    land(g.landing, "d.csv", 20_100)  # may reach the due point: it and c go in
+    g.tick()
+    assert live(g) == ["a.csv", "b.csv", "c.csv", "d.csv"] and g.waiting == 0
+    land(g.landing, "e.csv", 20_150)  # d's micro-batch has not ended: e waits for it
+    g.tick()
+    assert g.waiting == 1
+    g.read_up_to(19_990)  # d fell short (its lag was misjudged): the due point is the same
+    g.tick()
+    assert g.waiting == 0 and "e.csv" in live(g)
+
+
 def test_a_gate_started_again_lets_nothing_in_twice(tmp_path: Path) -> None:
     g = gate(tmp_path, [None])
     land(g.landing, "a.csv", 1_000)

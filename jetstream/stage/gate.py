@@ -15,23 +15,32 @@ systems) when one of these holds:
 
 - a file has waited ``hold_s`` (the reader's ``--batch-hold``, 2 s by default; 0: every
   file at once, as a stream on the folder itself);
-- the newest waiting file may hold event times within the *lead* of when a stage next hands
-  a window on (:meth:`~jetstream.stage.job.LocalStage.due_ms`): its modification time, less
-  how far the event times read have trailed the files' modification times (the least such
-  lag of the recent micro-batches), reaches it. The lead is how long the recent micro-batches
-  took from a file's going in to their end (the longest of the last few), at least
-  ``hold_s / 4`` and at most ``hold_s``: what waited is read before the window's last
-  records land, so the micro-batch that hands it on holds little else;
+- the newest waiting file may hold event times that reach when a stage next hands a window
+  on (:meth:`~jetstream.stage.job.LocalStage.due_ms`, the *due point*): its modification
+  time, less how far the event times read have trailed the files' modification times (the
+  least such lag of the recent micro-batches), reaches it;
+- once for each due point, a *lead* ahead of it: the newest waiting file's event times may
+  reach within the lead of it. The lead is one and a half times as long as the recent
+  micro-batches took from a file's going in to their end (the longest of the last few), at
+  least ``hold_s / 4`` and at most ``hold_s``: what waited is read before the window's last
+  records land, so the micro-batch that hands it on holds little else and waits for none;
 - nothing is known yet (no stage, or no record read): a file goes in at once.
 
-A window's last records therefore reach Spark as soon as they land, and the records before
-go in batches of ``hold_s``. Where the lag misleads (a clock ahead of the site's, logs
-replayed faster than they were written), a window waits at most ``hold_s`` longer. Files go
-in in the order they landed and are never dropped or changed, so every result is what a
-stream on the folder itself gives. What becomes of a site's file once its reader has read
-it (archived, deleted or kept) is the :class:`~jetstream.stage.archive.Archive`'s to say.
-At most ``MAX_UNREAD`` files (240) wait in ``live`` for a micro-batch: a site started on a
-folder that holds a backlog reads it in micro-batches of about that many, not in one.
+The second and third let files in once a due point: the files that land after either wait
+(by the hold) until a micro-batch has read the one that reaches it and the stage's next due
+point is known (if the due point is still the same then, the lag was misjudged and the next
+file that may reach it goes in at once). Before, every file within the lead went in as it
+landed, so the file that hands a window on often found the micro-batch of the file before
+still running, and a window's closing took two micro-batches' time (``docs/benchmarks.md``,
+"One let-in a due point"). A window's last records therefore reach Spark as soon as they
+land, with no micro-batch under way, and the records before go in batches of ``hold_s``.
+Where the lag misleads (a clock ahead of the site's, logs replayed faster than they were
+written), a window waits at most ``hold_s`` longer. Files go in in the order they landed and
+are never dropped or changed, so every result is what a stream on the folder itself gives.
+What becomes of a site's file once its reader has read it (archived, deleted or kept) is the
+:class:`~jetstream.stage.archive.Archive`'s to say. At most ``MAX_UNREAD`` files (240) wait
+in ``live`` for a micro-batch: a site started on a folder that holds a backlog reads it in
+micro-batches of about that many, not in one.
 
 Once Spark has committed the micro-batch that read a file (its commit log says so), the
 file leaves ``live`` (:meth:`FileGate.trim`, from the reader), so the stream's listing, every
@@ -56,6 +65,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path, PurePosixPath
 
+from jetstream import trace
 from jetstream.stage.archive import Archive
 
 __all__ = ["DEFAULT_HOLD_S", "FileGate"]
@@ -73,6 +83,9 @@ RELIST_S = 1.0
 LAG_SAMPLES = 20
 #: How many recent micro-batches' times from a file's going in to their end are kept.
 TOOK_SAMPLES = 8
+#: How much longer than the slowest of those the lead is: what goes in ahead of a window's
+#: hand-on is read before the file that hands it on lands, even on a busy machine.
+LEAD_FACTOR = 1.5
 #: At most this many files go in that no micro-batch has read yet: a site started on a folder
 #: with a backlog reads it in micro-batches of about this many files, not in one.
 MAX_UNREAD = 240
@@ -105,6 +118,7 @@ class FileGate:
         self._released_ms: int | None = None  # the newest modification time let in
         self._lags: deque[int] = deque(maxlen=LAG_SAMPLES)
         self._took: deque[float] = deque(maxlen=TOOK_SAMPLES)  # let in -> read, seconds
+        self._ahead: tuple[int | None, int] = (None, 0)  # a due point, how far let in for it
         self._unread_since = 0.0  # when the first of the ``_unread`` files went in
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -172,12 +186,19 @@ class FileGate:
         if self._unread:
             self._took.append(time.monotonic() - self._unread_since)
         self._unread = 0
+        due, step = self._ahead
+        if step == 2:  # the file let in as reaching the due point may not have (a lag
+            self._ahead = (due, 1)  # misjudged): the next that may reach it goes at once
 
     @property
     def lead_s(self) -> float:
         """How long before a window is due what waits goes in (see the module's docstring)."""
-        took = max(self._took, default=0.0) + TICK_S
-        return min(self.hold_s, max(self.hold_s / 4, took))
+        return min(self.hold_s, self._lead_s)
+
+    @property
+    def _lead_s(self) -> float:
+        took = max(self._took, default=0.0) * LEAD_FACTOR + TICK_S
+        return max(self.hold_s / 4, took)
 
     def _run(self) -> None:
         while not self._stop.wait(TICK_S):
@@ -194,9 +215,12 @@ class FileGate:
         now = time.monotonic()
         self._list(now)
         if self._waiting and self._unread < self.max_unread and self._time(now):
-            oldest = sorted(self._waiting, key=lambda n: self._waiting[n])
-            for name in oldest[:self.max_unread - self._unread]:
+            going = sorted(self._waiting, key=lambda n: self._waiting[n])
+            going = going[:self.max_unread - self._unread]
+            for name in going:
                 self._let_in(name)
+            trace.mark("let_in", folder=self.landing.name, files=len(going),
+                       newest=self._released_ms)
 
     def _list(self, now: float) -> None:
         changed = os.stat(self.landing).st_mtime_ns
@@ -216,8 +240,16 @@ class FileGate:
         due = self._due()
         if due is None or not self._lags:
             return True
-        newest = max(mtime for mtime, _ in self._waiting.values())
-        return newest - min(self._lags) >= due - self.lead_s * 1000
+        # Once each for a due point: what waited, a lead ahead of it; then the file that
+        # may reach it. Files after either wait (by the hold) until the stage has read it.
+        reach = max(mtime for mtime, _ in self._waiting.values()) - min(self._lags)
+        step = 2 if reach >= due else 1 if reach >= due - self.lead_s * 1000 else 0
+        if step and self._lead_s > self.hold_s:  # busy: a file that waited would only
+            return True  # make the micro-batch that hands the window on longer
+        done = self._ahead[1] if self._ahead[0] == due else 0
+        if step > done:
+            self._ahead = (due, step)
+        return step > done
 
     def _let_in(self, name: str) -> None:
         mtime, _ = self._waiting.pop(name)

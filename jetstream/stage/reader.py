@@ -49,6 +49,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import StructType
 
+from jetstream import trace
 from jetstream.schema import Schema
 from jetstream.stage.archive import Archive, ReadFiles
 from jetstream.stage.gate import DEFAULT_HOLD_S, FileGate
@@ -212,6 +213,7 @@ class SourceReader:
     def _batch(self, records: DataFrame, batch_id: int) -> None:
         # Quietly stopped around it all: with no stage left the batch's files are listed by
         # a job of their own, which a stop may interrupt as well.
+        trace.mark("called", folder=self.folder.name, batch=batch_id)
         with self._lock, stopped_quietly(self):
             stages = [s for s in self._stages if not s.has(batch_id)]
             alone = self._alone_stage
