@@ -70,9 +70,9 @@ if TYPE_CHECKING:
     from jetstream.stage.job import StageStats
     from jetstream.stage.reader import SourceReaders
 
-__all__ = ["DEFAULT_DEADLINE_S", "DEFAULT_SPARK_CONF", "Assignment", "LinkState", "QueryRun",
-           "SiteOptions", "SiteRuntime", "distributed", "merge_inputs", "partial_aggregate",
-           "site_part"]
+__all__ = ["DEFAULT_DEADLINE_S", "DEFAULT_SPARK_CONF", "REPLAY_SPARK_CONF", "Assignment",
+           "LinkState", "QueryRun", "SiteOptions", "SiteRuntime", "distributed", "merge_inputs",
+           "partial_aggregate", "site_part"]
 
 log = logging.getLogger(__name__)
 
@@ -109,10 +109,25 @@ def _checkpoint_file_manager() -> dict[str, str]:
     return {}
 
 
-# HotSpot's thresholds for its optimising compiler (tier 4): 100,000 calls (the default is
-# 5,000), or 12,000 calls with 120,000 calls and loop iterations together (600 and 15,000).
-_LATE_C2 = ("-XX:Tier4InvocationThreshold=100000 -XX:Tier4MinInvocationThreshold=12000 "
-            "-XX:Tier4CompileThreshold=120000")
+# A heap that starts small (the JVM's default start is 1/64 of the machine's memory) and
+# gives back what it frees (the serial collector), a smaller code cache: the demo's three
+# JVMs peaked at 3.0 GB with Spark's defaults, 1.9 GB with these (scripts/demo_memory.py,
+# docs/benchmarks.md). (Not smaller thread stacks: -Xss512k overflowed in java.util.regex on
+# URLs.)
+_JVM = ("-Xms32m -XX:+UseSerialGC -XX:MinHeapFreeRatio=10 -XX:MaxHeapFreeRatio=30 "
+        "-XX:ReservedCodeCacheSize=48m")
+# A live site's JVM compiles with C1 only: a micro-batch calls thousands of Spark's planning
+# methods a few times each, and the optimising compiler (C2) kept compiling them for minutes,
+# on cores the other sites share. With C1 only, one query at 10,000 records/s a site answered
+# in half the time and a sixth less CPU, and the plain-Spark baseline gained as much
+# (docs/benchmarks.md, "C1 for live sites").
+_LIVE_JIT = "-XX:TieredStopAtLevel=1"
+# A replay reads a whole input in large batches, whose per-row loops C2 compiles to run about
+# twice as fast as C1's code; it takes a method only after far more calls than by default
+# (100,000 rather than 5,000; or 12,000 with 120,000 calls and loop iterations together),
+# so that the long tail of planning methods stays with C1 ("Eleventh run").
+_REPLAY_JIT = ("-XX:Tier4InvocationThreshold=100000 -XX:Tier4MinInvocationThreshold=12000 "
+               "-XX:Tier4CompileThreshold=120000")
 
 #: A site's Spark settings where neither its topology (``spark_conf``) nor ``jetstream site
 #: --spark-conf`` says otherwise; values are strings, as Spark reads them.
@@ -128,19 +143,7 @@ DEFAULT_SPARK_CONF: Mapping[str, str] = MappingProxyType({
     "spark.sql.shuffle.partitions": "2",
     # The whole local stage lives in the driver's JVM; 512m is the least Spark starts with.
     "spark.driver.memory": "512m",
-    # A heap that starts small (the JVM's default start is 1/64 of the machine's memory) and
-    # gives back what it frees (the serial collector), a smaller code cache: the
-    # demo's three JVMs peaked at 3.0 GB with Spark's defaults, 1.9 GB with these
-    # (scripts/demo_memory.py, docs/benchmarks.md).
-    # (Not smaller thread stacks: -Xss512k overflowed in java.util.regex on URLs.)
-    # The optimising compiler (C2) takes a method only after far more calls than by
-    # default: a live stage calls thousands of Spark's methods a few times a micro-batch,
-    # and with the default thresholds C2 was still compiling them minutes in (about 40% of
-    # the JVM's CPU, on cores the other sites share); the bulk paths of a large batch (per
-    # row, loops) still get there (docs/benchmarks.md, "Eleventh run").
-    "spark.driver.extraJavaOptions": "-Xms32m -XX:+UseSerialGC -XX:MinHeapFreeRatio=10 "
-                                     "-XX:MaxHeapFreeRatio=30 -XX:ReservedCodeCacheSize=48m "
-                                     f"{_LATE_C2}",
+    "spark.driver.extraJavaOptions": f"{_JVM} {_LIVE_JIT}",
     "spark.sql.adaptive.enabled": "false",  # micro-batches are tiny; AQE re-plans each one
     # The offset, commit and source logs written through Hadoop's FileSystem rather than its
     # FileContext, whose local rename runs `readlink` in a child process for every file
@@ -159,6 +162,10 @@ DEFAULT_SPARK_CONF: Mapping[str, str] = MappingProxyType({
     # hundredth of that, and a restart reads at most a thousand small files after the last.
     "spark.sql.streaming.fileSource.log.compactInterval": "1000",
 })
+#: A replaying site's (``SiteOptions.replay``): ``DEFAULT_SPARK_CONF`` with the JVM's
+#: compiler set for large batches.
+REPLAY_SPARK_CONF: Mapping[str, str] = MappingProxyType(
+    {**DEFAULT_SPARK_CONF, "spark.driver.extraJavaOptions": f"{_JVM} {_REPLAY_JIT}"})
 
 
 
@@ -796,7 +803,8 @@ class SiteRuntime:
 
     def session(self) -> Any:
         """The site's one SparkSession, started when the first local stage needs it (or by
-        :meth:`warm_up`), with ``DEFAULT_SPARK_CONF`` under ``SiteOptions.spark_conf``.
+        :meth:`warm_up`), with ``DEFAULT_SPARK_CONF`` (``REPLAY_SPARK_CONF`` for a replay) under
+        ``SiteOptions.spark_conf``.
 
         Starting it forks the JVM; a process whose gRPC threads are busy can fork badly
         (gRPC skips its fork handlers then), so a site that knows its master starts Spark
@@ -806,7 +814,8 @@ class SiteRuntime:
         with self._spark_lock:
             if self._spark is None:
                 master = self.options.spark_master or "local[1]"
-                conf = {**DEFAULT_SPARK_CONF, **self.options.spark_conf}
+                base = REPLAY_SPARK_CONF if self.options.replay else DEFAULT_SPARK_CONF
+                conf = {**base, **self.options.spark_conf}
                 log.info("site %s: starting Spark (%s)", self.site, master)
                 # The JVM inherits this: glibc's default of an arena per thread makes a JVM
                 # of a hundred threads hold hundreds of MB it does not use.

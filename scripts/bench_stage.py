@@ -5,12 +5,12 @@ Usage: python scripts/bench_stage.py [--events 200000] [--domains 2000] [--runs 
                                      [--sum-latency] [--conf KEY=VALUE ...]
 
 Writes synthetic CDN logs (Zipf-like domains) to a temporary folder, then, in one run and one
-SparkSession (local[2], a site's default Spark settings): (a) the JetStream local stage computes
-the CDN top-k query's partials; (b) a plain Spark Structured Streaming job computes the same
-per-window, per-domain count and sum over the same files (what a user would run at one site).
-One warm-up run of each, then ``--runs`` runs of each, alternating which goes first. Prints
-events/s for both, their ratio (min/median/max), the Spark jobs per micro-batch of ours, and the
-wide-area bytes of the exact partials per window against the raw CSV bytes they replace.
+SparkSession (local[2], a replaying site's Spark settings): (a) the JetStream local stage
+computes the CDN top-k query's partials; (b) a plain Spark Structured Streaming job computes the
+same per-window, per-domain count and sum over the same files (what a user would run at one
+site). One warm-up run of each, then ``--runs`` runs of each, alternating which goes first.
+Prints events/s for both, their ratio (min/median/max), the Spark jobs per micro-batch of ours,
+and the wide-area bytes of the exact partials per window against the raw CSV bytes they replace.
 
 The query's sum is ``bytes / 1024`` (an integer scaled by a power of two, which the stage sums
 as an integer); ``--sum-latency`` sums ``latency_ms`` instead, a double column, which the
@@ -35,7 +35,7 @@ import jetstream as js
 from jetstream.operators import WindowAggregate
 from jetstream.partials import PartialBatch, encode_batch
 from jetstream.queryfile import load_query
-from jetstream.runtime import DEFAULT_SPARK_CONF
+from jetstream.runtime import REPLAY_SPARK_CONF
 from jetstream.stage.compile import spark_schema
 from jetstream.stage.job import LocalStage
 
@@ -118,7 +118,7 @@ def main() -> None:
         if "=" not in kv:
             parser.error(f"--conf takes KEY=VALUE, not {kv!r}")
     builder = SparkSession.builder.master("local[2]")
-    conf = dict(DEFAULT_SPARK_CONF) | dict(kv.split("=", 1) for kv in args.conf)
+    conf = dict(REPLAY_SPARK_CONF) | dict(kv.split("=", 1) for kv in args.conf)
     for key, value in conf.items():  # what a site runs with
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

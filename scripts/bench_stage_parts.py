@@ -3,8 +3,8 @@
 
 Usage: python scripts/bench_stage_parts.py [--events 200000] [--domains 2000] [--runs 7]
 
-Writes the same synthetic CDN logs as ``bench_stage.py`` and, in one SparkSession (a site's
-default Spark settings), runs each of these as one batch job over them, ``--runs`` times in
+Writes the same synthetic CDN logs as ``bench_stage.py`` and, in one SparkSession (a
+replaying site's Spark settings), runs each of these as one batch job over them, ``--runs`` times in
 turn, and prints the median and the minimum of each (the first two runs warm up and are not
 counted):
 
@@ -32,7 +32,7 @@ from pyspark.sql import functions as F
 
 import jetstream as js
 from jetstream.queryfile import load_query
-from jetstream.runtime import DEFAULT_SPARK_CONF
+from jetstream.runtime import REPLAY_SPARK_CONF
 from jetstream.stage.compile import spark_schema
 from jetstream.stage.job import LocalStage
 
@@ -89,7 +89,7 @@ def main() -> None:
         parser.error(f"--runs must be above {WARM_UP} (the warm-up runs)")
     builder = SparkSession.builder.master("local[2]").config("spark.ui.showConsoleProgress",
                                                               "false")
-    for key, value in DEFAULT_SPARK_CONF.items():  # what a site runs with
+    for key, value in REPLAY_SPARK_CONF.items():  # what a replaying site runs with
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")

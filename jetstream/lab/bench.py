@@ -35,7 +35,7 @@ from jetstream.local import run_local
 from jetstream.operators import WindowAggregate
 from jetstream.partials import PartialBatch, decode_batch, encode_batch, summarised
 from jetstream.results import WindowResult
-from jetstream.runtime import DEFAULT_SPARK_CONF, distributed, site_part
+from jetstream.runtime import REPLAY_SPARK_CONF, distributed, site_part
 
 __all__ = ["WindowFigures", "run_bench", "through_levels", "top_k_accuracy"]
 
@@ -93,11 +93,12 @@ def run_bench(topology: Path, query: Query, work: Path, *, duration_s: float,
 
     say("baseline: gzip the edge sites' logs window by window, one Spark job at the root")
     raw, shipped = _ship_by_window(files, edges, work / "inbox")
-    # The root site's Spark master and settings (DEFAULT_SPARK_CONF under its spark_conf),
-    # for the backhaul's job and the timed local stage alike: neither is tuned apart.
+    # The root site's Spark master and settings, as it replays (REPLAY_SPARK_CONF under its
+    # spark_conf), for the backhaul's job and the timed local stage alike: neither is tuned
+    # apart.
     root = layout.site(layout.root)
     spark = session_builder(root.master, "jetstream-bench",
-                            {**DEFAULT_SPARK_CONF, **dict(root.spark_conf)}).getOrCreate()
+                            {**REPLAY_SPARK_CONF, **dict(root.spark_conf)}).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     try:
         backhaul = top_domains(spark, work / "inbox", work / "backhaul-checkpoint", k=K)
