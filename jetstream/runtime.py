@@ -118,9 +118,9 @@ _JVM = ("-Xms32m -XX:+UseSerialGC -XX:MinHeapFreeRatio=10 -XX:MaxHeapFreeRatio=3
         "-XX:ReservedCodeCacheSize=48m")
 # A live site's JVM compiles with C1 only: a micro-batch calls thousands of Spark's planning
 # methods a few times each, and the optimising compiler (C2) kept compiling them for minutes,
-# on cores the other sites share. With C1 only, one query at 10,000 records/s a site answered
-# in half the time and a sixth less CPU, and the plain-Spark baseline gained as much
-# (docs/benchmarks.md, "C1 for live sites").
+# on cores the other sites share. With C1 only, at 3,000 records/s a site, ours and the
+# plain-Spark baseline each spent a sixth less CPU and answered sooner (docs/benchmarks.md,
+# "C1 for live sites").
 _LIVE_JIT = "-XX:TieredStopAtLevel=1"
 # A replay reads a whole input in large batches, whose per-row loops C2 compiles to run about
 # twice as fast as C1's code; it takes a method only after far more calls than by default

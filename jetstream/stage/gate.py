@@ -26,10 +26,12 @@ systems) when one of these holds:
   records land, so the micro-batch that hands it on holds little else and waits for none;
 - nothing is known yet (no stage, or no record read): a file goes in at once.
 
-The second and third let files in once a due point: the files that land after either wait
-(by the hold) until a micro-batch has read the one that reaches it and the stage's next due
-point is known (if the due point is still the same then, the lag was misjudged and the next
-file that may reach it goes in at once). Before, every file within the lead went in as it
+The second and third let files in once a due point: the files that land after either wait (by
+the hold) until a micro-batch has read the one that reaches it and the stage's next due point
+is known (if the due point is still the same then, the lag was misjudged and the next file
+that may reach it goes in at once). When micro-batches outlast the hold (the lead would be
+longer), every file within the lead goes in as it lands: one that waited would only make the
+micro-batch that hands the window on longer. Before, every file within the lead went in as it
 landed, so the file that hands a window on often found the micro-batch of the file before
 still running, and a window's closing took two micro-batches' time (``docs/benchmarks.md``,
 "One let-in a due point"). A window's last records therefore reach Spark as soon as they
