@@ -13,7 +13,7 @@ So a reader's stream does not list the site's folder: it lists a folder of its o
 folder into it (a hard link, so nothing is copied; a copy where the two are on different file
 systems) when one of these holds:
 
-- a file has waited ``hold_s`` (the reader's ``--batch-hold``, 2 s by default; 0: every
+- a file has waited ``hold_s`` (the reader's ``--batch-hold``, 8 s by default; 0: every
   file at once, as a stream on the folder itself);
 - the newest waiting file may hold event times that reach when a stage next hands a window
   on (:meth:`~jetstream.stage.job.LocalStage.due_ms`, the *due point*): its modification
@@ -74,8 +74,12 @@ __all__ = ["DEFAULT_HOLD_S", "FileGate"]
 
 log = logging.getLogger(__name__)
 
-#: How long a new file waits at most before a micro-batch reads it (seconds).
-DEFAULT_HOLD_S = 2.0
+#: How long a new file waits at most before a micro-batch reads it (seconds). Files that
+#: land between two due points wait for the next one's lead; a hold shorter than the time
+#: between due points lets them in on its own, in micro-batches no window waits for (at 2 s,
+#: a sixth more CPU at 3,000 records/s a site, and six queries' windows twice as late:
+#: docs/benchmarks.md, "A hold as long as the time between due points").
+DEFAULT_HOLD_S = 8.0
 #: How often the site's folder is looked at (seconds).
 TICK_S = 0.05
 #: The site's folder is listed again at least this often even when its modification time
