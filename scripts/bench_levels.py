@@ -10,8 +10,9 @@ sketches), every site's window is encoded as the partial batch it would send and
 parent would; the root merges them and reports the top 10 with bounds. Prints bytes per window
 (all sites) and the accuracy against the exact answer: recall of the top 10, the largest
 relative error of a reported count (lower bound against the truth), the largest stated bound,
-and how many rows were guaranteed. TPUT's line counts the (key, count) pairs its three rounds
-ship, at 16 bytes a pair, against the exact partials.
+and how many rows were guaranteed. TPUT's line counts the rows its rounds ship and the keys
+they ask for (``jetstream.approx.rounds``, as links run them), at 16 bytes each, against the
+exact partials.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from collections import Counter
 from typing import Any
 
 import jetstream as js
-from jetstream.approx.levels import ranking
-from jetstream.approx.tput import tput_top_k
+from jetstream.approx.levels import Ranking, ranking
+from jetstream.approx.rounds import answer, exact_rows, first_answer, next_asks
+from jetstream.approx.truncate import BoundedPartial, exact_partial, merge_bounded, top_k_bounds
 from jetstream.lab.bench import through_levels
 from jetstream.operators import WindowAggregate
 
@@ -46,6 +48,24 @@ def site_counts(rnd: random.Random, sites: int, domains: int, events: int
         picks = rnd.choices(range(domains), weights, k=events)
         out.append(Counter(f"d{p}.example.com" for p in picks))
     return out
+
+
+def tput(partial: WindowAggregate, rank: Ranking, children: list[list[dict[str, Any]]]
+         ) -> tuple[list[str], int]:
+    """TPUT's rounds over the children's rows: the top-k's keys, and how many rows and asked
+    keys crossed the links."""
+    inputs: dict[int, BoundedPartial] = {}
+    sent: dict[int, frozenset[Any]] = {}
+    for i, rows in enumerate(children):
+        inputs[i], sent[i] = first_answer(rows, rank.k, partial, rank.by)
+    asked = 0
+    while asks := next_asks(inputs, partial, rank.by, rank.k):
+        for i, ask in asks.items():
+            asked += len(ask.keys)
+            inputs[i], sent[i] = answer(children[i], sent[i], ask, partial, rank.by)
+    exact = exact_partial(exact_rows(merge_bounded(inputs.values(), partial)))
+    top = top_k_bounds(exact, partial, rank.by, rank.k)
+    return [row["domain"] for row in top.rows], sum(map(len, sent.values())) + asked
 
 
 def main() -> None:
@@ -87,9 +107,9 @@ def main() -> None:
             entry[4] += sure
             if level.index == 0:
                 exact_bytes += size
-        result = tput_top_k([dict(c) for c in sites], rank.k)
-        assert [d for d, _ in result.top] == [d for d, _ in true_top]
-        tput_bytes += (sum(result.pairs_shipped) + result.keys_requested) * PAIR_BYTES
+        top, shipped = tput(partial, rank, rows)
+        assert top == [d for d, _ in true_top]
+        tput_bytes += shipped * PAIR_BYTES
     n = args.windows
     print(f"sites: {args.sites}, domains: {args.domains}, requests per site and window: "
           f"{args.events}, windows: {n}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -31,6 +32,7 @@ from jetstream.v1 import dataplane_pb2_grpc as rpc
 from tests.conftest import log, spec_of
 from tests.test_aggregator import site_batches, split
 from tests.test_degradation import root_site
+from tests.tput_reference import tput
 
 AGGREGATE = WindowAggregate(
     schema=js.Schema.of({"domain": js.DataType.STRING, "requests": js.DataType.PARTIAL,
@@ -89,6 +91,73 @@ def test_three_rounds_give_the_exact_top_k_with_every_aggregate(
     everything = merge_bounded([exact_partial(rows_of(local)),
                                 *(exact_partial(r) for r in children.values())], AGGREGATE)
     assert top(exact_partial(exact_rows(merged)), rank, k) == top(everything, rank, k)
+
+
+def counted(counts: dict[str, int]) -> list[dict[str, Any]]:
+    """A child's rows from its requests a domain (each of 1 kB)."""
+    return [{"domain": domain, "requests": n, "kb": KB.add(KB.create(), float(n))}
+            for domain, n in counts.items()]
+
+
+def shipped(children: dict[str, list[dict[str, Any]]], k: int) -> tuple[BoundedPartial, int]:
+    """The rounds run, with how many rows the children sent (each key once a child, the
+    empty rows of keys asked for and not held included)."""
+    sent: dict[str, frozenset[Any]] = {}
+    inputs: dict[str, BoundedPartial] = {}
+    for name, rows in children.items():
+        inputs[name], sent[name] = first_answer(rows, k, AGGREGATE, "requests")
+    rounds = 1
+    while asks := next_asks(inputs, AGGREGATE, "requests", k):
+        rounds += 1
+        assert rounds <= 3, asks
+        for name, ask in asks.items():
+            inputs[name], sent[name] = answer(children[name], sent[name], ask, AGGREGATE,
+                                              "requests")
+    return merge_bounded(inputs.values(), AGGREGATE), sum(len(s) for s in sent.values())
+
+
+COUNTS = st.lists(st.dictionaries(st.sampled_from([f"d{i:02d}" for i in range(24)]),
+                                  st.one_of(st.integers(1, 4), st.integers(1, 10**6)),
+                                  max_size=16), min_size=1, max_size=8)
+
+
+@settings(max_examples=300, deadline=None)
+@given(COUNTS, st.one_of(st.integers(1, 3), st.integers(1, 30)))
+def test_the_rounds_give_what_the_papers_tput_gives_shipping_no_more(
+        children: list[dict[str, int]], k: int) -> None:
+    # The oracle: TPUT's three rounds as the paper states them (tests/tput_reference.py).
+    reference = tput(children, k)
+    merged, rows = shipped({f"c{i}": counted(c) for i, c in enumerate(children)}, k)
+    assert settled(merged, AGGREGATE, "requests", k)
+    got = [(domain, n) for domain, n, _ in top(exact_partial(exact_rows(merged)),
+                                                "requests", k)]
+    assert got == list(reference.top)
+    assert rows <= sum(reference.shipped) + reference.asked
+
+
+def skewed_children(n_sites: int = 20, n_keys: int = 2000, requests: int = 20_000,
+                    seed: int = 7) -> list[dict[str, int]]:
+    """Requests a domain: Zipf(1.1) popularity, each site with its own taste."""
+    rng = random.Random(seed)
+    domains = [f"domain{i:04d}.com" for i in range(n_keys)]
+    popularity = [1 / (rank + 1) ** 1.1 for rank in range(n_keys)]
+    sites = []
+    for _ in range(n_sites):
+        taste = [p * rng.lognormvariate(0, 0.5) for p in popularity]
+        sites.append(dict(Counter(rng.choices(domains, weights=taste, k=requests))))
+    return sites
+
+
+@pytest.mark.parametrize(("k", "most"), [(10, 0.05), (50, 0.2)])
+def test_the_rounds_ship_far_fewer_rows_than_every_child_sending_everything(
+        k: int, most: float) -> None:
+    children = skewed_children()
+    everything = sum(len(c) for c in children)
+    merged, rows = shipped({f"c{i}": counted(c) for i, c in enumerate(children)}, k)
+    got = [(domain, n) for domain, n, _ in top(exact_partial(exact_rows(merged)),
+                                                "requests", k)]
+    assert got == list(tput(children, k).top)
+    assert rows / everything < most, (rows, everything)
 
 
 def test_a_skewed_window_ships_few_rows() -> None:

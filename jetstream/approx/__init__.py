@@ -1,5 +1,10 @@
-"""Summaries with error bounds: exact maps and DataSketches sketches behind one contract.
+"""Summaries with error bounds, and TPUT's rounds.
 
-The approximate aggregates live in :mod:`jetstream.approx.sketches`; degradation levels and
-the bandwidth feedback policy will live here too.
+The approximate aggregates (DataSketches' HLL, KLL and frequent items) are in
+:mod:`jetstream.approx.sketches`; what a link sends below exact partials in
+:mod:`~jetstream.approx.truncate`, :mod:`~jetstream.approx.items` and
+:mod:`~jetstream.approx.holistic`, the ladder of those levels in :mod:`~jetstream.approx.levels`,
+the feedback policy that picks a link's level in :mod:`~jetstream.approx.policy`, and TPUT's
+exact top-k rounds in :mod:`~jetstream.approx.rounds` (their oracle, the paper's three rounds,
+is the tests' ``tests/tput_reference.py``).
 """
