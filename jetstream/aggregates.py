@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from jetstream.approx import summaries
 from jetstream.errors import PlanError
 from jetstream.expr import Expr
 from jetstream.schema import DataType, Schema
@@ -313,7 +314,7 @@ class CountDistinct(Aggregate):
         if isinstance(acc, set) and isinstance(other, set):
             acc |= other
             return acc
-        return _holistic().merge_distinct(acc, other)
+        return summaries.merge_distinct(acc, other)
 
     def extract(self, acc: Any) -> int:
         return len(acc) if isinstance(acc, set) else round(acc.get_estimate())
@@ -322,25 +323,18 @@ class CountDistinct(Aggregate):
         return isinstance(acc, set)
 
     def error_bound(self, acc: Any) -> float:
-        return 0.0 if isinstance(acc, set) else _holistic().distinct_error(acc)
+        return 0.0 if isinstance(acc, set) else summaries.distinct_error(acc)
 
     def encode(self, acc: Any) -> Any:
-        return list(acc) if isinstance(acc, set) else _holistic().encode(acc)
+        return list(acc) if isinstance(acc, set) else summaries.encode(acc)
 
     def decode(self, data: Any) -> Any:
         if isinstance(data, dict):
-            return _holistic().decode(self.name, data)
+            return summaries.decode(self.name, data)
         if not isinstance(data, list):
             msg = f"{self.name}: not a list of values: {data!r:.80}"
             raise ValueError(msg)
         return set(data)
-
-
-def _holistic() -> Any:
-    """:mod:`jetstream.approx.holistic`, imported where a partial was stepped down."""
-    from jetstream.approx import holistic
-
-    return holistic
 
 
 def check_int(value: int, low: int, high: int, what: str) -> None:
@@ -391,21 +385,21 @@ class Quantile(Aggregate):
         if isinstance(acc, list):
             acc.append(value)
         else:
-            acc = _holistic().merge_quantile(acc, [value])
+            acc = summaries.merge_quantile(acc, [value])
         return acc
 
     def merge(self, acc: Any, other: Any) -> Any:
         if isinstance(acc, list) and isinstance(other, list):
             acc.extend(other)
             return acc
-        return _holistic().merge_quantile(acc, other)
+        return summaries.merge_quantile(acc, other)
 
     def encode(self, acc: Any) -> Any:
-        return acc if isinstance(acc, list) else _holistic().encode(acc)
+        return acc if isinstance(acc, list) else summaries.encode(acc)
 
     def decode(self, data: Any) -> Any:
         if isinstance(data, dict):
-            return _holistic().decode(self.name, data)
+            return summaries.decode(self.name, data)
         if not isinstance(data, list):
             msg = f"{self.name}: not a list of values: {data!r:.80}"
             raise ValueError(msg)
@@ -413,7 +407,7 @@ class Quantile(Aggregate):
 
     def extract(self, acc: Any) -> Any:
         if not isinstance(acc, list):
-            return _holistic().quantile_of(acc, self.q)
+            return summaries.quantile_of(acc, self.q)
         if not acc:
             return None
         ordered = sorted(acc)
@@ -424,7 +418,7 @@ class Quantile(Aggregate):
         return self.error_bound(acc) == 0.0
 
     def error_bound(self, acc: Any) -> float:
-        return 0.0 if isinstance(acc, list) else _holistic().quantile_error(acc)
+        return 0.0 if isinstance(acc, list) else summaries.quantile_error(acc)
 
     def __str__(self) -> str:
         return f"{self.name}({self.expr}, {self.q})"

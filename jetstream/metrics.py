@@ -21,7 +21,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import Counter, Gauge, Histogram, make_wsgi_app, start_http_server
 
-from jetstream.control.security import http_authorized
+from jetstream.security import http_authorized
 
 __all__ = ["BATCH_DURATION", "LINK_LEVEL", "LINK_MEASURED_BANDWIDTH", "LINK_THROUGHPUT",
            "PARTIALS_REFUSED", "RECORDS_IN", "RECORDS_LATE", "RECORDS_MALFORMED",
@@ -102,7 +102,7 @@ def link_name(child: str, parent: str) -> str:
 
 
 class RunMetrics:
-    """The metrics of one query's run at one site (see :class:`jetstream.runtime.QueryRun`).
+    """The metrics of one query's run at one site (see :class:`jetstream.dataplane.run.QueryRun`).
 
     ``link`` is the run's link to its parent ("" at the root). :meth:`remove` takes the run's
     gauges away when it stops: a gauge left behind would show its last value forever.

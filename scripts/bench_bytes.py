@@ -30,13 +30,13 @@ from typing import Any
 from jetstream.approx.levels import ranking
 from jetstream.approx.rounds import next_asks
 from jetstream.approx.truncate import BoundedPartial, exact_partial, truncate
-from jetstream.asks import Answerer, ask_to_proto
-from jetstream.keydict import KeyEncoder
+from jetstream.dataplane.asks import Answerer, ask_to_proto
+from jetstream.dataplane.keydict import KeyEncoder
+from jetstream.dataplane.partials import PartialBatch, encode_batch
 from jetstream.lab.loggen import write_logs
 from jetstream.local import run_local
-from jetstream.partials import PartialBatch, encode_batch
 from jetstream.queryfile import load_query
-from jetstream.runtime import distributed, site_part
+from jetstream.rewrite import distributed, site_part
 
 ROOT = Path(__file__).resolve().parent.parent
 SITES, EDGES, HOME = ("ams", "sfo", "sin"), ("sfo", "sin"), "ams"

@@ -30,12 +30,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from jetstream.dataplane.partials import PartialBatch, encode_batch
 from jetstream.lab.loggen import write_logs
 from jetstream.local import run_local
 from jetstream.operators import WindowAggregate
-from jetstream.partials import PartialBatch, encode_batch
 from jetstream.queryfile import load_query
-from jetstream.runtime import distributed, site_part
+from jetstream.rewrite import distributed, site_part
 
 ROOT = Path(__file__).resolve().parent.parent
 EDGES = ("sfo", "sin")

@@ -22,11 +22,11 @@ import time
 from pathlib import Path
 
 import jetstream as js
-from jetstream.aggregator import WindowMerger
-from jetstream.cubes import CubeStore
+from jetstream.dataplane.cubes import CubeStore
+from jetstream.dataplane.merger import WindowMerger
+from jetstream.dataplane.partials import PartialBatch, decode_batch, encode_batch
 from jetstream.operators import WindowAggregate
-from jetstream.partials import PartialBatch, decode_batch, encode_batch
-from jetstream.runtime import distributed
+from jetstream.rewrite import distributed
 
 LOGS = js.source("cdn_logs", schema=js.CDN_LOG_SCHEMA)
 QUERY = js.Query("cdn-topk", LOGS.window(js.tumbling("10s")).group_by("domain")

@@ -48,10 +48,10 @@ from pyspark.sql import SparkSession
 
 import jetstream as js
 from jetstream.lab.load_bench import QUERIES
-from jetstream.runtime import DEFAULT_SPARK_CONF
 from jetstream.stage.archive import Archive, ReadFiles
 from jetstream.stage.job import DEFAULT_TRIGGER_S, LocalStage
 from jetstream.stage.reader import SourceReader
+from jetstream.stage.spark import DEFAULT_SPARK_CONF
 
 ROOT = Path(__file__).resolve().parent.parent
 TICKS = os.sysconf("SC_CLK_TCK")

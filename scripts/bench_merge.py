@@ -28,21 +28,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-from jetstream.aggregator import ENDED
 from jetstream.aggtree.planner import Fragment
 from jetstream.aggtree.topology import Server
-from jetstream.control.security import Security, make_dev_certs
 from jetstream.control.server import start_server
 from jetstream.control.servicers import SiteControllerServicer
 from jetstream.control.site_controller import SiteController
 from jetstream.control.workers import WorkerPool
+from jetstream.dataplane.options import Assignment, SiteOptions
+from jetstream.dataplane.partials import ENDED, PartialBatch, encode_batch
+from jetstream.dataplane.router import split_batch
+from jetstream.dataplane.site import SiteRuntime
+from jetstream.dataplane.transport import PartialSender
 from jetstream.operators import WindowAggregate
-from jetstream.partials import PartialBatch, encode_batch
 from jetstream.queryfile import query_from_source
-from jetstream.rewrite import distributed
-from jetstream.router import split_batch
-from jetstream.runtime import Assignment, SiteOptions, SiteRuntime, partial_aggregate
-from jetstream.transport import PartialSender
+from jetstream.rewrite import distributed, partial_aggregate
+from jetstream.security import Security, make_dev_certs
 from jetstream.v1 import control_pb2_grpc as rpc
 from jetstream.v1 import dataplane_pb2 as pb
 from jetstream.v1 import dataplane_pb2_grpc as dataplane_rpc

@@ -6,8 +6,8 @@ Usage: python scripts/bench_savings.py [--rate 100] [--hours 1] [--seed 0]
 Generates ``--hours`` of one PoP's CDN logs (``jetstream.lab.loggen``, default spec) and, for
 windows of 5 s, 1 min, 5 min and 1 h, encodes each window's exact partials -- per domain, or
 per full URL, the request count and the bytes served -- as the partial batches a site sends
-(``jetstream.partials.encode_batch``: columnar JSON, zlib). Prints raw CSV bytes over partial
-bytes for each, next to JetStream's published CoralCDN figures.
+(``jetstream.dataplane.partials.encode_batch``: columnar JSON, zlib). Prints raw CSV bytes over
+partial bytes for each, next to JetStream's published CoralCDN figures.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from collections.abc import Mapping
 import numpy as np
 
 import jetstream as js
+from jetstream.dataplane.partials import PartialBatch, encode_batch
 from jetstream.lab.loggen import LogSpec, generate, to_csv
-from jetstream.partials import PartialBatch, encode_batch
-from jetstream.runtime import distributed, partial_aggregate
+from jetstream.rewrite import distributed, partial_aggregate
 
 START_MS = 1_767_225_600_000
 WINDOWS = {"5 s": 5_000, "1 min": 60_000, "5 min": 300_000, "1 h": 3_600_000}

@@ -32,12 +32,12 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 import jetstream as js
+from jetstream.dataplane.partials import PartialBatch, encode_batch
 from jetstream.operators import WindowAggregate
-from jetstream.partials import PartialBatch, encode_batch
 from jetstream.queryfile import load_query
-from jetstream.runtime import REPLAY_SPARK_CONF
 from jetstream.stage.compile import spark_schema
 from jetstream.stage.job import LocalStage
+from jetstream.stage.spark import REPLAY_SPARK_CONF
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADER = "ts,pop,client_ip,domain,url,status,bytes,latency_ms,cache\n"

@@ -32,9 +32,9 @@ from pyspark.sql import functions as F
 
 import jetstream as js
 from jetstream.queryfile import load_query
-from jetstream.runtime import REPLAY_SPARK_CONF
 from jetstream.stage.compile import spark_schema
 from jetstream.stage.job import LocalStage
+from jetstream.stage.spark import REPLAY_SPARK_CONF
 
 ROOT = Path(__file__).resolve().parent.parent
 WARM_UP = 2

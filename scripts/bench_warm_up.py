@@ -20,8 +20,8 @@ from pyspark.sql import SparkSession
 
 import jetstream as js
 from jetstream.queryfile import load_query
-from jetstream.runtime import DEFAULT_SPARK_CONF
 from jetstream.stage.check import check_stage
+from jetstream.stage.spark import DEFAULT_SPARK_CONF
 from jetstream.stage.warm import warm_up
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -33,7 +33,7 @@ def spark():  # type: ignore[no-untyped-def]
     """One local SparkSession for the whole test session (a session takes seconds to start)."""
     from pyspark.sql import SparkSession
 
-    from jetstream.runtime import DEFAULT_SPARK_CONF
+    from jetstream.stage.spark import DEFAULT_SPARK_CONF
 
     # A site's own settings, so that the stage is tested as sites run it; a larger heap, as
     # this one session serves every test.

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jetstream as js
-from jetstream.runtime import distributed, site_part
+from jetstream.rewrite import distributed, site_part
 from jetstream.stage.bookkeeping import OpenWindows
 
 LOGS = js.source("cdn_logs", schema=js.CDN_LOG_SCHEMA)

@@ -13,8 +13,9 @@ import pytest
 
 import jetstream as js
 from jetstream import cli
-from jetstream.cli import load_query, main
-from jetstream.runtime import SiteOptions
+from jetstream.cli import deployment, main
+from jetstream.dataplane.options import SiteOptions
+from jetstream.queryfile import load_query
 from jetstream.stage.archive import ReadFiles
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -189,7 +190,7 @@ def test_run_refuses_a_missing_query_or_input_before_starting_anything(
 
 
 def test_results_output_appends_every_result_as_it_passes(tmp_path: Path) -> None:
-    from jetstream.cli import _also_to
+    from jetstream.cli.operate import _also_to
     from jetstream.results import WindowResult
 
     sink = tmp_path / "out.jsonl"
@@ -204,8 +205,8 @@ def test_results_output_appends_every_result_as_it_passes(tmp_path: Path) -> Non
 def test_site_spark_settings_are_repeatable_and_the_last_of_a_key_wins(
         monkeypatch: pytest.MonkeyPatch) -> None:
     sites: list[dict[str, object]] = []
-    monkeypatch.setattr(cli, "run_site", lambda name, controller, **kw: sites.append(kw))
-    args = cli._parser().parse_args([
+    monkeypatch.setattr(deployment, "run_site", lambda name, controller, **kw: sites.append(kw))
+    args = cli.parser().parse_args([
         "site", "--name", "ams", "--insecure", "--spark-conf", "spark.driver.memory=2g",
         "--spark-conf=spark.sql.shuffle.partitions=1", "--spark-conf", "spark.driver.memory=3g",
         "--spark-conf", "spark.executorEnv.OPTS=-Da=b"])
@@ -216,7 +217,7 @@ def test_site_spark_settings_are_repeatable_and_the_last_of_a_key_wins(
     assert options.spark_conf == {"spark.driver.memory": "3g",
                                   "spark.sql.shuffle.partitions": "1",
                                   "spark.executorEnv.OPTS": "-Da=b"}
-    args = cli._parser().parse_args(["site", "--name", "ams", "--insecure"])
+    args = cli.parser().parse_args(["site", "--name", "ams", "--insecure"])
     assert args.spark_conf is None  # the topology's and the defaults, then
 
 
@@ -230,7 +231,7 @@ def test_site_spark_settings_are_repeatable_and_the_last_of_a_key_wins(
 def test_a_bad_site_spark_setting_is_refused_before_anything_starts(
         flag: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
-        cli._parser().parse_args(["site", "--name", "ams", "--insecure", "--spark-conf", flag])
+        cli.parser().parse_args(["site", "--name", "ams", "--insecure", "--spark-conf", flag])
     assert exit_.value.code == 2
     assert f"argument --spark-conf: {message}" in capsys.readouterr().err
 
@@ -246,15 +247,15 @@ def test_a_bad_site_spark_setting_is_refused_before_anything_starts(
 def test_a_bad_archive_setting_is_refused_before_anything_starts(
         flag: str, value: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
-        cli._parser().parse_args(["site", "--name", "ams", "--insecure", flag, value])
+        cli.parser().parse_args(["site", "--name", "ams", "--insecure", flag, value])
     assert exit_.value.code == 2
     assert f"argument {flag}: {message}" in capsys.readouterr().err
 
 
 def test_an_archive_setting_reaches_the_site(monkeypatch: pytest.MonkeyPatch) -> None:
     sites: list[dict[str, object]] = []
-    monkeypatch.setattr(cli, "run_site", lambda name, controller, **kw: sites.append(kw))
-    args = cli._parser().parse_args(["site", "--name", "ams", "--insecure",
+    monkeypatch.setattr(deployment, "run_site", lambda name, controller, **kw: sites.append(kw))
+    args = cli.parser().parse_args(["site", "--name", "ams", "--insecure",
                                      "--archive-retention", "12h", "--archive-max-bytes", "1.5G"])
     assert args.run(args) == 0
     options = sites.pop()["options"]
@@ -265,15 +266,15 @@ def test_an_archive_setting_reaches_the_site(monkeypatch: pytest.MonkeyPatch) ->
 def test_a_sites_warm_up_is_its_flag_zero_for_none_and_never_negative(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     sites: list[dict[str, object]] = []
-    monkeypatch.setattr(cli, "run_site", lambda name, controller, **kw: sites.append(kw))
+    monkeypatch.setattr(deployment, "run_site", lambda name, controller, **kw: sites.append(kw))
     for given, want in [([], SiteOptions.warm_up_s), (["--warm-up", "0"], 0.0),
                         (["--warm-up", "2.5"], 2.5)]:
-        args = cli._parser().parse_args(["site", "--name", "ams", "--insecure", *given])
+        args = cli.parser().parse_args(["site", "--name", "ams", "--insecure", *given])
         assert args.run(args) == 0
         options = sites.pop()["options"]
         assert isinstance(options, SiteOptions) and options.warm_up_s == want
     for bad in ("-1", "nan", "soon"):
         with pytest.raises(SystemExit):
-            cli._parser().parse_args(["site", "--name", "ams", "--insecure", "--warm-up", bad])
+            cli.parser().parse_args(["site", "--name", "ams", "--insecure", "--warm-up", bad])
         assert (f"argument --warm-up: expected a number of seconds, 0 or more, not {bad!r}"
                 in capsys.readouterr().err)

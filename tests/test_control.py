@@ -24,24 +24,24 @@ from jetstream.aggtree.planner import Fragment
 from jetstream.aggtree.topology import Server, Topology
 from jetstream.control.client import ControllerClient
 from jetstream.control.daemons import heartbeat_interval, link_measurements, link_reports
-from jetstream.control.global_controller import (
+from jetstream.control.global_controller import REPLAN_BANDWIDTH_CHANGE, GlobalController
+from jetstream.control.launch import free_port
+from jetstream.control.results_hub import ResultsHub
+from jetstream.control.server import start_server
+from jetstream.control.servicers import GlobalControllerServicer
+from jetstream.control.site_calls import (
     MAX_HEARTBEAT_SPACING_S,
-    REPLAN_BANDWIDTH_CHANGE,
-    GlobalController,
-    QueryState,
-    ResultsHub,
     SiteCalls,
     beat_spacing,
     heartbeat_spacing,
 )
-from jetstream.control.launch import free_port
-from jetstream.control.security import Security
-from jetstream.control.server import start_server
-from jetstream.control.servicers import GlobalControllerServicer
-from jetstream.control.site_controller import Piece, SiteController
+from jetstream.control.site_controller import SiteController
+from jetstream.control.state import QueryState
+from jetstream.control.wire import Piece
+from jetstream.dataplane.options import Assignment, LinkState
 from jetstream.errors import ControlPlaneError, PlanError
 from jetstream.results import WindowResult
-from jetstream.runtime import Assignment, LinkState
+from jetstream.security import Security
 from jetstream.v1 import control_pb2 as pb
 from jetstream.v1 import control_pb2_grpc as rpc
 from jetstream.v1.query_pb2 import QueryPlan, QuerySpec
@@ -1179,7 +1179,7 @@ def test_a_damaged_state_file_is_refused_naming_it(topology: Topology, sites: Fa
 
 def test_the_hub_keeps_the_newest_results_and_a_late_follower_skips_the_rest(
         tmp_path: Path) -> None:
-    from jetstream.control.global_controller import ResultsHub
+    from jetstream.control.results_hub import ResultsHub
 
     hub = ResultsHub(tmp_path, keep=3)
     for start in range(7):

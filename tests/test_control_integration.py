@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from jetstream.control.launch import free_port
-from jetstream.control.security import make_dev_certs
+from jetstream.security import make_dev_certs
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "cdn_topk.py"

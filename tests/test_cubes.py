@@ -19,18 +19,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jetstream as js
-from jetstream.aggregator import ENDED
 from jetstream.aggtree.planner import Fragment
 from jetstream.control.server import start_server
-from jetstream.cubes import CubeStore, parse_retention
+from jetstream.dataplane.cubes import CubeStore, parse_retention
+from jetstream.dataplane.options import Assignment, SiteOptions
+from jetstream.dataplane.partials import ENDED, PartialBatch, encode_batch
+from jetstream.dataplane.site import SiteRuntime
+from jetstream.dataplane.transport import PartialSender
 from jetstream.errors import DataError
 from jetstream.local import finish_from_partials
 from jetstream.operators import WindowAggregate
-from jetstream.partials import PartialBatch, encode_batch
 from jetstream.queryfile import query_from_source
 from jetstream.results import WindowResult
-from jetstream.runtime import Assignment, SiteOptions, SiteRuntime, distributed
-from jetstream.transport import PartialSender
+from jetstream.rewrite import distributed
 from jetstream.v1 import dataplane_pb2 as pb
 from jetstream.v1 import dataplane_pb2_grpc as rpc
 from tests.conftest import log, spec_of
@@ -87,7 +88,7 @@ def test_release_stops_holding_but_keeps_for_history(tmp_path: Path) -> None:
 
 CHILD = """
 import sys
-from jetstream.cubes import CubeStore
+from jetstream.dataplane.cubes import CubeStore
 from jetstream.v1 import dataplane_pb2 as pb
 store = CubeStore(sys.argv[1])
 for i in range(1_000_000):
@@ -432,7 +433,7 @@ def test_a_replay_of_old_logs_keeps_what_it_sent_for_its_retention(
     """Retention counts in event time: a site replaying logs from 1970 keeps the windows it
     sent (acked) within an hour of its newest, so a root that takes over can have them sent
     again; the wall clock would have expired them at the first tending."""
-    monkeypatch.setattr("jetstream.runtime.CUBE_INTERVAL_S", 0.05)
+    monkeypatch.setattr("jetstream.dataplane.run.CUBE_INTERVAL_S", 0.05)
     events = [log(1_000 * i, f"d{i % 3}.com", bytes=10 * i) for i in range(45)]
     query = query_from_source(SOURCE, "<test>")
     _, site, _ = site_part(query)

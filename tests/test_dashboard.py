@@ -29,9 +29,10 @@ from jetstream.control.dashboard import (
     DashboardState,
     serve_dashboard,
 )
-from jetstream.control.global_controller import GlobalController, LinkReport, Placement
+from jetstream.control.global_controller import GlobalController
 from jetstream.control.launch import LocalCluster, free_port
 from jetstream.control.servicers import GlobalControllerServicer
+from jetstream.control.state import LinkReport, Placement
 from jetstream.errors import ControlPlaneError
 from jetstream.lab.loggen import LogSpec, write_live
 from jetstream.results import WindowResult

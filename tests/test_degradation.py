@@ -18,15 +18,16 @@ from jetstream.aggtree.planner import Fragment
 from jetstream.approx.policy import LinkPolicy
 from jetstream.control.daemons import link_measurements
 from jetstream.control.server import start_server
-from jetstream.keydict import KeyEncoder
-from jetstream.partials import encode_batch
+from jetstream.dataplane.keydict import KeyEncoder
+from jetstream.dataplane.options import Assignment, SiteOptions
+from jetstream.dataplane.partials import ENDED, encode_batch
+from jetstream.dataplane.site import SiteRuntime
 from jetstream.queryfile import query_from_source
 from jetstream.results import WindowResult
-from jetstream.runtime import ENDED, Assignment, SiteOptions, SiteRuntime
 from jetstream.v1 import dataplane_pb2 as pb
 from jetstream.v1 import dataplane_pb2_grpc as rpc
 from tests.conftest import log, spec_of
-from tests.test_aggregator import site_batches, split
+from tests.test_merger import site_batches, split
 
 SOURCE = """
 import jetstream as js

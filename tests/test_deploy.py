@@ -23,7 +23,7 @@ import yaml
 from jetstream.aggtree.loader import load_topology
 from jetstream.aggtree.planner import plan_query
 from jetstream.aggtree.topology import Topology
-from jetstream.cli import _parser
+from jetstream.cli import parser
 from jetstream.queryfile import load_query
 from jetstream.units import parse_bandwidth
 
@@ -54,7 +54,7 @@ def parse(service: str) -> argparse.Namespace:
     errors = io.StringIO()
     try:
         with contextlib.redirect_stderr(errors):
-            return _parser().parse_args(argv(service))
+            return parser().parse_args(argv(service))
     except SystemExit:
         pytest.fail(f"service {service} runs `{line}`, which the CLI refuses:\n"
                     f"{errors.getvalue().strip()}")

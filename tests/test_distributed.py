@@ -18,17 +18,18 @@ from jetstream.aggtree.planner import Fragment
 from jetstream.cli import main
 from jetstream.control.launch import LocalCluster, replay
 from jetstream.control.server import start_server
+from jetstream.dataplane.options import Assignment, SiteOptions
+from jetstream.dataplane.partials import PartialBatch, encode_batch
+from jetstream.dataplane.site import SiteRuntime
+from jetstream.dataplane.transport import PartialSender
 from jetstream.errors import ControlPlaneError
 from jetstream.local import run_local
-from jetstream.partials import PartialBatch, encode_batch
 from jetstream.queryfile import load_query, query_from_source
 from jetstream.results import WindowResult
-from jetstream.runtime import Assignment, SiteOptions, SiteRuntime
-from jetstream.transport import PartialSender
 from jetstream.v1 import dataplane_pb2 as pb
 from jetstream.v1 import dataplane_pb2_grpc as rpc
 from tests.conftest import log, spec_of
-from tests.test_aggregator import site_batches, split
+from tests.test_merger import site_batches, split
 
 ROOT = Path(__file__).resolve().parent.parent
 LOGS = ROOT / "examples" / "logs"

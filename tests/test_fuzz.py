@@ -43,11 +43,12 @@ from jetstream.approx.items import from_items, to_items
 from jetstream.approx.sketches import ApproxCountDistinct, ApproxQuantile, TopKItems
 from jetstream.approx.truncate import exact_partial
 from jetstream.control.server import MAX_MESSAGE_BYTES, start_server
+from jetstream.dataplane.partials import MAX_PAYLOAD_BYTES, PartialBatch, decode_batch, encode_batch
+from jetstream.dataplane.servicer import DataPlaneServicer
+from jetstream.dataplane.transport import PartialSender
 from jetstream.errors import DataError, PlacementError, PlanError
 from jetstream.operators import Phase, WindowAggregate
-from jetstream.partials import MAX_PAYLOAD_BYTES, PartialBatch, decode_batch, encode_batch
 from jetstream.queryfile import load_query, query_from_source
-from jetstream.transport import DataPlaneServicer, PartialSender
 from jetstream.v1 import dataplane_pb2 as pb
 from jetstream.v1 import dataplane_pb2_grpc as rpc
 from jetstream.v1 import query_pb2

@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 
 import jetstream as js
 from jetstream import col
-from jetstream.cubes import CubeStore
+from jetstream.dataplane.cubes import CubeStore
+from jetstream.dataplane.history import plan_history
+from jetstream.dataplane.partials import PartialBatch, decode_batch, encode_batch
 from jetstream.errors import PlanError
-from jetstream.history import plan_history
-from jetstream.partials import PartialBatch, decode_batch, encode_batch
-from jetstream.runtime import distributed, site_part
+from jetstream.rewrite import distributed, site_part
 from tests.conftest import log
 
 LOGS = js.source("cdn_logs", schema=js.CDN_LOG_SCHEMA)
@@ -266,7 +266,7 @@ def test_history_of_a_live_query_from_the_sites_cubes_equals_the_reference(
 
 
 def test_history_times_are_durations_ago_iso_times_or_epoch_ms() -> None:
-    from jetstream.cli import parse_time
+    from jetstream.cli.operate import parse_time
 
     now = 1_795_520_000_000
     assert parse_time("1h", now, "--since") == now - HOUR
@@ -278,7 +278,7 @@ def test_history_times_are_durations_ago_iso_times_or_epoch_ms() -> None:
 
 
 def test_a_backfilled_query_runs_live_from_the_seam_and_takes_tumbling_windows_only() -> None:
-    from jetstream.history import seamed
+    from jetstream.dataplane.history import seamed
 
     query = history(kept(LOGS).window(js.tumbling("1m")).group_by("domain")
                     .agg(n=js.count()))
@@ -324,7 +324,7 @@ def busy_records(seed: int, domains: int, ips: int, n: int) -> dict[str, list[di
 def thin_answers(tmp_path: Path, query: js.Query, records: dict[str, list[dict[str, Any]]]
                  ) -> tuple[Any, list[Any]]:
     """Each site's answer to ``query`` over a link that carries a twelfth of it, read back."""
-    from jetstream.history import degraded_answer
+    from jetstream.dataplane.history import degraded_answer
 
     how = plan(query)
     stored = distributed(STORED)
@@ -399,9 +399,10 @@ def test_a_filter_on_a_key_a_stored_step_changes_and_a_map_are_refused() -> None
 def test_a_site_refuses_a_resolution_or_a_range_it_does_not_keep(tmp_path: Path) -> None:
     from jetstream.aggtree.topology import Server
     from jetstream.control.site_controller import SiteController
+    from jetstream.dataplane.options import SiteOptions
+    from jetstream.dataplane.site import SiteRuntime
     from jetstream.errors import ControlPlaneError
     from jetstream.planwire import query_to_proto
-    from jetstream.runtime import SiteOptions, SiteRuntime
     from jetstream.v1 import control_pb2
 
     runtime = SiteRuntime("ams", SiteOptions(cubes=True, state_dir=tmp_path,

@@ -17,9 +17,9 @@ from jetstream.aggregates import Aggregate, CountDistinct, Quantile
 from jetstream.approx.holistic import sketched
 from jetstream.approx.levels import HOLISTIC_SIZES
 from jetstream.approx.truncate import exact_partial
+from jetstream.dataplane.partials import PartialBatch, decode_batch, encode_batch, summarised
 from jetstream.local import finish_from_partials
-from jetstream.partials import PartialBatch, decode_batch, encode_batch, summarised
-from jetstream.runtime import distributed, partial_aggregate
+from jetstream.rewrite import distributed, partial_aggregate
 from tests.conftest import log
 from tests.test_aggregates import rank_interval
 

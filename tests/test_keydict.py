@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 
 import jetstream as js
 from jetstream.approx.truncate import BoundedPartial
+from jetstream.dataplane.keydict import KeyDecoder, KeyEncoder
+from jetstream.dataplane.partials import PartialBatch, decode_batch, encode_batch, summarised
 from jetstream.errors import DataError
-from jetstream.keydict import KeyDecoder, KeyEncoder
 from jetstream.operators import Phase, WindowAggregate
-from jetstream.partials import PartialBatch, decode_batch, encode_batch, summarised
 from jetstream.v1 import dataplane_pb2 as pb
 
 # Two key columns of different types, so that 1 and "1" and 1.0 meet in the tables.

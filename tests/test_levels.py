@@ -11,7 +11,7 @@ from jetstream.approx.items import ItemsSketch
 from jetstream.approx.levels import Encoding, Ranking, ladder, ranking
 from jetstream.approx.policy import LinkPolicy
 from jetstream.approx.truncate import exact_partial
-from jetstream.runtime import distributed, partial_aggregate
+from jetstream.rewrite import distributed, partial_aggregate
 
 LOGS = js.source("cdn_logs", schema=js.CDN_LOG_SCHEMA)
 GROUPED = LOGS.window(js.tumbling("10s")).group_by("domain")
@@ -97,8 +97,8 @@ def test_a_sender_that_makes_no_sketch_does_not_load_datasketches() -> None:
     code = ("import sys\n"
             "import jetstream as js\n"
             "from jetstream.approx.levels import ladder, ranking\n"
-            "from jetstream.runtime import distributed, partial_aggregate\n"
-            "import jetstream.stage.forms, jetstream.stage.job, jetstream.uplink\n"
+            "from jetstream.rewrite import distributed, partial_aggregate\n"
+            "import jetstream.stage.forms, jetstream.stage.job, jetstream.dataplane.uplink\n"
             "logs = js.source('cdn_logs', schema=js.CDN_LOG_SCHEMA)\n"
             "q = distributed(js.Query('q', logs.window(js.tumbling('10s')).group_by('domain')"
             ".agg(n=js.count()).top_k(10, by='n')))\n"

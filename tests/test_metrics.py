@@ -31,15 +31,17 @@ from jetstream.aggtree.planner import Fragment
 from jetstream.control.global_controller import GlobalController
 from jetstream.control.launch import LocalCluster, free_port
 from jetstream.control.server import start_server
+from jetstream.dataplane.options import Assignment, SiteOptions
+from jetstream.dataplane.partials import ENDED
+from jetstream.dataplane.site import SiteRuntime
 from jetstream.lab.loggen import LogSpec, write_logs
 from jetstream.queryfile import query_from_source
 from jetstream.results import WindowResult
-from jetstream.runtime import ENDED, Assignment, SiteOptions, SiteRuntime
 from jetstream.stage.job import StageStats
 from jetstream.v1 import dataplane_pb2_grpc as rpc
 from tests.conftest import log, plan_of, spec_of
-from tests.test_aggregator import site_batches, split
 from tests.test_control import FakeSites, address
+from tests.test_merger import site_batches, split
 
 ROOT = Path(__file__).resolve().parent.parent
 TOPOLOGY = ROOT / "topologies" / "local-3dc.yaml"

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 import jetstream as js
 from jetstream.approx.items import to_items
 from jetstream.approx.truncate import exact_partial
+from jetstream.dataplane.partials import PartialBatch, decode_batch, encode_batch
 from jetstream.errors import DataError
 from jetstream.operators import Phase, WindowAggregate
-from jetstream.partials import PartialBatch, decode_batch, encode_batch
 from jetstream.v1 import dataplane_pb2 as pb
 
 LOGS = js.source("cdn_logs", schema=js.CDN_LOG_SCHEMA)

@@ -14,24 +14,26 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jetstream as js
-from jetstream.aggregator import WindowMerger
 from jetstream.aggtree.planner import Fragment
 from jetstream.approx.levels import Ranking, ranking
 from jetstream.approx.rounds import Ask, answer, exact_rows, first_answer, next_asks, settled
 from jetstream.approx.truncate import BoundedPartial, exact_partial, merge_bounded, top_k_bounds
-from jetstream.asks import KEPT_WINDOWS, Answerer, ask_from_proto, ask_to_proto
 from jetstream.control.server import start_server
+from jetstream.dataplane.asks import KEPT_WINDOWS, Answerer, ask_from_proto, ask_to_proto
+from jetstream.dataplane.merger import WindowMerger
+from jetstream.dataplane.options import Assignment, SiteOptions
+from jetstream.dataplane.partials import ENDED, PartialBatch, encode_batch
+from jetstream.dataplane.site import SiteRuntime
+from jetstream.dataplane.transport import PartialSender
 from jetstream.errors import ControlPlaneError, DataError
 from jetstream.operators import Phase, WindowAggregate
-from jetstream.partials import PartialBatch, encode_batch
 from jetstream.queryfile import query_from_source
-from jetstream.runtime import ENDED, Assignment, SiteOptions, SiteRuntime, distributed
-from jetstream.transport import PartialSender
+from jetstream.rewrite import distributed
 from jetstream.v1 import dataplane_pb2 as pb
 from jetstream.v1 import dataplane_pb2_grpc as rpc
 from tests.conftest import log, spec_of
-from tests.test_aggregator import site_batches, split
 from tests.test_degradation import root_site
+from tests.test_merger import site_batches, split
 from tests.tput_reference import tput
 
 AGGREGATE = WindowAggregate(

@@ -17,22 +17,23 @@ from hypothesis import strategies as st
 
 import jetstream as js
 from jetstream import metrics
-from jetstream import uplink as uplink_module
-from jetstream.aggregator import ENDED, MergedWindow, WindowMerger
 from jetstream.approx.items import to_items
 from jetstream.approx.levels import Ranking, ranking
 from jetstream.approx.truncate import exact_partial
 from jetstream.control.server import start_server
-from jetstream.cubes import CubeStore
+from jetstream.dataplane import uplink as uplink_module
+from jetstream.dataplane.cubes import CubeStore
+from jetstream.dataplane.merger import MergedWindow, WindowMerger
+from jetstream.dataplane.options import SiteOptions
+from jetstream.dataplane.partials import ENDED, PartialBatch, encode_batch
+from jetstream.dataplane.router import Router, own_rows, split_batch, top_k_candidates
+from jetstream.dataplane.servicer import DataPlaneServicer
+from jetstream.dataplane.transport import PartialSender
+from jetstream.dataplane.uplink import Uplink
 from jetstream.operators import WindowAggregate
-from jetstream.partials import PartialBatch, encode_batch
-from jetstream.router import Router, own_rows, split_batch, top_k_candidates
-from jetstream.runtime import SiteOptions
-from jetstream.transport import DataPlaneServicer, PartialSender
-from jetstream.uplink import Uplink
 from jetstream.v1 import dataplane_pb2_grpc as rpc
 from tests.conftest import log
-from tests.test_aggregator import (
+from tests.test_merger import (
     EVENTS,
     QUERIES,
     SITES,
@@ -299,9 +300,9 @@ def test_a_restarted_worker_sends_revisions_that_replace_the_dead_ones() -> None
     import itertools
 
     from jetstream import metrics
-    from jetstream.aggregator import MergedWindow
-    from jetstream.runtime import SiteOptions
-    from jetstream.uplink import Uplink
+    from jetstream.dataplane.merger import MergedWindow
+    from jetstream.dataplane.options import SiteOptions
+    from jetstream.dataplane.uplink import Uplink
 
     query = js.Query("q", QUERIES[0])
     optimized, site_query, partial = split(query)

@@ -26,30 +26,33 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 import jetstream as js
 from jetstream.aggtree.loader import load_topology
 from jetstream.aggtree.planner import Fragment
-from jetstream.cli import DEFAULT_TOPOLOGY, main
+from jetstream.cli import main
+from jetstream.cli.common import DEFAULT_TOPOLOGY
 from jetstream.control.client import ControllerClient
 from jetstream.control.daemons import run_controller, run_site
 from jetstream.control.launch import free_port
-from jetstream.control.security import (
+from jetstream.control.server import start_server
+from jetstream.dataplane.options import Assignment, SiteOptions
+from jetstream.dataplane.partials import PartialBatch, decode_batch, encode_batch
+from jetstream.dataplane.servicer import DataPlaneServicer
+from jetstream.dataplane.site import SiteRuntime
+from jetstream.dataplane.transport import PartialSender
+from jetstream.errors import ControlPlaneError
+from jetstream.operators import Phase, WindowAggregate
+from jetstream.queryfile import query_from_source
+from jetstream.security import (
     Identity,
     Security,
     http_authorized,
     make_dev_certs,
     peer_identity,
 )
-from jetstream.control.server import start_server
-from jetstream.errors import ControlPlaneError
-from jetstream.operators import Phase, WindowAggregate
-from jetstream.partials import PartialBatch, decode_batch, encode_batch
-from jetstream.queryfile import query_from_source
-from jetstream.runtime import Assignment, SiteOptions, SiteRuntime
-from jetstream.transport import DataPlaneServicer, PartialSender
 from jetstream.v1 import control_pb2 as pb
 from jetstream.v1 import control_pb2_grpc as rpc
 from jetstream.v1 import dataplane_pb2 as dataplane_pb
 from jetstream.v1 import dataplane_pb2_grpc as dataplane_rpc
 from tests.conftest import log, spec_of
-from tests.test_aggregator import site_batches, split
+from tests.test_merger import site_batches, split
 
 
 @pytest.fixture(scope="module")

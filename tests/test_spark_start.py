@@ -20,9 +20,10 @@ from jetstream.aggtree.loader import parse_topology
 from jetstream.control.client import ControllerClient
 from jetstream.control.daemons import run_controller, run_site
 from jetstream.control.global_controller import GlobalController
-from jetstream.control.security import Security
 from jetstream.control.site_controller import SiteController
-from jetstream.runtime import SiteOptions, SiteRuntime
+from jetstream.dataplane.options import SiteOptions
+from jetstream.dataplane.site import SiteRuntime
+from jetstream.security import Security
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "cdn_topk.py"
@@ -164,7 +165,8 @@ def test_a_site_launches_its_jvm_again_when_the_first_launch_fails(tmp_path: Pat
     wrapper.chmod(0o755)
     done = subprocess.run(
         [sys.executable, "-c", "import logging; logging.basicConfig(); "
-         "from jetstream.runtime import SiteOptions, SiteRuntime; "
+         "from jetstream.dataplane.options import SiteOptions; "
+         "from jetstream.dataplane.site import SiteRuntime; "
          "spark = SiteRuntime('solo', SiteOptions(spark_master='local[1]'), "
          "lambda *_: None).session(); print('ROWS', spark.range(3).count())"],
         capture_output=True, text=True, cwd=ROOT, timeout=300,

@@ -14,10 +14,10 @@ import pytest
 import jetstream as js
 from jetstream import col
 from jetstream.aggtree.planner import Fragment
+from jetstream.dataplane.run import merge_inputs
 from jetstream.errors import PlanError
 from jetstream.operators import Where
 from jetstream.rewrite import distributed
-from jetstream.runtime import merge_inputs
 from jetstream.stage.check import check_stage, local_inputs, source_of
 from jetstream.stage.inputs import StageInput, source_folder
 

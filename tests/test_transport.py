@@ -13,13 +13,12 @@ import grpc
 import pytest
 
 import jetstream as js
-from jetstream import transport
 from jetstream.approx.policy import LinkPolicy, degradation_ladder
 from jetstream.control.server import start_server
-from jetstream.cubes import CubeStore
-from jetstream.operators import Phase, WindowAggregate
-from jetstream.partials import PartialBatch, encode_batch
-from jetstream.transport import (
+from jetstream.dataplane import servicer
+from jetstream.dataplane.cubes import CubeStore
+from jetstream.dataplane.partials import PartialBatch, encode_batch
+from jetstream.dataplane.transport import (
     MAX_WINDOW_BYTES,
     MIN_PART_BYTES,
     MIN_WINDOW_BYTES,
@@ -27,6 +26,7 @@ from jetstream.transport import (
     PartialSender,
     _Window,
 )
+from jetstream.operators import Phase, WindowAggregate
 from jetstream.v1 import dataplane_pb2 as pb
 from jetstream.v1 import dataplane_pb2_grpc as rpc
 
@@ -485,7 +485,7 @@ def test_a_full_window_holds_the_next_message_until_an_ack() -> None:
 def test_parts_that_make_no_message_are_refused_and_other_senders_go_on(
         receiver: Receiver, monkeypatch: pytest.MonkeyPatch,
         stream: list[pb.PushMessage], refusal: str) -> None:
-    monkeypatch.setattr(transport, "MAX_MESSAGE_BYTES", 1_000)
+    monkeypatch.setattr(servicer, "MAX_MESSAGE_BYTES", 1_000)
     good = sender_to(receiver.port)
     try:
         stub = rpc.DataPlaneStub(grpc.insecure_channel(f"127.0.0.1:{receiver.port}"))

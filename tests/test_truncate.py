@@ -21,7 +21,7 @@ from jetstream.approx.truncate import (
 )
 from jetstream.operators import WindowAggregate
 from tests.conftest import log
-from tests.test_aggregator import LOGS, split
+from tests.test_merger import LOGS, split
 
 QUERY = js.Query("cdn-topk", LOGS.window(js.tumbling("10s"), watermark="1m")
                  .group_by("domain")

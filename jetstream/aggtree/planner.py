@@ -65,7 +65,8 @@ class Fragment:
     #: top rows, then what the parent asks for, instead of every row.
     rounds: bool = False
     #: The bandwidth the plan gives its link to its parent (bit/s), where its sender starts
-    #: (jetstream.transport); its acks tell it the rest, so a new figure alone is no new plan.
+    #: (jetstream.dataplane.transport); its acks tell it the rest, so a new figure alone is no
+    #: new plan.
     uplink_bps: float | None = field(default=None, compare=False)
 
     @property

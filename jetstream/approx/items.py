@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from jetstream.aggregates import Aggregate, Count, Sum, check_int
-from jetstream.approx.sketches import MAX_LG_MAX_K, check_frequent_strings, datasketches
+from jetstream.approx.sketches import MAX_LG_MAX_K
+from jetstream.approx.summaries import check_frequent_strings, datasketches
 from jetstream.approx.truncate import BoundedPartial, bounds
 from jetstream.errors import DataError
 from jetstream.operators import WindowAggregate

@@ -9,12 +9,12 @@ from typing import Any
 
 import grpc
 
-from jetstream.control.security import Security
 from jetstream.dsl import Query
 from jetstream.errors import ControlPlaneError
 from jetstream.planwire import query_to_proto
 from jetstream.queryfile import load_query
 from jetstream.results import WindowResult
+from jetstream.security import Security
 from jetstream.v1 import control_pb2 as pb
 from jetstream.v1 import control_pb2_grpc as rpc
 from jetstream.v1 import query_pb2
@@ -88,7 +88,7 @@ class ControllerClient:
                 ) -> pb.HistoryResponse:
         """The results of ``query`` (or the query file at that path, run here once) over the
         windows inside ``[since_ms, until_ms)`` (event time, epoch ms), answered from the
-        sites' cubes of a query that ran (see :mod:`jetstream.history`); each result has
+        sites' cubes of a query that ran (see :mod:`jetstream.dataplane.history`); each result has
         ``history`` set (``wire.result_from_proto`` reads them)."""
         response: pb.HistoryResponse = self._call("History", pb.HistoryRequest(
             query=self._spec(query), since_ms=since_ms, until_ms=until_ms), timeout_s=120.0)

@@ -20,22 +20,20 @@ import grpc
 from jetstream.aggtree.planner import Fragment
 from jetstream.aggtree.topology import Server, Topology
 from jetstream.control.dashboard import serve_dashboard
-from jetstream.control.global_controller import (
-    GlobalController,
-    QueryState,
-    SiteCalls,
-    beat_spacing,
-)
-from jetstream.control.security import Security
+from jetstream.control.global_controller import GlobalController
 from jetstream.control.server import start_server
 from jetstream.control.servicers import GlobalControllerServicer, SiteControllerServicer
+from jetstream.control.site_calls import SiteCalls, beat_spacing
 from jetstream.control.site_controller import SiteController
+from jetstream.control.state import QueryState
 from jetstream.control.wire import fragment_to_proto, placement_to_proto, server_from_proto
 from jetstream.control.workers import WorkerPool
+from jetstream.dataplane.options import LinkState, SiteOptions
+from jetstream.dataplane.site import SiteRuntime
 from jetstream.errors import ControlPlaneError
 from jetstream.metrics import serve_metrics
 from jetstream.results import WindowResult
-from jetstream.runtime import LinkState, SiteOptions, SiteRuntime
+from jetstream.security import Security
 from jetstream.v1 import control_pb2 as pb
 from jetstream.v1 import control_pb2_grpc as rpc
 from jetstream.v1 import dataplane_pb2_grpc as dataplane_rpc

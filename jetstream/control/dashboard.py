@@ -26,8 +26,8 @@ from typing import Any
 import networkx as nx
 
 from jetstream.control.global_controller import GlobalController
-from jetstream.control.security import http_authorized
 from jetstream.metrics import link_name
+from jetstream.security import http_authorized
 
 __all__ = ["HISTORY", "Dashboard", "DashboardState", "serve_dashboard"]
 

@@ -12,35 +12,42 @@ planning are :mod:`jetstream.rewrite` and :mod:`jetstream.aggtree`.
 from __future__ import annotations
 
 import base64
-import concurrent.futures
 import contextlib
 import copy
 import dataclasses
-import datetime as dt
 import functools
-import hashlib
 import json
 import logging
 import math
-import os
-import queue
 import threading
 import time
-import urllib.parse
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import MappingProxyType
-from typing import NamedTuple, TypeVar
 
 import networkx as nx
 
 from jetstream import metrics
 from jetstream.aggtree.planner import Fragment, PhysicalPlan, plan_query
 from jetstream.aggtree.topology import Link, Topology
-from jetstream.dsl import Query
-from jetstream.errors import ControlPlaneError, JetstreamError, PlacementError, PlanError
-from jetstream.history import (
+from jetstream.control.results_hub import MAX_RESULTS, ResultsHub, utc, write_atomically
+from jetstream.control.site_calls import (
+    BEATS_PER_TIMEOUT,
+    MAX_HEARTBEAT_SPACING_S,
+    call_now,
+    heartbeat_spacing,
+)
+from jetstream.control.state import (
+    ControllerView,
+    LinkReport,
+    Measurement,
+    Placement,
+    QueryState,
+    QueryView,
+    SiteState,
+    SiteView,
+)
+from jetstream.dataplane.history import (
     HISTORY_BUDGET_S,
     HistoryAnswer,
     ReadCubes,
@@ -48,392 +55,28 @@ from jetstream.history import (
     plan_history,
     seamed,
 )
+from jetstream.dsl import Query
+from jetstream.errors import ControlPlaneError, JetstreamError, PlacementError, PlanError
 from jetstream.operators import Source
 from jetstream.planwire import query_from_bytes, query_from_proto, query_to_proto
 from jetstream.results import WindowResult
-from jetstream.rewrite import explain
-from jetstream.runtime import distributed, partial_aggregate
+from jetstream.rewrite import distributed, explain, partial_aggregate
 from jetstream.stage.check import check_stage
 from jetstream.v1.query_pb2 import QueryPlan
 
-__all__ = ["REPLAN_BANDWIDTH_CHANGE", "GlobalController", "LinkReport", "Measurement",
-           "Placement", "QueryState", "SiteCalls", "SiteState", "beat_spacing",
-           "call_now", "heartbeat_spacing"]
+__all__ = ["REPLAN_BANDWIDTH_CHANGE", "GlobalController"]
 
 log = logging.getLogger(__name__)
 
 #: A measured bandwidth this far (relative) from the planned one triggers a re-plan.
 REPLAN_BANDWIDTH_CHANGE = 0.25
 
-#: The results kept per query (the newest); a subscriber further behind skips the older.
-MAX_RESULTS = 10_000
-
-#: What a heartbeat and its answer put on a link, both ways, with their TLS, HTTP/2 and
-#: TCP/IP framing and the TCP acks (about 600 B, measured on a 4 kbit/s emulated link).
-HEARTBEAT_WIRE_BYTES = 600
-#: The share of a site's link its heartbeats may take (its fastest: the controller is
-#: reached by the best way out). Each one holds up what the link carries behind it: a
-#: window's last partial or progress report that meets one waits for it.
-HEARTBEAT_SHARE = 0.05
-#: The longest a site waits between heartbeats, however thin its link is measured.
-MAX_HEARTBEAT_SPACING_S = 30.0
-#: A site is taken for dead once it has been silent for this many of its heartbeat intervals,
-#: where its interval was stretched for a thin link (else after the controller's timeout).
-BEATS_PER_TIMEOUT = 3
-
-
-def beat_spacing(link_bps: float | None) -> float:
-    """The least time between two heartbeats for them to take no more than
-    :data:`HEARTBEAT_SHARE` of a link of ``link_bps`` (0 for None: no link known), at most
-    :data:`MAX_HEARTBEAT_SPACING_S`."""
-    if not link_bps or link_bps <= 0:
-        return 0.0
-    return min(HEARTBEAT_WIRE_BYTES * 8 / (HEARTBEAT_SHARE * link_bps), MAX_HEARTBEAT_SPACING_S)
-
-
-def heartbeat_spacing(topology: Topology, site: str) -> float:
-    """:func:`beat_spacing` for the fastest of ``site``'s links as configured: a site whose
-    every link is thin beats less often. (A site stretches it further where its senders
-    measure its links thinner, and says so in each heartbeat.)"""
-    return beat_spacing(max((link.bandwidth_bps for link in topology.links
-                             if site in link.ends), default=None))
 
 #: Deploys one fragment to the site controller at an address; returns (piece, server) pairs.
 Deployer = Callable[[str, Fragment, "QueryState"], list[tuple[str, str]]]
 Stopper = Callable[[str, str], None]
 #: Makes a call to one site's controller (named first): now, or later (see SiteCalls).
 Dispatch = Callable[[str, Callable[[], None]], None]
-
-
-def call_now(site: str, call: Callable[[], None]) -> None:
-    """Make a call to ``site`` at once, on the caller's thread."""
-    call()
-
-
-T = TypeVar("T")
-
-
-class SiteCalls:
-    """Makes the global controller's calls to each site controller on a thread of that
-    site's, in the order they were asked for, so that no call holds the controller's lock:
-    one that waits out its deadline on a site that does not answer delays neither the
-    heartbeats nor the calls to other sites."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._queues: dict[str, queue.SimpleQueue[Callable[[], None] | None]] = {}
-
-    def __call__(self, site: str, call: Callable[[], None]) -> None:
-        with self._lock:
-            calls = self._queues.get(site)
-            if calls is None:
-                calls = self._queues[site] = queue.SimpleQueue()
-                threading.Thread(target=self._run, args=(site, calls), daemon=True,
-                                 name=f"calls-to-{site}").start()
-        calls.put(call)
-
-    def wait(self, site: str, call: Callable[[], T], timeout_s: float) -> T:
-        """Make ``call`` on the site's thread, after the calls already asked for (a deploy
-        under way lands first), and return what it returns or raise what it raises.
-
-        Raises
-        ------
-        ControlPlaneError
-            If it has not been made within ``timeout_s``.
-        """
-        future: concurrent.futures.Future[T] = concurrent.futures.Future()
-
-        def run() -> None:
-            if not future.set_running_or_notify_cancel():
-                return
-            try:
-                future.set_result(call())
-            except BaseException as e:
-                future.set_exception(e)
-
-        self(site, run)
-        try:
-            return future.result(timeout_s)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            msg = f"site {site}: the calls before this one took over {timeout_s:g}s"
-            raise ControlPlaneError(msg) from None
-
-    def close(self) -> None:
-        """Let each site's thread end once the calls already asked for are made."""
-        with self._lock:
-            for calls in self._queues.values():
-                calls.put(None)
-            self._queues.clear()
-
-    @staticmethod
-    def _run(site: str, calls: queue.SimpleQueue[Callable[[], None] | None]) -> None:
-        while (call := calls.get()) is not None:
-            try:
-                call()
-            except Exception:  # one failed call must not stop the site's later ones
-                log.exception("a call to site %s failed", site)
-
-
-@dataclass(frozen=True)
-class LinkReport:
-    """What a site's heartbeat says of one query's link to its parent."""
-
-    level: str
-    level_index: int  # 0 exact, higher coarser
-    pinned: bool
-    sent_bytes: int  # by the site's current sender: starts again at 0 when it is replaced
-
-
-@dataclass(frozen=True)
-class Measurement:
-    """A link's bandwidth as a site's heartbeat last said it."""
-
-    bandwidth_bps: float
-    at: float  # the controller's clock
-    site: str  # the link's ends: the site that measured it, and its peer
-    peer: str
-
-
-class Placement(NamedTuple):
-    """Which of a site's servers runs a piece of a query, and in which process: as the site
-    deployed it (no pid yet), then as its heartbeats say (workers restart)."""
-
-    query: str
-    piece: str  # "local stage", "merge", "final 2/3", ...
-    server: str
-    pid: int = 0
-    address: str = ""
-    state: str = ""  # "running", "starting", "restarting"; empty: not reported yet
-
-
-@dataclass
-class SiteState:
-    name: str
-    address: str | None = None
-    last_seen: float | None = None
-    alive: bool = False
-    placements: list[Placement] = field(default_factory=list)
-    input_bytes: int = 0  # raw logs landed in its input folder, as its last heartbeat said
-    links: dict[str, LinkReport] = field(default_factory=dict)  # query -> its link's report
-    interval_s: float = 0.0  # until its next heartbeat, as its last one said (0: not said)
-
-
-@dataclass
-class QueryState:
-    name: str
-    spec: bytes  # the query's plan as submitted (a serialized QueryPlan): what sites get
-    query: Query
-    plan: PhysicalPlan | None = None
-    state: str = "running"  # running | degraded | finished | cancelled
-    detail: str = ""
-    replans: int = 0
-    version: int = 0
-    deployed: set[str] = field(default_factory=set)  # sites that hold the current fragment
-    expected: tuple[str, ...] = ()  # every source site of the query, alive or not
-    failures: dict[str, str] = field(default_factory=dict)  # site -> why its stage failed
-    backfill: str = ""  # what its backfill from the cubes did, readable
-    #: Since the root last failed over: where the sites start sending again (see
-    #: ResultsHub.unsettled_from); 0: the root never has.
-    resend_from_ms: int = 0
-
-    @property
-    def active(self) -> bool:
-        return self.state in ("running", "degraded")
-
-
-class ResultsHub:
-    """Window results per query, to every subscriber (StreamResults) as they arrive; the
-    newest ``keep`` of each query. With a ``folder``, also appended there (one JSON line a
-    result, a file a query) and read back when a restarted controller makes its hub.
-
-    Exactly one result per (window, revision): a root that restarts merges its inbox again
-    and publishes windows it had published, from revision 0. A repeat of what the window's
-    newest result says is dropped; anything else under a revision already used goes out under
-    the next one: the root's newest word on the window is what a reader keeps. A result
-    that covers fewer sites than the window's newest is dropped: a root that took over from a
-    dead one lacks what that one had merged, and would otherwise take back a whole answer.
-    """
-
-    def __init__(self, folder: Path | None = None, keep: int = MAX_RESULTS) -> None:
-        self._lock = threading.Condition()
-        self._results: dict[str, list[WindowResult]] = {}
-        self._dropped: dict[str, int] = {}  # query -> how many old results were let go
-        self._closed: set[str] = set()
-        # query -> window -> (its newest revision published, what that result said, how
-        # many sites it covered, whether every expected site was among them)
-        self._newest: dict[str, dict[tuple[int, int], tuple[int, str, int, bool]]] = {}
-        self._folder, self._keep = folder, keep
-        if folder is not None:
-            folder.mkdir(parents=True, exist_ok=True)
-            for path in sorted(folder.glob("*.jsonl")):
-                lines = path.read_text(encoding="utf-8").splitlines()
-                kept = [r for line in lines if (r := _result(line, path)) is not None][-keep:]
-                if len(kept) < len(lines):  # rewritten whole: appends start on a fresh line
-                    _write_atomically(path, "".join(_line(r) for r in kept))
-                if kept:
-                    self._results[kept[0].query] = kept
-                    for result in kept:
-                        self._admit(result)
-
-    def _file(self, query: str) -> Path | None:
-        if self._folder is None:
-            return None
-        return self._folder / f"{urllib.parse.quote(query, safe='')}.jsonl"
-
-    def _admit(self, result: WindowResult) -> WindowResult | None:
-        """``result`` as it may go out — None for a repeat of its window's newest result,
-        renumbered for something else under a revision already used — noted as the newest."""
-        said = _said(result)
-        newest = self._newest.setdefault(result.query, {})
-        window = (result.window_start, result.window_end)
-        revision, before, covered, _ = newest.get(window, (-1, "", 0, False))
-        reporting = result.sites_reporting or 0
-        if reporting < covered:
-            log.info("query %s: a result of window %s covering %d sites dropped: %d did "
-                     "before", result.query, _utc(result.window_start), reporting, covered)
-            return None
-        if result.revision <= revision:
-            if said == before:
-                return None
-            result = dataclasses.replace(result, revision=revision + 1)
-        newest[window] = (result.revision, said, reporting,
-                          reporting >= (result.sites_expected or 0))
-        return result
-
-    def unsettled_from(self, query: str) -> int:
-        """Where a root taking over must start again (epoch ms, a window start): the first
-        window whose newest result is incomplete, or else the newest two windows published
-        (a window published out of order may be missing before them); 0 with none."""
-        with self._lock:
-            newest = self._newest.get(query, {})
-            if not newest:
-                return 0
-            start, end = max(newest)
-            since = start - (end - start)
-            incomplete = [w[0] for w, (*_, complete) in newest.items() if not complete]
-            return min([since, *incomplete])
-
-    def publish(self, result: WindowResult) -> None:
-        with self._lock:
-            admitted = self._admit(result)
-            if admitted is None:
-                return
-            result = admitted
-            kept = self._results.setdefault(result.query, [])
-            kept.append(result)
-            path = self._file(result.query)
-            if len(kept) >= 2 * self._keep:  # let the oldest half go, in the file too
-                self._dropped[result.query] = self._dropped.get(result.query, 0) + len(
-                    kept) - self._keep
-                del kept[:-self._keep]
-                oldest = min(r.window_start for r in kept)  # forget the windows let go
-                newest = self._newest[result.query]
-                for window in [w for w in newest if w[0] < oldest]:
-                    del newest[window]
-                if path is not None:
-                    _write_atomically(path, "".join(_line(r) for r in kept))
-            elif path is not None:
-                with path.open("a", encoding="utf-8") as out:
-                    out.write(_line(result))
-            self._lock.notify_all()
-
-    def newest(self, query: str, n: int) -> list[WindowResult]:
-        """The newest ``n`` results of ``query``, oldest first (corrections included)."""
-        with self._lock:
-            return self._results.get(query, [])[-n:]
-
-    def reset(self, query: str) -> None:
-        """Forget a finished run's results, for a new query of the same name."""
-        with self._lock:
-            self._results.pop(query, None)
-            self._dropped.pop(query, None)
-            self._newest.pop(query, None)
-            self._closed.discard(query)
-            path = self._file(query)
-            if path is not None:
-                path.unlink(missing_ok=True)
-
-    def close(self, query: str) -> None:
-        with self._lock:
-            self._closed.add(query)
-            self._lock.notify_all()
-
-    def follow(self, query: str, stop: Callable[[], bool]) -> Iterator[WindowResult]:
-        """Every result of ``query``, past and future, until it closes or ``stop()``."""
-        seen = 0  # counted from the first result ever published, let go or not
-
-        def ready() -> bool:
-            return (self._dropped.get(query, 0) + len(self._results.get(query, ())) > seen
-                    or query in self._closed or stop())
-
-        while True:
-            with self._lock:
-                self._lock.wait_for(ready, timeout=0.5)
-                dropped = self._dropped.get(query, 0)
-                seen = max(seen, dropped)
-                fresh = self._results.get(query, [])[seen - dropped:]
-                done = query in self._closed or stop()
-            yield from fresh
-            seen += len(fresh)
-            if done and not fresh:
-                return
-
-
-@dataclass(frozen=True)
-class SiteView:
-    """A site as the controller saw it at one moment (see :class:`ControllerView`)."""
-
-    name: str
-    kind: str
-    address: str | None
-    alive: bool
-    seconds_since_heartbeat: float | None  # None: never heard from
-    placements: tuple[Placement, ...]
-    input_bytes: int
-    links: Mapping[str, LinkReport]  # query -> its link's report
-
-
-@dataclass(frozen=True)
-class QueryView:
-    """A query as the controller saw it at one moment."""
-
-    name: str
-    state: str
-    detail: str
-    replans: int
-    plan: PhysicalPlan | None
-    #: Sites whose local stage of the query failed -> why.
-    failures: Mapping[str, str] = field(default_factory=dict)
-
-    @property
-    def parents(self) -> dict[str, str]:
-        """Each site's parent in the query's current tree."""
-        if self.plan is None:
-            return {}
-        return {f.site: f.parent for f in self.plan.fragments.values() if f.parent}
-
-
-@dataclass(frozen=True)
-class ControllerView:
-    """A read-only snapshot of the controller's state, taken under its lock in one go: what
-    the status call and the dashboard show, so that neither reads the controller's own."""
-
-    topology: Topology
-    sites: tuple[SiteView, ...]
-    queries: tuple[QueryView, ...]
-    #: Every link that is up (of the topology as measured), with the bytes/s the running
-    #: queries plan to put on it.
-    link_load: tuple[tuple[Link, float], ...]
-    measured_bps: Mapping[frozenset[str], float]  # a link's bandwidth as last measured
-
-    def query(self, name: str) -> QueryView | None:
-        return next((q for q in self.queries if q.name == name), None)
-
-    def parent(self, query: str, site: str) -> str | None:
-        """``site``'s parent in ``query``'s current tree (None: none, or no such query)."""
-        state = self.query(query)
-        return None if state is None else state.parents.get(site)
 
 
 class GlobalController:
@@ -518,7 +161,7 @@ class GlobalController:
                   "replans": q.replans, "version": q.version, "expected": list(q.expected),
                   "resend_from_ms": q.resend_from_ms}
                  for q in self.queries.values()]
-        _write_atomically(self.state_dir / "queries.json",
+        write_atomically(self.state_dir / "queries.json",
                           json.dumps({"root": self.root, "queries": saved}, indent=1))
 
     # -- sites ------------------------------------------------------------------------------
@@ -651,7 +294,7 @@ class GlobalController:
                 state.resend_from_ms = self.results.unsettled_from(state.name)
                 log.warning("query %s: the root %s is dead, %s takes its place; the sites "
                             "send again what they kept of the windows since %s", state.name,
-                            dead, standby, _utc(state.resend_from_ms))
+                            dead, standby, utc(state.resend_from_ms))
         metrics.ROOT_FAILOVERS.inc()
         self._save()
 
@@ -786,7 +429,7 @@ class GlobalController:
                     f"backfilled {len(backfill.results)} window(s) from the "
                     f"{backfill.resolution_ms // 1000} s cubes of {backfill.stored} "
                     f"({backfill.bytes:,} bytes from the sites); live from {seam} "
-                    f"({_utc(seam)})")
+                    f"({utc(seam)})")
             self._deploy_all(state)
             self._save()
             return state
@@ -803,7 +446,7 @@ class GlobalController:
         from the cubes of a query that ran (another name): the seam is the end of that
         query's newest window every site has reported, at a window of ``query``. So the
         cubes hold every window before the seam, and the live query counts only the records
-        at or after it (:func:`~jetstream.history.seamed`): no gap, nothing twice. And the
+        at or after it (:func:`~jetstream.dataplane.history.seamed`): no gap, nothing twice. And the
         seam."""
         with self.lock:
             states = sorted((s for s in self.queries.values() if s.name != query.name),
@@ -835,8 +478,8 @@ class GlobalController:
     def history(self, spec: QueryPlan, since_ms: int, until_ms: int, read: ReadCubes,
                 now_ms: int | None = None) -> HistoryAnswer:
         """Answer the query of ``spec`` over ``[since_ms, until_ms)`` from the cubes the
-        sites keep of a query that ran here (see :mod:`jetstream.history`); ``read`` asks a
-        site for its kept windows. Refused, naming what is missing, when no stored query's
+        sites keep of a query that ran here (see :mod:`jetstream.dataplane.history`); ``read``
+        asks a site for its kept windows. Refused, naming what is missing, when no stored query's
         cubes hold what it needs."""
         query = query_from_proto(spec, allow_code=self.allow_code)
         with self.lock:
@@ -1069,38 +712,3 @@ class GlobalController:
         return [(link, load.get(link.ends, 0.0)) for link in topology.links]
 
 
-def _line(result: WindowResult) -> str:
-    return json.dumps(result.to_dict()) + "\n"
-
-
-def _said(result: WindowResult) -> str:
-    """A digest of what a result says of its window, apart from when and at what cost it
-    came."""
-    text = json.dumps([result.rows, result.exact, result.error_bound, result.sites_reporting,
-                       result.sites_expected, result.missing_sites, result.warnings],
-                      sort_keys=True, default=repr)
-    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
-
-
-def _result(line: str, path: Path) -> WindowResult | None:
-    """A result kept in ``path``; None, with a warning, for a line a crash cut short."""
-    try:
-        return WindowResult(**json.loads(line))
-    except (ValueError, TypeError) as e:
-        log.warning("%s: skipping a damaged result: %s", path, e)
-        return None
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` so that a crash leaves the old file or the new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staged = path.with_name(f".{path.name}.tmp")
-    with staged.open("w", encoding="utf-8") as out:
-        out.write(text)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(staged, path)
-
-
-def _utc(ms: int) -> str:
-    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat(timespec="seconds")

@@ -25,10 +25,10 @@ from types import TracebackType
 
 from jetstream.aggtree.loader import load_topology
 from jetstream.control.client import ControllerClient
-from jetstream.control.security import Security, make_dev_certs
 from jetstream.dsl import Query
 from jetstream.errors import ControlPlaneError
 from jetstream.results import WindowResult
+from jetstream.security import Security, make_dev_certs
 
 __all__ = ["LocalCluster", "free_port", "replay"]
 
@@ -77,7 +77,7 @@ class LocalCluster:
     site in its own network namespace with them); ``site_args`` more flags for a site's
     command. The controller keeps its state in ``logs/controller-state``, so that
     :meth:`restart` of a killed controller takes up its queries again. ``tls_dir`` holds the
-    certificates and token every process uses (see :mod:`jetstream.control.security`); by
+    certificates and token every process uses (see :mod:`jetstream.security`); by
     default a development CA is made for the cluster in ``logs/tls``, for those addresses,
     with a certificate per site (``logs/tls/<site>``), one for the controller and one for the
     CLI, whose folder ``tls_dir`` then is.

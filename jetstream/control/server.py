@@ -11,8 +11,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from jetstream.control.security import Security
-from jetstream.transport import MAX_MESSAGE_BYTES
+from jetstream.dataplane.servicer import MAX_MESSAGE_BYTES
+from jetstream.security import Security
 
 __all__ = ["MAX_MESSAGE_BYTES", "start_server"]
 

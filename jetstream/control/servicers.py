@@ -7,18 +7,14 @@ from typing import NoReturn
 
 import grpc
 
-from jetstream.control.global_controller import (
-    ControllerView,
-    GlobalController,
-    LinkReport,
-    Placement,
-    heartbeat_spacing,
-)
-from jetstream.control.security import peer_identity
+from jetstream.control.global_controller import GlobalController
+from jetstream.control.site_calls import heartbeat_spacing
 from jetstream.control.site_controller import SiteController
+from jetstream.control.state import ControllerView, LinkReport, Placement
 from jetstream.control.wire import assignment_from_proto, placement_to_proto, server_to_proto
+from jetstream.dataplane.history import ReadCubes
 from jetstream.errors import ControlPlaneError, JetstreamError, PlacementError, PlanError
-from jetstream.history import ReadCubes
+from jetstream.security import peer_identity
 from jetstream.v1 import control_pb2 as pb
 from jetstream.v1 import control_pb2_grpc as rpc
 from jetstream.v1 import query_pb2

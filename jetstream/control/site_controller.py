@@ -6,7 +6,7 @@ own process, with its Spark), and each key partition of a merge or final step on
 its own, from the largest down. Given a :class:`~jetstream.control.workers.WorkerPool`, a
 fragment spread over partitions runs them on the servers' workers (one process per server):
 the site controller deploys each partition to its worker, and hands the site's data plane
-(:class:`~jetstream.runtime.SiteRuntime`) their addresses, so that it routes its inputs to
+(:class:`~jetstream.dataplane.site.SiteRuntime`) their addresses, so that it routes its inputs to
 them; when a worker starts again, its partitions are deployed to it again. Without a pool
 (or with one partition) the site's own process merges.
 """
@@ -26,36 +26,25 @@ import grpc
 
 from jetstream.aggtree.planner import Fragment
 from jetstream.aggtree.topology import Server
-from jetstream.control.wire import fragment_to_proto
+from jetstream.control.wire import Piece, fragment_to_proto
 from jetstream.control.workers import WorkerPool
+from jetstream.dataplane.history import degraded_answer
+from jetstream.dataplane.options import Assignment
+from jetstream.dataplane.run import merge_inputs
+from jetstream.dataplane.site import SiteRuntime
+from jetstream.dataplane.uplink import LinkLevel
 from jetstream.errors import ControlPlaneError
-from jetstream.history import degraded_answer
 from jetstream.planwire import query_from_bytes, query_from_proto
-from jetstream.rewrite import distributed
-from jetstream.runtime import Assignment, SiteRuntime, merge_inputs, partial_aggregate
-from jetstream.uplink import LinkLevel
+from jetstream.rewrite import distributed, partial_aggregate
 from jetstream.v1 import control_pb2 as pb
 from jetstream.v1 import control_pb2_grpc as rpc
 
-__all__ = ["Piece", "SiteController"]
+__all__ = ["SiteController"]
 
 log = logging.getLogger(__name__)
 
 #: The deadline of a call from a site controller to one of its workers.
 WORKER_CALL_TIMEOUT_S = 10.0
-
-
-@dataclass(frozen=True)
-class Piece:
-    query: str
-    name: str  # "local stage", "merge 1/2", "final 2/4"
-    server: str
-    pid: int = 0  # the process that runs it: the site's own, or its server's worker
-    address: str = ""  # that process's gRPC address
-    #: Or "starting": a worker not registered yet, a local stage whose Spark starts or warms
-    #: up; "restarting": a worker started again.
-    state: str = "running"
-    on_worker: bool = False
 
 
 @dataclass

@@ -2,21 +2,34 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from jetstream.aggtree.planner import Fragment
 from jetstream.aggtree.topology import Server
+from jetstream.dataplane.options import Assignment
 from jetstream.errors import ControlPlaneError
 from jetstream.planwire import query_from_bytes
-from jetstream.runtime import Assignment
-
-if TYPE_CHECKING:
-    from jetstream.control.site_controller import Piece
 from jetstream.v1 import control_pb2 as pb
 from jetstream.v1 import query_pb2
 
-__all__ = ["assignment_from_proto", "fragment_from_proto", "fragment_to_proto",
+__all__ = ["Piece", "assignment_from_proto", "fragment_from_proto", "fragment_to_proto",
            "placement_to_proto", "server_from_proto", "server_to_proto"]
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A part of a site's fragment of a query, placed on one of its servers (what
+    ``DeployFragment`` answers, and the site's heartbeat reports)."""
+
+    query: str
+    name: str  # "local stage", "merge 1/2", "final 2/4"
+    server: str
+    pid: int = 0  # the process that runs it: the site's own, or its server's worker
+    address: str = ""  # that process's gRPC address
+    #: Or "starting": a worker not registered yet, a local stage whose Spark starts or warms
+    #: up; "restarting": a worker started again.
+    state: str = "running"
+    on_worker: bool = False
 
 
 def fragment_to_proto(fragment: Fragment, spec: bytes, version: int,

@@ -6,7 +6,7 @@ on a worker of its own server: a ``jetstream worker`` process with a data plane 
 controller service of its own, which registers with its site (``RegisterWorker``: its server,
 address and pid) and then takes the partition's fragment like any site would
 (``DeployFragment``). The site's process routes its inputs to the workers
-(:mod:`jetstream.router`) and merges what they send back.
+(:mod:`jetstream.dataplane.router`) and merges what they send back.
 
 :class:`WorkerPool` starts the workers as child processes of the site's, watches them, and
 starts a dead one again (with a higher ``--epoch``, so that what it sends replaces what the
@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 import grpc
 
 from jetstream.aggtree.topology import Server
-from jetstream.control.security import Security
 from jetstream.errors import ControlPlaneError
+from jetstream.security import Security
 
 __all__ = ["REGISTER_TIMEOUT_S", "WorkerPool", "WorkerState"]
 

@@ -22,20 +22,21 @@ from typing import Any
 
 import yaml
 
-from jetstream.aggregator import WindowMerger
 from jetstream.aggtree.loader import load_topology
 from jetstream.approx.levels import Ranking, ladder, ranking
 from jetstream.approx.policy import DegradationLevel
 from jetstream.approx.truncate import TopKBounds, exact_partial, top_k_bounds, truncate
 from jetstream.control.launch import LocalCluster, replay
+from jetstream.dataplane.keydict import KeyDecoder, KeyEncoder
+from jetstream.dataplane.merger import WindowMerger
+from jetstream.dataplane.partials import PartialBatch, decode_batch, encode_batch, summarised
 from jetstream.dsl import Query
-from jetstream.keydict import KeyDecoder, KeyEncoder
 from jetstream.lab.loggen import LogSpec, write_logs
 from jetstream.local import run_local
 from jetstream.operators import WindowAggregate
-from jetstream.partials import PartialBatch, decode_batch, encode_batch, summarised
 from jetstream.results import WindowResult
-from jetstream.runtime import REPLAY_SPARK_CONF, distributed, site_part
+from jetstream.rewrite import distributed, site_part
+from jetstream.stage.spark import REPLAY_SPARK_CONF
 
 __all__ = ["WindowFigures", "run_bench", "through_levels", "top_k_accuracy"]
 
@@ -273,7 +274,7 @@ def _ship_by_window(files: dict[str, list[Path]], edges: list[str], inbox: Path
 
 def _time_local_stage(spark: Any, query: Any, folder: Path, work: Path) -> tuple[float, int]:
     """Seconds the JetStream local stage takes over one site's logs, and their records."""
-    from jetstream.runtime import distributed
+    from jetstream.rewrite import distributed
     from jetstream.stage.job import LocalStage
 
     stage = LocalStage(spark, distributed(query), folder,

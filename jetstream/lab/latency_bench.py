@@ -47,13 +47,14 @@ from typing import Any
 from jetstream.aggtree.loader import load_topology
 from jetstream.aggtree.topology import Topology
 from jetstream.control.launch import LocalCluster
+from jetstream.dataplane.options import SiteOptions
 from jetstream.dsl import Query
 from jetstream.errors import ControlPlaneError, PlanError
 from jetstream.lab.bench import top_k_accuracy
 from jetstream.lab.emulate import HOST_ADDRESS, WideArea
 from jetstream.lab.loggen import LogSpec, write_live
 from jetstream.local import run_local
-from jetstream.runtime import DEFAULT_SPARK_CONF, SiteOptions
+from jetstream.stage.spark import DEFAULT_SPARK_CONF
 from jetstream.units import format_bandwidth, parse_bandwidth
 
 __all__ = ["Landing", "Landings", "LatencyPhase", "WindowLatency", "percentile", "run_latency",

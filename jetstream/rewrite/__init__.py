@@ -13,6 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 from jetstream.dsl import Query, Stream
+from jetstream.errors import PlanError
+from jetstream.operators import WindowAggregate
 from jetstream.plan import LogicalPlan
 from jetstream.rewrite.context import Note, RewriteContext
 from jetstream.rewrite.partition_keys import partition_keys
@@ -20,7 +22,8 @@ from jetstream.rewrite.push_filters import push_filters
 from jetstream.rewrite.push_top_k import push_top_k
 from jetstream.rewrite.split_aggregates import split_aggregates
 
-__all__ = ["RULES", "Note", "RewriteContext", "distributed", "explain", "optimize", "rewrite"]
+__all__ = ["RULES", "Note", "RewriteContext", "distributed", "explain", "optimize",
+           "partial_aggregate", "rewrite", "site_part"]
 
 Rule = Callable[[LogicalPlan, RewriteContext], LogicalPlan]
 
@@ -72,3 +75,25 @@ def explain(query: Query, *, partitions: int = 1, bounds: tuple[Any, ...] | None
             lines.append(f"  {name:<{width}}  {'' if note.fired else 'declined: '}{note.text}")
     lines += ["", "rewritten plan", rewritten.plan().render()]
     return "\n".join(lines)
+
+
+def partial_aggregate(query: Query) -> WindowAggregate:
+    """The partial aggregate of an optimized query: what sites send each other."""
+    plan = query.plan()
+    partials = plan.partial_aggregates()
+    if not partials:
+        msg = (f"query {query.name}: only windowed aggregates run across sites; add "
+               ".window(...).group_by(...).agg(...) or run it with `jetstream local`")
+        raise PlanError(msg)
+    op = plan.op(partials[0])  # a source read twice has one partial per branch, all alike
+    assert isinstance(op, WindowAggregate)
+    return op
+
+
+def site_part(query: Query) -> tuple[Query, WindowAggregate]:
+    """What each site computes of an optimized query: the query up to its partial aggregate
+    (its results are the partial rows a site sends), and that aggregate."""
+    partial = partial_aggregate(query)
+    plan = query.plan()
+    site = Query(f"{query.name}/site", Stream(plan.up_to(plan.partial_aggregates()[0])))
+    return site, partial

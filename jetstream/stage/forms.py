@@ -25,7 +25,8 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 
 from jetstream.aggregates import Aggregate, Count, CountDistinct, Max, Min, Quantile, Sum
-from jetstream.approx.sketches import ApproxCountDistinct, ApproxQuantile, TopKItems, datasketches
+from jetstream.approx.sketches import ApproxCountDistinct, ApproxQuantile, TopKItems
+from jetstream.approx.summaries import datasketches
 from jetstream.errors import PlanError
 from jetstream.expr import Arith, Expr, Lit
 from jetstream.schema import DataType, Schema

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from jetstream.aggregator import ENDED
+from jetstream.dataplane.partials import ENDED
 from jetstream.dsl import Query
 from jetstream.errors import PlanError
 from jetstream.stage.check import Chain, source_of

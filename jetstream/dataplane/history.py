@@ -1,7 +1,8 @@
 """History queries: a windowed aggregate over the past, answered from the sites' cubes.
 
 Every site keeps the windows its own local stages make, rolled up into coarser resolutions
-(10 s -> 1 min -> 1 h by default) and kept for a time per resolution (:mod:`jetstream.cubes`).
+(10 s -> 1 min -> 1 h by default) and kept for a time per resolution
+(:mod:`jetstream.dataplane.cubes`).
 Each source site's own windows cover only its own records, so the union over the sites
 counts every record once, whatever the aggregation tree was. A history query is answered
 from the cubes of a query that ran (its *stored* query) when they hold what it needs —
@@ -14,7 +15,7 @@ from the cubes of a query that ran (its *stored* query) when they hold what it n
   same input; names may differ);
 - a window whose size and slide are multiples of a resolution the sites keep — the stored
   query's tumbling window, or one of the coarser rollups — kept back far enough for the range
-  asked (the sites' default retention, :data:`~jetstream.cubes.DEFAULT_RETENTION`).
+  asked (the sites' default retention, :data:`~jetstream.dataplane.cubes.DEFAULT_RETENTION`).
 
 :meth:`HistoryPlan.finish` turns the sites' stored windows into the history query's results:
 each stored row filtered, its keys cut to the history query's, its aggregates renamed, merged
@@ -41,11 +42,12 @@ from typing import Any
 from jetstream.aggregates import Aggregate
 from jetstream.approx.levels import Ladder, ladder, ranking
 from jetstream.approx.truncate import BoundedPartial, merge_bounded
-from jetstream.cubes import DEFAULT_RETENTION
+from jetstream.dataplane.cubes import DEFAULT_RETENTION
+from jetstream.dataplane.finish import with_top_k_bounds
+from jetstream.dataplane.partials import PartialBatch, decode_batch, encode_batch, summarised
 from jetstream.dsl import Query, Stream
 from jetstream.errors import ControlPlaneError, DataError, PlanError
 from jetstream.expr import Col, Expr
-from jetstream.finish import with_top_k_bounds
 from jetstream.local import finish_from_partials
 from jetstream.operators import (
     Join,
@@ -58,12 +60,10 @@ from jetstream.operators import (
     WindowAggregate,
     WithColumn,
 )
-from jetstream.partials import PartialBatch, decode_batch, encode_batch, summarised
 from jetstream.planwire import query_to_proto
 from jetstream.results import WindowResult
-from jetstream.rewrite import distributed
+from jetstream.rewrite import distributed, partial_aggregate
 from jetstream.rewrite.edit import insert_below, plan_of
-from jetstream.runtime import partial_aggregate
 from jetstream.stage.check import site_chains
 from jetstream.v1 import control_pb2 as pb
 from jetstream.v1 import dataplane_pb2 as dataplane

@@ -13,9 +13,9 @@ import time
 from collections.abc import Callable, Collection
 
 from jetstream import metrics
-from jetstream.aggregator import MergedWindow
 from jetstream.approx.levels import Ranking
 from jetstream.approx.truncate import BoundedPartial, top_k_bounds
+from jetstream.dataplane.merger import MergedWindow
 from jetstream.dsl import Query
 from jetstream.local import finish_from_partials
 from jetstream.operators import WindowAggregate

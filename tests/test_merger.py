@@ -9,11 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jetstream as js
-from jetstream.aggregator import ENDED, MergedWindow, WindowMerger
+from jetstream.dataplane.merger import MergedWindow, WindowMerger
+from jetstream.dataplane.partials import ENDED, PartialBatch, decode_batch, encode_batch
 from jetstream.local import finish_from_partials
 from jetstream.operators import TopK, WindowAggregate
-from jetstream.partials import PartialBatch, decode_batch, encode_batch
-from jetstream.runtime import distributed, site_part
+from jetstream.rewrite import distributed, site_part
 from tests.conftest import log
 
 LOGS = js.source("cdn_logs", schema=js.CDN_LOG_SCHEMA)

@@ -22,12 +22,16 @@ from typing import Any
 from jetstream.aggregates import Sum
 from jetstream.approx.items import ItemsSketch, from_items
 from jetstream.approx.truncate import BoundedPartial, with_bounds
+from jetstream.dataplane.keydict import KeyDecoder
 from jetstream.errors import DataError
-from jetstream.keydict import KeyDecoder
 from jetstream.operators import WindowAggregate
 from jetstream.v1 import dataplane_pb2 as pb
 
-__all__ = ["MAX_PAYLOAD_BYTES", "PartialBatch", "decode_batch", "encode_batch", "summarised"]
+__all__ = ["ENDED", "MAX_PAYLOAD_BYTES", "PartialBatch", "decode_batch", "encode_batch",
+           "summarised"]
+
+#: The watermark of an input that has ended, or is idle: it holds back no window.
+ENDED = 2**63 - 1
 
 #: The largest payload a receiver accepts, compressed or not.
 MAX_PAYLOAD_BYTES = 8 * 1024 * 1024
@@ -69,10 +73,10 @@ class PartialBatch:
     #: a received one arrives as rows with bounds.
     items: ItemsSketch | None = None
     warnings: tuple[str, ...] = ()  # what links on the way could not do (see WindowResult)
-    #: An answer in TPUT's rounds (jetstream.asks): its sender holds back rows its parent
+    #: An answer in TPUT's rounds (jetstream.dataplane.asks): its sender holds back rows its parent
     #: may ask for.
     rounds: bool = False
-    #: Sent before its sender's watermark closed the window (see jetstream.aggregator): final
+    #: Sent before its sender's watermark closed the window (see jetstream.dataplane.merger): final
     #: only once the sender's watermark passes the window's end.
     early: bool = False
 

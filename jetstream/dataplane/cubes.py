@@ -23,10 +23,10 @@ from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from jetstream.aggregator import WindowMerger
+from jetstream.dataplane.merger import WindowMerger
+from jetstream.dataplane.partials import MAX_PAYLOAD_BYTES, PartialBatch, decode_batch, encode_batch
 from jetstream.errors import DataError, PlanError
 from jetstream.operators import WindowAggregate
-from jetstream.partials import MAX_PAYLOAD_BYTES, PartialBatch, decode_batch, encode_batch
 from jetstream.v1 import dataplane_pb2 as pb
 from jetstream.windows import WindowSpec, parse_duration
 
@@ -135,8 +135,8 @@ class CubeStore:
     # -- upstream backup ------------------------------------------------------------------------
     def keep(self, batch: pb.PartialBatch, destination: str) -> None:
         """Keep ``batch`` until ``destination`` acks it; a batch with the same identity
-        replaces it and counts as kept anew (as :class:`~jetstream.transport.PartialSender`
-        sends it anew)."""
+        replaces it and counts as kept anew (as
+        :class:`~jetstream.dataplane.transport.PartialSender` sends it anew)."""
         if not destination or destination == INBOX:
             msg = f"cube store: batch of {batch.query or '?'} kept for no destination"
             raise DataError(msg)

@@ -12,7 +12,7 @@ accumulators, so nothing an input sent is changed.
 A window that went out complete is kept for ``retain_s`` more seconds, so that an input
 coming back after a failure or a partition still corrects it; past that it is forgotten. A
 batch for a window that old is merged with what the window held — given back by ``recall``
-(the site's inbox, :mod:`jetstream.cubes`) — and the window goes out again, corrected;
+(the site's inbox, :mod:`jetstream.dataplane.cubes`) — and the window goes out again, corrected;
 without it (or when it cannot) the batch is refused (counted in ``too_late``) rather than
 merged into a fresh window that would replace the full one with a part of it.
 
@@ -47,11 +47,11 @@ from typing import Any
 from jetstream.approx.levels import Ranking
 from jetstream.approx.rounds import Ask, exact_rows, next_asks, settled
 from jetstream.approx.truncate import BoundedPartial, merge_bounded, with_bounds
+from jetstream.dataplane.partials import ENDED, PartialBatch
 from jetstream.errors import DataError
 from jetstream.operators import WindowAggregate
-from jetstream.partials import PartialBatch
 
-__all__ = ["ENDED", "RETAIN_S", "MergedWindow", "Recall", "WindowMerger"]
+__all__ = ["RETAIN_S", "MergedWindow", "Recall", "WindowMerger"]
 
 Window = tuple[int, int]
 
@@ -59,8 +59,6 @@ Window = tuple[int, int]
 #: (from the site's inbox) and the last revision it went out as; None if it cannot.
 Recall = Callable[[tuple[int, int]], "tuple[list[PartialBatch], int] | None"]
 
-#: The watermark of an input that has ended, or is idle: it holds back no window.
-ENDED = 2**63 - 1
 #: How long a settled window stays, to take corrections from inputs that come back.
 RETAIN_S = 600.0
 #: How long an input has to answer an ask in TPUT's rounds before it is asked again (its

@@ -20,9 +20,9 @@ from typing import Any
 from jetstream.approx.levels import Ranking
 from jetstream.approx.rounds import Ask, answer, first_answer
 from jetstream.approx.truncate import BoundedPartial, Key
+from jetstream.dataplane.partials import PartialBatch
 from jetstream.errors import DataError
 from jetstream.operators import WindowAggregate
-from jetstream.partials import PartialBatch
 from jetstream.v1 import dataplane_pb2 as pb
 
 __all__ = [

@@ -1,15 +1,15 @@
 """A run's link to its parent in the aggregation tree: what a non-root site does with a window.
 
-:class:`Uplink` owns the :class:`~jetstream.transport.PartialSender` to the parent (which, with
-a cube store, keeps each batch until it is acked), the link's degradation policy and its
-levels (:mod:`jetstream.approx`), and the progress reports that follow the batches. When the
-parent's merge runs on key-partitioned workers, it asks the parent where they are and sends
-each its part through a :class:`~jetstream.router.Router` instead (see that module). The run
-(:class:`~jetstream.runtime.QueryRun`) hands it each merged window and its watermark; a
-re-plan that moves the parent gives the run a new uplink, and the old one's unacked batches
-go to the new one through the store. On a link that runs TPUT's rounds (``rounds``), it sends
-each window's top rows and answers what the parent asks for next (:mod:`jetstream.asks`)
-instead of degrading the link.
+:class:`Uplink` owns the :class:`~jetstream.dataplane.transport.PartialSender` to the parent
+(which, with a cube store, keeps each batch until it is acked), the link's degradation policy
+and its levels (:mod:`jetstream.approx`), and the progress reports that follow the batches.
+When the parent's merge runs on key-partitioned workers, it asks the parent where they are and
+sends each its part through a :class:`~jetstream.dataplane.router.Router` instead (see that
+module). The run (:class:`~jetstream.dataplane.run.QueryRun`) hands it each merged window and
+its watermark; a re-plan that moves the parent gives the run a new uplink, and the old one's
+unacked batches go to the new one through the store. On a link that runs TPUT's rounds
+(``rounds``), it sends each window's top rows and answers what the parent asks for next
+(:mod:`jetstream.dataplane.asks`) instead of degrading the link.
 """
 
 from __future__ import annotations
@@ -21,27 +21,25 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 
 from jetstream import metrics
-from jetstream.aggregator import MergedWindow
 from jetstream.approx.levels import Ranking, ladder
 from jetstream.approx.policy import LinkPolicy
-from jetstream.asks import ROUND_REVISIONS, Answerer, ask_from_proto
-from jetstream.cubes import CubeStore
+from jetstream.dataplane.asks import ROUND_REVISIONS, Answerer, ask_from_proto
+from jetstream.dataplane.cubes import CubeStore
+from jetstream.dataplane.merger import MergedWindow
+from jetstream.dataplane.options import SiteOptions
+from jetstream.dataplane.partials import PartialBatch, decode_batch, encode_batch, summarised
+from jetstream.dataplane.router import Router, top_k_candidates
+from jetstream.dataplane.transport import STREAM_DEADLINE_S, PartialSender
 from jetstream.dsl import Query
 from jetstream.errors import ControlPlaneError, DataError
 from jetstream.operators import WindowAggregate
-from jetstream.partials import PartialBatch, decode_batch, encode_batch, summarised
-from jetstream.router import Router, top_k_candidates
-from jetstream.transport import STREAM_DEADLINE_S, PartialSender
 from jetstream.v1 import dataplane_pb2 as pb
 from jetstream.v1 import dataplane_pb2_grpc as dataplane_rpc
-
-if TYPE_CHECKING:
-    from jetstream.runtime import SiteOptions
 
 __all__ = ["LinkLevel", "Uplink"]
 
@@ -76,7 +74,8 @@ class Uplink:
     rows that can be in the final top-k: its ``k`` best by the ranking, in the final top-k's
     order, which hold every row of the global top-k that falls in this partition. With
     ``rounds``, each window's rows are kept ``keep_s`` for the parent's asks. ``link_bps``,
-    the link's bandwidth in the plan, is where its sender starts (see jetstream.transport).
+    the link's bandwidth in the plan, is where its sender starts (see
+    jetstream.dataplane.transport).
     """
 
     def __init__(self, site: str, parent: str, address: str, *, query: Query,
@@ -120,7 +119,8 @@ class Uplink:
             on_round_trip=self._round_trip, store=store, destination=self.name,
             connect=options.connect, link=self.metrics.link, wide_area=not options.worker,
             link_bps=link_bps)
-        # The parent's workers, once it names them (see jetstream.router): sent to directly.
+        # The parent's workers, once it names them (see jetstream.dataplane.router): sent to
+        # directly.
         self.router: Router | None = None
         self._routes: list[tuple[str, str]] = []  # its workers as the parent named them
         # What went to the parent itself lately: sent again to its workers when it names them.
@@ -391,7 +391,7 @@ class Uplink:
         return out
 
     def set_level(self, level: str) -> LinkLevel:
-        """See :meth:`jetstream.runtime.QueryRun.set_level`."""
+        """See :meth:`jetstream.dataplane.run.QueryRun.set_level`."""
         link = f"{self.site} -> {self.parent}"
         if self.answerer is not None and level:
             msg = (f"{self.name}: link {link} runs TPUT's rounds: its windows go as "

@@ -34,11 +34,11 @@ from typing import Any
 
 from jetstream.approx.levels import Ranking
 from jetstream.approx.truncate import truncate
-from jetstream.cubes import CubeStore
+from jetstream.dataplane.cubes import CubeStore
+from jetstream.dataplane.partials import PartialBatch, encode_batch
+from jetstream.dataplane.transport import Connect, PartialSender
 from jetstream.errors import DataError
 from jetstream.operators import WindowAggregate, hash_partition
-from jetstream.partials import PartialBatch, encode_batch
-from jetstream.transport import Connect, PartialSender
 from jetstream.v1 import dataplane_pb2 as pb
 
 __all__ = ["Router", "key_partition", "own_rows", "split_batch", "top_k_candidates"]
@@ -171,7 +171,8 @@ class Router:
                  clock: Callable[[], float] = time.monotonic,
                  link_bps: float | None = None) -> None:
         self.query, self.aggregate = query, aggregate
-        # The workers share the link: each sender starts from its share (jetstream.transport).
+        # The workers share the link: each sender starts from its share
+        # (jetstream.dataplane.transport).
         self._link_bps = None if link_bps is None else link_bps / max(len(workers), 1)
         self._connect, self._link, self._clock = connect, link, clock
         self._wide_area, self._on_ack, self._on_round_trip = wide_area, on_ack, on_round_trip
