@@ -448,7 +448,7 @@ def test_a_stop_that_interrupts_a_batch_ends_the_stream_quietly(
     import logging
     import re
 
-    from jetstream.stage import job
+    from jetstream.stage import batches
 
     class Py4JJavaError(Exception):
         """What pyspark raises for a Java exception (py4j's needs a live JVM to print)."""
@@ -462,19 +462,19 @@ def test_a_stop_that_interrupts_a_batch_ends_the_stream_quietly(
                             f": java.lang.InterruptedException\n{trace}")
     stage = LocalStage.__new__(LocalStage)
     stage._stopping = True
-    with pytest.raises(job._Interrupted) as raised, job.stopped_quietly(stage):
+    with pytest.raises(batches._Interrupted) as raised, batches.stopped_quietly(stage):
         raise interrupted
     text = str(raised.value)  # what Spark matches, in py4j's traceback of it
     assert len(text) < 200 and proxy_error.search(text)
     with caplog.at_level(logging.ERROR, logger="py4j.clientserver"):
         try:
             raise raised.value
-        except job._Interrupted:
+        except batches._Interrupted:
             logging.getLogger("py4j.clientserver").exception("callback failed")
     assert caplog.records == []
     stage._stopping = False  # not stopping: an interruption is an error like any other
-    with pytest.raises(Py4JJavaError), job.stopped_quietly(stage):
+    with pytest.raises(Py4JJavaError), batches.stopped_quietly(stage):
         raise interrupted
     stage._stopping = True
-    with pytest.raises(ValueError, match="bad"), job.stopped_quietly(stage):
+    with pytest.raises(ValueError, match="bad"), batches.stopped_quietly(stage):
         raise ValueError("bad")

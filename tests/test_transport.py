@@ -18,11 +18,11 @@ from jetstream.control.server import start_server
 from jetstream.dataplane import servicer
 from jetstream.dataplane.cubes import CubeStore
 from jetstream.dataplane.partials import PartialBatch, encode_batch
+from jetstream.dataplane.servicer import DataPlaneServicer
 from jetstream.dataplane.transport import (
     MAX_WINDOW_BYTES,
     MIN_PART_BYTES,
     MIN_WINDOW_BYTES,
-    DataPlaneServicer,
     PartialSender,
     _Window,
 )

@@ -43,7 +43,7 @@ from jetstream.errors import PlanError
 from jetstream.expr import And, Arith, Call, Col, Compare, Expr, IsIn, Lit, Neg, Not, Or
 from jetstream.schema import DataType, Schema
 
-__all__ = ["spark_schema", "spark_type", "to_column"]
+__all__ = ["parse_text", "spark_schema", "spark_type", "to_column"]
 
 _INT64 = range(-(2**63), 2**63)
 _TWO_63 = 2.0**63
@@ -247,3 +247,18 @@ def _url_domain(url: Column) -> Column:
 
 
 _CALLS: dict[str, Callable[[Column], Column]] = {"lower": F.lower, "url_domain": _url_domain}
+
+
+def parse_text(name: str, dtype: DataType) -> Column:
+    """The text column ``name`` as ``dtype``, NULL where it does not parse."""
+    text = F.col(f"`{name}`")
+    if dtype is DataType.STRING:
+        return text
+    if dtype is DataType.BOOL:
+        lowered = F.lower(F.trim(text))
+        return (F.when(lowered.isin("true", "1"), F.lit(True))
+                .when(lowered.isin("false", "0"), F.lit(False)))
+    value = F.expr(f"try_cast(`{name}` AS {spark_type(dtype).simpleString()})")
+    if dtype is DataType.FLOAT:  # NaN and infinities are not numbers a log line can hold
+        return F.when(~F.isnan(value) & (F.abs(value) != F.lit(math.inf)), value)
+    return value

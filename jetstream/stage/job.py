@@ -35,18 +35,16 @@ with the cube store, as sites run by default).
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import gc
 import logging
 import math
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
@@ -72,13 +70,21 @@ from jetstream.operators import (
     WithColumn,
 )
 from jetstream.schema import DataType, Schema
+from jetstream.stage.batches import (
+    ARRIVED_COLUMN,
+    CORRUPT_COLUMN,
+    FILE_COLUMN,
+    gc_paused,
+    not_adaptive,
+    read_stream,
+    stopped_quietly,
+)
 from jetstream.stage.bookkeeping import Emit, OpenWindows
 from jetstream.stage.check import Chain, check_stage
-from jetstream.stage.compile import spark_schema, spark_type, to_column
+from jetstream.stage.compile import parse_text, spark_schema, to_column
 from jetstream.stage.forms import Input, float_parts, form_of, scaled_exponent, scaled_parts
 
-__all__ = ["DEFAULT_TRIGGER_S", "FILE_COLUMN", "Emit", "LocalStage", "PlannedBatch", "StageStats",
-           "gc_paused", "not_adaptive", "read_files", "read_stream", "stopped_quietly"]
+__all__ = ["DEFAULT_TRIGGER_S", "Emit", "LocalStage", "PlannedBatch", "StageStats"]
 
 log = logging.getLogger(__name__)
 
@@ -86,14 +92,10 @@ log = logging.getLogger(__name__)
 DEFAULT_TRIGGER_S = 0.25
 # (the stats so far, seconds the micro-batch took): after each micro-batch.
 OnBatch = Callable[["StageStats", float], None]
-_CORRUPT = "_jetstream_corrupt"
-_ARRIVED = "_jetstream_arrived"  # epoch ms the record's file landed in the folder
-#: The column of a record's file (``_metadata.file_path``).
-FILE_COLUMN = "_jetstream_file"
 _REASONS = ("wrong field count", "missing field", "ill-typed field")
 # What the stage carries past the query's own steps: whether the record is kept (valid and
 # through every ``where``), why it is malformed, its line, file time and event time.
-_INTERNAL = ("_keep", "_reason", _CORRUPT, _ARRIVED, FILE_COLUMN, "_event")
+_INTERNAL = ("_keep", "_reason", CORRUPT_COLUMN, ARRIVED_COLUMN, FILE_COLUMN, "_event")
 
 
 @dataclass
@@ -192,7 +194,7 @@ class LocalStage:
     def text_schema(self) -> StructType:
         """What :meth:`process_batch` reads: every source column as text, and the bad line."""
         return StructType([StructField(f.name, StringType()) for f in self.source.schema]
-                          + [StructField(_CORRUPT, StringType())])
+                          + [StructField(CORRUPT_COLUMN, StringType())])
 
     def _reader(self) -> DataFrame:
         """The folder's records, as a stream."""
@@ -296,8 +298,8 @@ class LocalStage:
         falls in, and a row (with no window) per record that is malformed or that a ``where``
         drops, for the counters. Built once on the stream, so a batch adds two steps."""
         c = self._compiled
-        if _ARRIVED not in raw.columns:  # a batch not read from the folder (tests)
-            raw = raw.withColumns({_ARRIVED: F.lit(None).cast("long"),
+        if ARRIVED_COLUMN not in raw.columns:  # a batch not read from the folder (tests)
+            raw = raw.withColumns({ARRIVED_COLUMN: F.lit(None).cast("long"),
                                    FILE_COLUMN: F.lit(None).cast("string")})
         df = raw.select(*c.typed)
         for step in c.steps:
@@ -359,7 +361,7 @@ class LocalStage:
         once = F.coalesce(F.col("_first"), F.lit(True))  # a record's one row
         counters = [F.count(F.when(valid & once, True)).alias("records"),
                     F.max(F.when(valid, F.col("_event"))).alias("latest"),
-                    F.min(F.when(valid, F.col(_ARRIVED))).alias("arrived"),
+                    F.min(F.when(valid, F.col(ARRIVED_COLUMN))).alias("arrived"),
                     F.collect_set(FILE_COLUMN).alias("files"),
                     *(F.count(F.when(F.col("_reason").startswith(reason), True)).alias(reason)
                       for reason in _REASONS)]
@@ -437,16 +439,16 @@ class LocalStage:
     def _typed(self) -> list[Column]:
         """Typed columns, the bad line, and ``_reason`` saying why a record is malformed
         (NULL: it is fine)."""
-        reason: Column = F.when(F.col(_CORRUPT).isNotNull(), F.lit("wrong field count"))
+        reason: Column = F.when(F.col(CORRUPT_COLUMN).isNotNull(), F.lit("wrong field count"))
         typed = []
         for f in self.source.schema:
             text = F.col(f"`{f.name}`")
-            value = _parse(f.name, f.dtype)
+            value = parse_text(f.name, f.dtype)
             reason = reason.when(text.isNull(), F.lit(f"missing field: {f.name}"))
             reason = reason.when(value.isNull(), F.lit(f"ill-typed field: {f.name}"))
             typed.append(value.alias(f.name))
-        event = _parse(self.event_time, self.source.schema.dtype(self.event_time))
-        return [*typed, F.col(_CORRUPT), F.col(_ARRIVED), F.col(FILE_COLUMN),
+        event = parse_text(self.event_time, self.source.schema.dtype(self.event_time))
+        return [*typed, F.col(CORRUPT_COLUMN), F.col(ARRIVED_COLUMN), F.col(FILE_COLUMN),
                 reason.alias("_reason"), reason.isNull().alias("_keep"), event.alias("_event")]
 
     def _quarantine(self, prepared: DataFrame) -> None:
@@ -457,7 +459,7 @@ class LocalStage:
             file = F.replace(file, F.lit(self.read_from[0]), F.lit(self.read_from[1]))
         (prepared.filter(F.col("_reason").isNotNull())
          .select(F.col("_reason").alias("reason"), file.alias("file"),
-                 F.col(_CORRUPT).alias("line"))
+                 F.col(CORRUPT_COLUMN).alias("line"))
          .write.mode("append").json(self.quarantine_dir))
 
     def _compiled_steps(self) -> list[Callable[[DataFrame], DataFrame]]:
@@ -547,31 +549,6 @@ class LocalStage:
             self.windows.merge_into(window, key, i, sketch)
 
 
-def read_stream(spark: SparkSession, folder: str | Path, text_schema: StructType) -> DataFrame:
-    """A folder's CSV records as a stream: every column as text, the bad line, and when the
-    record's file landed."""
-    return _arrived(_csv(spark.readStream, text_schema).csv(str(folder)))
-
-
-def read_files(spark: SparkSession, paths: Sequence[str], text_schema: StructType
-               ) -> DataFrame:
-    """Some files' CSV records, as :func:`read_stream` has them in a micro-batch."""
-    return _arrived(_csv(spark.read, text_schema).csv(list(paths)))
-
-
-def _csv(reader: Any, text_schema: StructType) -> Any:
-    return (reader.schema(text_schema).option("header", True).option("mode", "PERMISSIVE")
-            .option("columnNameOfCorruptRecord", _CORRUPT))
-
-
-def _arrived(records: DataFrame) -> DataFrame:
-    # A record's file's modification time is when the site received it (shippers
-    # write elsewhere, then rename into the folder).
-    return records.withColumns({
-        _ARRIVED: F.unix_millis(F.col("_metadata.file_modification_time")),
-        FILE_COLUMN: F.col("_metadata.file_path")})
-
-
 def _select(df: DataFrame, columns: list[Column]) -> DataFrame:
     return df.select(*columns)
 
@@ -598,115 +575,6 @@ def _map(step: Map, schema: Schema) -> Callable[[DataFrame], DataFrame]:
     def run(df: DataFrame) -> DataFrame:
         return df.select(mapped, *internal).select("_mapped.*", *internal)
     return run
-
-
-class _Stoppable(Protocol):
-    @property
-    def stopping(self) -> bool: ...
-
-
-class _Interrupted(Exception):
-    """A micro-batch's Spark job interrupted by the stream's stop (see ``stopped_quietly``)."""
-
-
-class _NotTheInterruption(logging.Filter):
-    """py4j logs every error a Python callback raises, with its traceback; a stop's
-    interruption of a micro-batch is not an error (the stream says what is one)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.exc_info and isinstance(record.exc_info[1], _Interrupted))
-
-
-logging.getLogger("py4j.clientserver").addFilter(_NotTheInterruption())
-
-
-@contextlib.contextmanager
-def stopped_quietly(stage: _Stoppable) -> Iterator[None]:
-    """Let a stop that interrupts the batch's Spark job end the stream quietly.
-
-    Spark tells a stop's interruption of a ``foreachBatch`` function from a failure by
-    matching the Python error's text against ``Py4JJavaError: An error occurred while
-    calling((.|\\r\\n|\\r|\\n)*)(java.lang.InterruptedException|...)`` (``StreamExecution.
-    PROXY_ERROR``): a regex that recurses once per character, so on the error's usual text (the
-    Java stack trace, several kB) it overflows the stream thread's stack, and the stop ends
-    in a StackOverflowError and stack traces in the site's log. Raised again with only its
-    first line, the interruption matches in a few frames and the stream stops as asked.
-    """
-    try:
-        yield
-    except Exception as e:
-        text = str(e)
-        if not (stage.stopping and "Py4JJavaError" in type(e).__name__ + text
-                and "java.lang.InterruptedException" in text):
-            raise
-        first = text.strip().splitlines()[0]
-        raise _Interrupted(f"py4j.protocol.Py4JJavaError: {first}\n"
-                           ": java.lang.InterruptedException") from None
-
-
-_gc_lock = threading.Lock()
-_gc_pausers = 0  # the batches under way that paused Python's cyclic garbage collector
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector paused while a batch's rows are read and merged.
-
-    Tens of thousands of new objects a batch (a row, a list per accumulator) would start
-    several collections over every object the process holds; what a batch makes is short-lived
-    and free of cycles, so it is freed as it goes anyway. The merge of 37,439 rows took 160 ms
-    (median) with the collector, 95 ms without it.
-    Stages of several queries share the process: the last batch under way to end turns the
-    collector back on, and the collections put off run with the next allocations.
-    """
-    global _gc_pausers
-    with _gc_lock:
-        if _gc_pausers == 0 and not gc.isenabled():  # someone else's pause: not ours to end
-            paused = False
-        else:
-            paused = True
-            _gc_pausers += 1
-            gc.disable()
-    try:
-        yield
-    finally:
-        if paused:
-            with _gc_lock:
-                _gc_pausers -= 1
-                if _gc_pausers == 0:
-                    gc.enable()
-
-
-@contextlib.contextmanager
-def not_adaptive(spark: SparkSession) -> Iterator[None]:
-    """Adaptive execution off while a batch runs, as Spark has it for every micro-batch of a
-    stream (the stream's own session); a batch given directly gets the same. (Adaptive
-    execution replans a batch that comes out empty and drops what ``observe`` collected.)"""
-    key = "spark.sql.adaptive.enabled"
-    before = spark.conf.get(key) or "true"
-    if before == "false":
-        yield
-        return
-    spark.conf.set(key, "false")
-    try:
-        yield
-    finally:
-        spark.conf.set(key, before)
-
-
-def _parse(name: str, dtype: DataType) -> Column:
-    """The text column ``name`` as ``dtype``, NULL where it does not parse."""
-    text = F.col(f"`{name}`")
-    if dtype is DataType.STRING:
-        return text
-    if dtype is DataType.BOOL:
-        lowered = F.lower(F.trim(text))
-        return (F.when(lowered.isin("true", "1"), F.lit(True))
-                .when(lowered.isin("false", "0"), F.lit(False)))
-    value = F.expr(f"try_cast(`{name}` AS {spark_type(dtype).simpleString()})")
-    if dtype is DataType.FLOAT:  # NaN and infinities are not numbers a log line can hold
-        return F.when(~F.isnan(value) & (F.abs(value) != F.lit(math.inf)), value)
-    return value
 
 
 def _defined(expr: Expr, source: Source, steps: Sequence[Operator]) -> tuple[Expr, Schema]:

@@ -52,17 +52,16 @@ from pyspark.sql.types import StructType
 from jetstream import trace
 from jetstream.schema import Schema
 from jetstream.stage.archive import Archive, ReadFiles
-from jetstream.stage.gate import DEFAULT_HOLD_S, FileGate
-from jetstream.stage.job import (
+from jetstream.stage.batches import (
     FILE_COLUMN,
-    LocalStage,
-    PlannedBatch,
     gc_paused,
     not_adaptive,
     read_files,
     read_stream,
     stopped_quietly,
 )
+from jetstream.stage.gate import DEFAULT_HOLD_S, FileGate
+from jetstream.stage.job import LocalStage, PlannedBatch
 
 __all__ = ["Position", "SourceReader", "SourceReaders"]
 

@@ -1,0 +1,148 @@
+"""How a site's micro-batches meet Spark: its CSV files read as records, every column as text
+with the bad line and where and when each record's file landed (:func:`read_stream` for a
+folder's stream, :func:`read_files` for files read again); and around each batch, a stop
+that interrupts its job ending the stream quietly, Python's cyclic collector paused, and
+adaptive execution off, as Spark has it for a stream's own batches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
+
+__all__ = ["ARRIVED_COLUMN", "CORRUPT_COLUMN", "FILE_COLUMN", "gc_paused", "not_adaptive",
+           "read_files", "read_stream", "stopped_quietly"]
+
+#: The column of a line that does not parse as a record (Spark's corrupt record).
+CORRUPT_COLUMN = "_jetstream_corrupt"
+ARRIVED_COLUMN = "_jetstream_arrived"  # epoch ms the record's file landed in the folder
+#: The column of a record's file (``_metadata.file_path``).
+FILE_COLUMN = "_jetstream_file"
+
+
+def read_stream(spark: SparkSession, folder: str | Path, text_schema: StructType) -> DataFrame:
+    """A folder's CSV records as a stream: every column as text, the bad line, and when the
+    record's file landed."""
+    return _arrived(_csv(spark.readStream, text_schema).csv(str(folder)))
+
+
+def read_files(spark: SparkSession, paths: Sequence[str], text_schema: StructType
+               ) -> DataFrame:
+    """Some files' CSV records, as :func:`read_stream` has them in a micro-batch."""
+    return _arrived(_csv(spark.read, text_schema).csv(list(paths)))
+
+
+def _csv(reader: Any, text_schema: StructType) -> Any:
+    return (reader.schema(text_schema).option("header", True).option("mode", "PERMISSIVE")
+            .option("columnNameOfCorruptRecord", CORRUPT_COLUMN))
+
+
+def _arrived(records: DataFrame) -> DataFrame:
+    # A record's file's modification time is when the site received it (shippers
+    # write elsewhere, then rename into the folder).
+    return records.withColumns({
+        ARRIVED_COLUMN: F.unix_millis(F.col("_metadata.file_modification_time")),
+        FILE_COLUMN: F.col("_metadata.file_path")})
+
+
+class _Stoppable(Protocol):
+    @property
+    def stopping(self) -> bool: ...
+
+
+class _Interrupted(Exception):
+    """A micro-batch's Spark job interrupted by the stream's stop (see ``stopped_quietly``)."""
+
+
+class _NotTheInterruption(logging.Filter):
+    """py4j logs every error a Python callback raises, with its traceback; a stop's
+    interruption of a micro-batch is not an error (the stream says what is one)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], _Interrupted))
+
+
+logging.getLogger("py4j.clientserver").addFilter(_NotTheInterruption())
+
+
+@contextlib.contextmanager
+def stopped_quietly(stage: _Stoppable) -> Iterator[None]:
+    """Let a stop that interrupts the batch's Spark job end the stream quietly.
+
+    Spark tells a stop's interruption of a ``foreachBatch`` function from a failure by
+    matching the Python error's text against ``Py4JJavaError: An error occurred while
+    calling((.|\\r\\n|\\r|\\n)*)(java.lang.InterruptedException|...)`` (``StreamExecution.
+    PROXY_ERROR``): a regex that recurses once per character, so on the error's usual text (the
+    Java stack trace, several kB) it overflows the stream thread's stack, and the stop ends
+    in a StackOverflowError and stack traces in the site's log. Raised again with only its
+    first line, the interruption matches in a few frames and the stream stops as asked.
+    """
+    try:
+        yield
+    except Exception as e:
+        text = str(e)
+        if not (stage.stopping and "Py4JJavaError" in type(e).__name__ + text
+                and "java.lang.InterruptedException" in text):
+            raise
+        first = text.strip().splitlines()[0]
+        raise _Interrupted(f"py4j.protocol.Py4JJavaError: {first}\n"
+                           ": java.lang.InterruptedException") from None
+
+
+_gc_lock = threading.Lock()
+_gc_pausers = 0  # the batches under way that paused Python's cyclic garbage collector
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused while a batch's rows are read and merged.
+
+    Tens of thousands of new objects a batch (a row, a list per accumulator) would start
+    several collections over every object the process holds; what a batch makes is short-lived
+    and free of cycles, so it is freed as it goes anyway. The merge of 37,439 rows took 160 ms
+    (median) with the collector, 95 ms without it.
+    Stages of several queries share the process: the last batch under way to end turns the
+    collector back on, and the collections put off run with the next allocations.
+    """
+    global _gc_pausers
+    with _gc_lock:
+        if _gc_pausers == 0 and not gc.isenabled():  # someone else's pause: not ours to end
+            paused = False
+        else:
+            paused = True
+            _gc_pausers += 1
+            gc.disable()
+    try:
+        yield
+    finally:
+        if paused:
+            with _gc_lock:
+                _gc_pausers -= 1
+                if _gc_pausers == 0:
+                    gc.enable()
+
+
+@contextlib.contextmanager
+def not_adaptive(spark: SparkSession) -> Iterator[None]:
+    """Adaptive execution off while a batch runs, as Spark has it for every micro-batch of a
+    stream (the stream's own session); a batch given directly gets the same. (Adaptive
+    execution replans a batch that comes out empty and drops what ``observe`` collected.)"""
+    key = "spark.sql.adaptive.enabled"
+    before = spark.conf.get(key) or "true"
+    if before == "false":
+        yield
+        return
+    spark.conf.set(key, "false")
+    try:
+        yield
+    finally:
+        spark.conf.set(key, before)
