@@ -4,7 +4,7 @@ Its steps before the window are those of cdn_topk.py, its key and aggregate amon
 and a minute is six of its 10 s windows: so while (or after) cdn_topk.py runs, the past is
 answered from the cubes its sites keep, without reading a log again:
 
-    jetstream history examples/cdn_minutes.py --since 1h
+    jetstream history --query examples/cdn_minutes.py --since 1h
 """
 
 import jetstream as js

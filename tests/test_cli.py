@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -24,7 +25,7 @@ SAMPLE_LOGS = ROOT / "examples" / "logs"
 
 
 def test_explain_prints_the_plan_and_the_rewrites(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["explain", str(EXAMPLE), "--partitions", "2"]) == 0
+    assert main(["explain", "--query", str(EXAMPLE), "--partitions", "2"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("query cdn-topk  (slo: max_latency=3s, max_error=0.01)")
     assert "\nlogical plan\n" in out and "\nrewrites\n" in out and "\nrewritten plan\n" in out
@@ -65,20 +66,20 @@ def test_bad_query_file_gets_a_clear_error(tmp_path: Path,
                    "logs = js.source('l', schema=js.CDN_LOG_SCHEMA)\n"
                    "query = js.Query('q', logs.where(js.col('stauts') < 1)"
                    ".window(js.tumbling('1s')).agg(n=js.count()))\n")
-    assert main(["explain", str(bad)]) == 1
+    assert main(["explain", "--query", str(bad)]) == 1
     assert "where: unknown column 'stauts'" in capsys.readouterr().err
 
     empty = tmp_path / "empty.py"
     empty.write_text("x = 1\n")
-    assert main(["explain", str(empty)]) == 1
+    assert main(["explain", "--query", str(empty)]) == 1
     assert "must assign a js.Query to the name `query`, found nothing" in capsys.readouterr().err
 
     broken = tmp_path / "broken.py"
     broken.write_text("query = (\n")
-    assert main(["explain", str(broken)]) == 1
+    assert main(["explain", "--query", str(broken)]) == 1
     assert "syntax error" in capsys.readouterr().err
 
-    assert main(["explain", str(tmp_path / "missing.py")]) == 1
+    assert main(["explain", "--query", str(tmp_path / "missing.py")]) == 1
     assert "no such query file" in capsys.readouterr().err
 
     assert main(["local", "--query", str(EXAMPLE), "--input", str(tmp_path / "nope")]) == 1
@@ -124,6 +125,22 @@ def test_console_script_help_and_the_live_demo() -> None:
     assert list((logs / "state").glob("*/archive/*/*")), sorted((logs / "state").rglob("*"))
 
 
+
+
+def test_a_results_table_column_reads_alike() -> None:
+    from rich.console import Console
+
+    from jetstream.control.results_view import render_window
+    from jetstream.results import WindowResult
+
+    rows = [{"domain": "a.com", "requests": 12345, "kb": 136780.39},
+            {"domain": "b.com", "requests": 7, "kb": 77943.5},
+            {"domain": "c.com", "requests": 1000, "kb": 21364.141}]
+    console = Console(record=True, width=120, force_terminal=False)
+    console.print(render_window(WindowResult("q", 0, 10_000, rows)))
+    screen = console.export_text()
+    for cell in ("136,780.390", "77,943.500", "21,364.141", "12,345", "1,000"):
+        assert cell in screen, screen
 
 
 def test_results_table_shows_the_newest_windows_and_how_complete_they_are() -> None:
@@ -278,3 +295,35 @@ def test_a_sites_warm_up_is_its_flag_zero_for_none_and_never_negative(
             cli.parser().parse_args(["site", "--name", "ams", "--insecure", "--warm-up", bad])
         assert (f"argument --warm-up: expected a number of seconds, 0 or more, not {bad!r}"
                 in capsys.readouterr().err)
+
+
+def test_every_option_with_a_default_says_it_in_its_help() -> None:
+    top = cli.parser()
+    [commands] = [a for a in top._actions if isinstance(a, argparse._SubParsersAction)]
+    silent = []
+    for name, command in commands.choices.items():
+        for action in command._actions:
+            if (not action.option_strings or action.required
+                    or action.default in (None, False, [], argparse.SUPPRESS)):
+                continue  # a flag off, or an option whose absence means something of its own
+            if "default" not in (action.help or ""):
+                silent.append(f"jetstream {name} {'/'.join(action.option_strings)}")
+    assert not silent, silent
+
+
+def test_a_query_file_is_given_with_query_and_the_old_spelling_still_works(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explain", str(EXAMPLE)]) == 0  # as explain, submit and history took it
+    captured = capsys.readouterr()
+    assert captured.out.startswith("query cdn-topk")
+    assert f"warning: give the query file as --query {EXAMPLE}" in captured.err
+    for given in ([], [str(EXAMPLE), "--query", str(EXAMPLE)]):
+        with pytest.raises(SystemExit) as refused:
+            main(["explain", *given])
+        assert refused.value.code == 2
+        assert re.search(r"explain: (give the query file: --query|the query file given "
+                         "twice)", capsys.readouterr().err)
+    for command in ("explain", "submit", "history", "run", "local", "demo", "emulate"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        assert "--query QUERY.py" in capsys.readouterr().out, command

@@ -137,7 +137,7 @@ def test_a_query_is_placed_planned_around_a_dead_site_and_cancelled(cluster: Clu
     counted.write_text("from pathlib import Path\n"
                        "with open(Path(__file__).parent / 'runs.txt', 'a') as runs:\n"
                        "    runs.write('ran\\n')\n" + EXAMPLE.read_text())
-    submitted = cluster.ok("submit", str(counted))
+    submitted = cluster.ok("submit", "--query", str(counted))
     assert submitted.startswith(f"submitted {QUERY}\nphysical plan on local-3dc (root ams)")
 
     placed = cluster.wait_for("placements on every site", lambda s: all(

@@ -228,8 +228,8 @@ def test_history_of_a_live_query_from_the_sites_cubes_equals_the_reference(
         from jetstream.cli import main
 
         capsys.readouterr()
-        assert main(["history", str(past), "--since", str(base - MINUTE), "--until", str(now),
-                     "--json", "--controller", cluster.address,
+        assert main(["history", "--query", str(past), "--since", str(base - MINUTE),
+                     "--until", str(now), "--json", "--controller", cluster.address,
                      "--tls-dir", str(cluster.tls_dir)]) == 0
         printed = capsys.readouterr()
         assert [json.loads(line) for line in printed.out.splitlines()] == [

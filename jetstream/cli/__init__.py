@@ -16,6 +16,7 @@ from importlib.metadata import entry_points
 
 from jetstream import __version__, trace
 from jetstream.cli import deployment, operate, queries
+from jetstream.cli.common import query_given
 from jetstream.errors import JetstreamError
 
 __all__ = ["COMMANDS_GROUP", "main", "parser"]
@@ -39,7 +40,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    top = parser()
+    args = top.parse_args(argv)
+    if "old_query" in args and (problem := query_given(args)):
+        top.error(f"{args.command}: {problem}")
     if args.command in ("controller", "site", "worker"):
         logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from jetstream.control.client import ControllerClient
+from jetstream.control.client import DEFAULT_CONTROLLER, ControllerClient
 from jetstream.control.launch import free_port
 from jetstream.dsl import Query
 from jetstream.errors import PlanError
@@ -20,10 +20,10 @@ from jetstream.results import WindowResult, write_json_lines
 from jetstream.security import Security
 from jetstream.windows import parse_duration
 
-__all__ = ["DEFAULT_TOPOLOGY", "EXAMPLES", "archive_retention", "client", "dashboard_port",
-           "live_options", "live_query", "metrics_option", "numbers", "output",
-           "positive_seconds", "progress", "seconds_or_zero", "security",
-           "security_options", "size"]
+__all__ = ["DEFAULT_TOPOLOGY", "EXAMPLES", "archive_retention", "client", "controller_option",
+           "dashboard_port", "live_options", "live_query", "metrics_option", "numbers",
+           "output", "positive_seconds", "progress", "query_given", "query_option",
+           "seconds_or_zero", "security", "security_options", "size"]
 
 #: The topology ``jetstream controller`` runs when given none: everything on this machine.
 #: (``topologies/local-3dc.yaml`` links to it.)
@@ -142,6 +142,35 @@ def security_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--insecure", action="store_true",
                        help="no TLS and no authentication: anyone who can reach a port can "
                             "use it; for a trusted test network only")
+
+
+def query_option(parser: argparse.ArgumentParser) -> None:
+    """``--query QUERY.py``, as every command that takes a query file takes it. The query
+    file as the first argument, as ``explain``, ``submit`` and ``history`` took it before, is
+    still accepted, with a warning (:func:`query_given`)."""
+    parser.add_argument("--query", metavar="QUERY.py",
+                        help="a Python file that defines `query` (required)")
+    parser.add_argument("old_query", nargs="?", metavar="QUERY.py", help=argparse.SUPPRESS)
+
+
+def query_given(args: argparse.Namespace) -> str | None:
+    """What is wrong with how ``args`` give the query file (None: nothing), after taking the
+    old spelling (the file as the first argument) as ``--query``."""
+    old = getattr(args, "old_query", None)
+    if old is None:
+        return None if args.query else "give the query file: --query QUERY.py"
+    if args.query:
+        return f"the query file given twice ({old} and --query {args.query}): give --query only"
+    print(f"jetstream {args.command}: warning: give the query file as --query {old}; the file "
+          "as the first argument will not be accepted in a later version", file=sys.stderr)
+    args.query = old
+    return None
+
+
+def controller_option(parser: argparse.ArgumentParser) -> None:
+    """Where a command finds the global controller."""
+    parser.add_argument("--controller", default=DEFAULT_CONTROLLER, metavar="HOST:PORT",
+                        help=f"the global controller's address (default: {DEFAULT_CONTROLLER})")
 
 
 def metrics_option(parser: argparse.ArgumentParser) -> None:

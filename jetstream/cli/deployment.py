@@ -13,6 +13,7 @@ from jetstream.aggtree.topology import spark_key_problem
 from jetstream.cli.common import (
     DEFAULT_TOPOLOGY,
     archive_retention,
+    controller_option,
     metrics_option,
     positive_seconds,
     seconds_or_zero,
@@ -20,7 +21,6 @@ from jetstream.cli.common import (
     security_options,
     size,
 )
-from jetstream.control.client import DEFAULT_CONTROLLER
 from jetstream.control.daemons import run_controller, run_site, run_worker
 from jetstream.dataplane.cubes import parse_retention
 from jetstream.dataplane.options import SiteOptions
@@ -154,8 +154,10 @@ def register(commands: Any) -> None:
     controller = commands.add_parser("controller", help="run the global controller")
     controller.add_argument("--topology", default=str(DEFAULT_TOPOLOGY), metavar="T.yaml",
                             help="sites, servers and links (default: the embedded local-3dc)")
-    controller.add_argument("--port", type=int, default=7070)
-    controller.add_argument("--host", default="127.0.0.1")
+    controller.add_argument("--port", type=int, default=7070,
+                            help="the port its gRPC service listens on (default: 7070)")
+    controller.add_argument("--host", default="127.0.0.1",
+                            help="the address it listens on (default: 127.0.0.1)")
     controller.add_argument("--heartbeat-interval", type=float, default=2.0, metavar="S",
                             help="how often sites report (default: 2s)")
     controller.add_argument("--heartbeat-timeout", type=float, default=6.0, metavar="S",
@@ -185,9 +187,10 @@ def register(commands: Any) -> None:
 
     site = commands.add_parser("site", help="run a site controller")
     site.add_argument("--name", required=True, help="the site's name in the topology")
-    site.add_argument("--controller", default=DEFAULT_CONTROLLER, metavar="HOST:PORT")
+    controller_option(site)
     site.add_argument("--port", type=int, default=0, help="listen port (default: any free)")
-    site.add_argument("--host", default="127.0.0.1")
+    site.add_argument("--host", default="127.0.0.1",
+                      help="the address it listens on (default: 127.0.0.1)")
     site.add_argument("--advertise", metavar="HOST:PORT",
                       help="the address the controller and other sites reach this site at, "
                            "when not --host:--port (behind NAT, a proxy or a tunnel)")
@@ -260,7 +263,8 @@ def register(commands: Any) -> None:
     worker.add_argument("--register", required=True, metavar="HOST:PORT",
                         help="the site's gRPC address, where the worker registers")
     worker.add_argument("--port", type=int, default=0, help="listen port (default: any free)")
-    worker.add_argument("--host", default="127.0.0.1")
+    worker.add_argument("--host", default="127.0.0.1",
+                        help="the address it listens on (default: 127.0.0.1)")
     worker.add_argument("--parent-pid", type=int, default=0, metavar="PID",
                         help="end when this process ends (the site that started it)")
     worker.add_argument("--epoch", type=int, default=0, metavar="N",

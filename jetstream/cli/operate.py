@@ -13,8 +13,7 @@ from typing import Any
 
 from rich.console import Console
 
-from jetstream.cli.common import client, security_options
-from jetstream.control.client import DEFAULT_CONTROLLER
+from jetstream.cli.common import client, controller_option, query_option, security_options
 from jetstream.control.results_view import follow_table, render_window
 from jetstream.control.status_view import print_status, status_dict, watch_status
 from jetstream.errors import PlanError
@@ -130,16 +129,16 @@ def register(commands: Any) -> None:
                     "the sites' cubes of a query that ran (as `jetstream history` answers), "
                     "and it runs live from the end of that query's newest complete window: "
                     "no gap, nothing counted twice.")
-    submit.add_argument("query", metavar="QUERY.py")
+    query_option(submit)
     submit.add_argument("--since", metavar="TIME",
                         help="backfill from then: a duration ago (30m), an ISO 8601 time, or "
                              "epoch ms")
-    submit.add_argument("--controller", default=DEFAULT_CONTROLLER, metavar="HOST:PORT")
+    controller_option(submit)
     security_options(submit)
     submit.set_defaults(run=_submit)
 
     status = commands.add_parser("status", help="sites, queries, trees and link utilisation")
-    status.add_argument("--controller", default=DEFAULT_CONTROLLER, metavar="HOST:PORT")
+    controller_option(status)
     shown = status.add_mutually_exclusive_group()
     shown.add_argument("--json", action="store_true", help="machine-readable output")
     shown.add_argument("--watch", action="store_true",
@@ -155,7 +154,7 @@ def register(commands: Any) -> None:
                     "windows in a terminal, JSON lines (one per window, corrections "
                     "included) when piped or with --json. Ends when the query does.")
     results.add_argument("name", help="the query's name")
-    results.add_argument("--controller", default=DEFAULT_CONTROLLER, metavar="HOST:PORT")
+    controller_option(results)
     results.add_argument("--timeout", type=float, metavar="S", help="stop after S seconds")
     results.add_argument("--json", action="store_true", help="JSON lines even in a terminal")
     results.add_argument("--output", metavar="OUT.jsonl",
@@ -173,13 +172,13 @@ def register(commands: Any) -> None:
                     "30 days by default). Refused, naming what is missing, otherwise. A table "
                     "in a terminal, JSON lines (each with \"history\": true) when piped or "
                     "with --json.")
-    history.add_argument("query", metavar="QUERY.py")
+    query_option(history)
     history.add_argument("--since", required=True, metavar="TIME",
                          help="the start: a duration ago (30m, 1h), an ISO 8601 time, or "
                               "epoch ms")
     history.add_argument("--until", metavar="TIME", help="the end (default: now)")
     history.add_argument("--json", action="store_true", help="JSON lines even in a terminal")
-    history.add_argument("--controller", default=DEFAULT_CONTROLLER, metavar="HOST:PORT")
+    controller_option(history)
     security_options(history)
     history.set_defaults(run=_history)
 
@@ -192,12 +191,12 @@ def register(commands: Any) -> None:
     level.add_argument("name", help="the query's name")
     level.add_argument("site", help="the site whose link to its parent to show or pin")
     level.add_argument("level", nargs="?", help="a level's name or index, or 'auto'")
-    level.add_argument("--controller", default=DEFAULT_CONTROLLER, metavar="HOST:PORT")
+    controller_option(level)
     security_options(level)
     level.set_defaults(run=_level)
 
     cancel = commands.add_parser("cancel", help="stop a running query everywhere")
     cancel.add_argument("name", help="the query's name")
-    cancel.add_argument("--controller", default=DEFAULT_CONTROLLER, metavar="HOST:PORT")
+    controller_option(cancel)
     security_options(cancel)
     cancel.set_defaults(run=_cancel)

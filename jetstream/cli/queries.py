@@ -10,7 +10,14 @@ from typing import Any, TextIO
 
 from jetstream.aggtree.loader import load_topology
 from jetstream.aggtree.planner import plan_query
-from jetstream.cli.common import DEFAULT_TOPOLOGY, client, output, progress, security_options
+from jetstream.cli.common import (
+    DEFAULT_TOPOLOGY,
+    client,
+    output,
+    progress,
+    query_option,
+    security_options,
+)
 from jetstream.control.launch import LocalCluster, replay
 from jetstream.errors import PlanError
 from jetstream.local import LocalRun, run_local
@@ -115,8 +122,7 @@ def register(commands: Any) -> None:
         description="Print the logical plan, each rewrite rule that fired (or why it "
                     "declined), and the rewritten plan; with --topology, also where each part "
                     "would run.")
-    explain_cmd.add_argument("query", metavar="QUERY.py",
-                             help="a Python file that defines `query`")
+    query_option(explain_cmd)
     explain_cmd.add_argument("--partitions", type=int, default=1, metavar="N",
                              help="spread merges over N key partitions (default: 1)")
     explain_cmd.add_argument("--topology", metavar="T.yaml",

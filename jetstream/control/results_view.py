@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
@@ -25,9 +26,20 @@ def _time(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%H:%M:%S")
 
 
-def _cell(value: Any) -> str:
+def _cells(values: list[Any]) -> list[str]:
+    """A column's values as text that reads alike down the column: numbers with thousands
+    separators, and every float with as many decimals (up to 3) as the column's most exact
+    float needs."""
+    floats = [v for v in values if isinstance(v, float) and math.isfinite(v)]
+    places = max((len(f"{v:.3f}".rstrip("0").partition(".")[2]) for v in floats), default=0)
+    return [_cell(v, places) for v in values]
+
+
+def _cell(value: Any, places: int) -> str:
     if isinstance(value, float):
-        return f"{value:,.3f}".rstrip("0").rstrip(".")
+        return f"{value:,.{places}f}" if math.isfinite(value) else str(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
     if isinstance(value, list):
         return json.dumps(value)[:60]
     return "" if value is None else str(value)
@@ -53,8 +65,9 @@ def render_window(result: WindowResult) -> Group:
     columns = list(result.rows[0]) if result.rows else ["(no rows)"]
     for column in columns:
         table.add_column(column, justify="left" if column == columns[0] else "right")
-    for row in result.rows[:MAX_ROWS]:
-        table.add_row(*(_cell(row.get(c)) for c in columns))
+    shown = result.rows[:MAX_ROWS]
+    for cells in zip(*(_cells([row.get(c) for row in shown]) for c in columns), strict=True):
+        table.add_row(*cells)
     if len(result.rows) > MAX_ROWS:
         table.caption = f"{len(result.rows) - MAX_ROWS} more rows"
     notes = [Text(f"warning: {w}", style="yellow") for w in result.warnings]

@@ -377,7 +377,8 @@ def register(commands: Any) -> None:
     emulate.add_argument("action", nargs="+",
                          metavar="TOPOLOGY | set-link A B BANDWIDTH | down")
     emulate.add_argument("--topology", default=str(DEFAULT_TOPOLOGY), metavar="T.yaml",
-                         help="for set-link and down: the running emulation's topology")
+                         help="for set-link and down: the running emulation's topology "
+                              "(default: the embedded local-3dc)")
     live_options(emulate, duration_s=0.0)
     emulate.set_defaults(run=_emulate)
 
