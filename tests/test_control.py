@@ -24,8 +24,9 @@ from jetstream.aggtree.planner import Fragment
 from jetstream.aggtree.topology import Server, Topology
 from jetstream.control.client import ControllerClient
 from jetstream.control.daemons import heartbeat_interval, link_measurements, link_reports
-from jetstream.control.global_controller import REPLAN_BANDWIDTH_CHANGE, GlobalController
+from jetstream.control.global_controller import GlobalController
 from jetstream.control.launch import free_port
+from jetstream.control.links import REPLAN_BANDWIDTH_CHANGE
 from jetstream.control.results_hub import ResultsHub
 from jetstream.control.server import start_server
 from jetstream.control.servicers import GlobalControllerServicer

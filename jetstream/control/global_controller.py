@@ -12,13 +12,10 @@ planning are :mod:`jetstream.rewrite` and :mod:`jetstream.aggtree`.
 from __future__ import annotations
 
 import base64
-import contextlib
 import copy
 import dataclasses
 import functools
-import json
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -30,7 +27,9 @@ import networkx as nx
 from jetstream import metrics
 from jetstream.aggtree.planner import Fragment, PhysicalPlan, plan_query
 from jetstream.aggtree.topology import Link, Topology
-from jetstream.control.results_hub import MAX_RESULTS, ResultsHub, utc, write_atomically
+from jetstream.control.links import LinkMeasurements
+from jetstream.control.past import PastQueries
+from jetstream.control.results_hub import ResultsHub, utc
 from jetstream.control.site_calls import (
     BEATS_PER_TIMEOUT,
     MAX_HEARTBEAT_SPACING_S,
@@ -40,23 +39,18 @@ from jetstream.control.site_calls import (
 from jetstream.control.state import (
     ControllerView,
     LinkReport,
-    Measurement,
     Placement,
     QueryState,
     QueryView,
+    SavedQueries,
     SiteState,
     SiteView,
 )
 from jetstream.dataplane.history import (
-    HISTORY_BUDGET_S,
-    HistoryAnswer,
     ReadCubes,
-    answer,
-    plan_history,
-    seamed,
 )
 from jetstream.dsl import Query
-from jetstream.errors import ControlPlaneError, JetstreamError, PlacementError, PlanError
+from jetstream.errors import ControlPlaneError, JetstreamError, PlacementError
 from jetstream.operators import Source
 from jetstream.planwire import query_from_bytes, query_from_proto, query_to_proto
 from jetstream.results import WindowResult
@@ -64,12 +58,10 @@ from jetstream.rewrite import distributed, explain, partial_aggregate
 from jetstream.stage.check import check_stage
 from jetstream.v1.query_pb2 import QueryPlan
 
-__all__ = ["REPLAN_BANDWIDTH_CHANGE", "GlobalController"]
+__all__ = ["GlobalController"]
 
 log = logging.getLogger(__name__)
 
-#: A measured bandwidth this far (relative) from the planned one triggers a re-plan.
-REPLAN_BANDWIDTH_CHANGE = 0.25
 
 
 #: Deploys one fragment to the site controller at an address; returns (piece, server) pairs.
@@ -99,31 +91,28 @@ class GlobalController:
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.state_dir = state_dir
         self.results = ResultsHub(state_dir / "results" if state_dir else None)
+        self.saved = SavedQueries(state_dir)
         self._deploy, self._stop, self.clock = deploy, stop, clock
         self._dispatch = dispatch
         self._deploying: set[tuple[str, str, int]] = set()  # (query, site, version) under way
         self.lock = threading.RLock()
         self.sites = {s.name: SiteState(s.name) for s in topology.sites}
         self.queries: dict[str, QueryState] = {}
-        self.measured: dict[frozenset[str], Measurement] = {}  # by the link's ends
-        # The measurements the latest plan was made with (link ends -> bits/s).
-        self.planned_bandwidth: dict[frozenset[str], float] = {}
+        #: The links' bandwidths as the sites measured them.
+        self.links = LinkMeasurements(topology, clock)
+        #: Questions about the past, answered from the cubes the sites keep.
+        self.past = PastQueries(self._known, self.results, self.effective_topology,
+                                allow_code)
         self._restore()
 
     # -- what outlives a restart --------------------------------------------------------------
     def _restore(self) -> None:
         """Take up the queries a previous controller kept in the state folder: each is planned
         anew, under a newer version, and deployed to each site as it registers."""
-        path = self.state_dir / "queries.json" if self.state_dir else None
-        if path is None or not path.exists():
+        root, saved = self.saved.load()
+        if root is None:
             return
-        try:
-            document = json.loads(path.read_text(encoding="utf-8"))
-            saved = document["queries"]
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            msg = f"{path}: cannot read the saved queries ({e}); move the file away"
-            raise ControlPlaneError(msg) from None
-        root = document.get("root", self.topology.root)
+        path = self.saved.path
         if root in self.sites and root in {self.topology.root, *self.topology.standby_roots}:
             self.root = root  # the root stays where it failed over to
         for entry in saved:
@@ -154,15 +143,7 @@ class GlobalController:
 
     def _save(self) -> None:
         """Keep every query in the state folder (if any): written whole, atomically."""
-        if self.state_dir is None:
-            return
-        saved = [{"name": q.name, "plan": base64.b64encode(q.spec).decode("ascii"),
-                  "state": q.state, "detail": q.detail,
-                  "replans": q.replans, "version": q.version, "expected": list(q.expected),
-                  "resend_from_ms": q.resend_from_ms}
-                 for q in self.queries.values()]
-        write_atomically(self.state_dir / "queries.json",
-                          json.dumps({"root": self.root, "queries": saved}, indent=1))
+        self.saved.save(self.root, self.queries.values())
 
     # -- sites ------------------------------------------------------------------------------
     def register_site(self, name: str, address: str) -> None:
@@ -217,8 +198,7 @@ class GlobalController:
                 site.placements = [p for p in placements if p.query in self.queries]
             for failed, error in (failures or {}).items():
                 self._stage_failed(failed, name, error)
-            changed = [peer for peer, bps in links.items() if self._bandwidth_moved(name, peer,
-                                                                                   bps)]
+            changed = [peer for peer, bps in links.items() if self.links.record(name, peer, bps)]
             if not site.alive:
                 site.alive = True
                 self._replan_all(f"site {name} is back")
@@ -314,48 +294,22 @@ class GlobalController:
                    BEATS_PER_TIMEOUT * max(heartbeat_spacing(self.topology, site), said))
 
     def expire_measurements(self) -> list[str]:
-        """Forget the link measurements no heartbeat has repeated for two of the measuring
-        site's heartbeat timeouts (a site reports a link only while it is saturated; see
-        :func:`jetstream.control.daemons.link_measurements`): such a link is planned at its
-        configured bandwidth again, re-planning if that is far from what the plans assumed.
-        The links forgotten, as "site-peer"."""
+        """Forget the link measurements no heartbeat has repeated lately (see
+        :meth:`LinkMeasurements.expire`), re-planning if the configured bandwidths they fall
+        back to are far from what the plans assumed; the links forgotten, as "site-peer"."""
         with self.lock:
-            now = self.clock()
-            stale = [ends for ends, m in self.measured.items()
-                     if now - m.at > 2 * self.timeout_of(m.site)]
-            names, moved = [], False
-            for ends in stale:
-                forgotten = self.measured.pop(ends)
-                site, peer = forgotten.site, forgotten.peer
-                names.append(f"{site}-{peer}")
-                with contextlib.suppress(KeyError):
-                    metrics.LINK_MEASURED_BANDWIDTH.remove(metrics.link_name(site, peer))
-                configured = self.topology.link(site, peer).bandwidth_bps
-                planned = self.planned_bandwidth.get(ends, configured)
-                moved |= abs(configured - planned) > REPLAN_BANDWIDTH_CHANGE * planned
+            names, moved = self.links.expire(self.timeout_of)
             if moved:
                 self._replan_all(f"no recent measurement of {', '.join(names)}: planned at "
                                  "the configured bandwidth")
             return names
-
-    def _bandwidth_moved(self, site: str, peer: str, bps: float) -> bool:
-        """Record a measurement; whether it is far from what the plans were made for."""
-        try:
-            configured = self.topology.link(site, peer).bandwidth_bps
-        except PlacementError:
-            return False  # not a link of the topology
-        ends = frozenset((site, peer))
-        self.measured[ends] = Measurement(bps, self.clock(), site, peer)
-        metrics.LINK_MEASURED_BANDWIDTH.labels(metrics.link_name(site, peer)).set(bps / 8)
-        planned = self.planned_bandwidth.get(ends, configured)
-        return abs(bps - planned) > REPLAN_BANDWIDTH_CHANGE * planned
 
     def effective_topology(self, *, measured: bool = True) -> Topology:
         """The topology as it stands: measured bandwidths in (unless not ``measured``: then
         the configured ones); dead sites, links measured at zero (cut, either way), and the
         sites they cut off from the root left out."""
         dead = {s.name for s in self.sites.values() if s.address is not None and not s.alive}
-        bandwidth = {ends: bps for ends, bps in self._measured_bps().items()
+        bandwidth = {ends: bps for ends, bps in self.links.bps().items()
                      if measured or bps <= 0}
         links = [dataclasses.replace(link, bandwidth_bps=bandwidth.get(link.ends,
                                                                        link.bandwidth_bps))
@@ -368,9 +322,6 @@ class GlobalController:
         sites = tuple(s for s in self.topology.sites if s.name in reachable)
         links = [link for link in links if link.ends <= reachable]
         return dataclasses.replace(self.current_topology, sites=sites, links=tuple(links))
-
-    def _measured_bps(self) -> dict[frozenset[str], float]:
-        return {ends: m.bandwidth_bps for ends, m in self.measured.items()}
 
     def _plan(self, query: Query) -> PhysicalPlan:
         """Plan ``query`` on the topology as it stands. A link is measured only while it is
@@ -387,7 +338,7 @@ class GlobalController:
         try:
             return plan_query(query, topology)
         except PlacementError:
-            if not self.measured:
+            if not self.links.measured:
                 raise
             return plan_query(query, self.effective_topology(measured=False))
 
@@ -406,7 +357,7 @@ class GlobalController:
             if read is None:
                 msg = "this controller reads no cubes: it cannot backfill"
                 raise ControlPlaneError(msg)
-            query, backfill, seam = self.backfill(query, since_ms, read)
+            query, backfill, seam = self.past.backfill(query, since_ms, read)
             spec = query_to_proto(query)
         split = distributed(query)  # refuse now what no site could run
         partial_aggregate(split)
@@ -416,7 +367,7 @@ class GlobalController:
             if existing is not None and existing.active:
                 msg = f"query {query.name} is already running; cancel it first"
                 raise ControlPlaneError(msg)
-            self.planned_bandwidth = self._measured_bps()
+            self.links.planning()
             plan = self._plan(query)  # refuse what cannot be placed
             self.results.reset(query.name)
             for result in backfill.results if backfill is not None else ():
@@ -439,81 +390,6 @@ class GlobalController:
         with self.lock:
             plan = self._plan(query)
         return f"{explain(query)}\n\n{plan.render()}"
-
-    def backfill(self, query: Query, since_ms: int, read: ReadCubes
-                 ) -> tuple[Query, HistoryAnswer, int]:
-        """``query`` from a seam on, its windows from ``since_ms`` to the seam answered
-        from the cubes of a query that ran (another name): the seam is the end of that
-        query's newest window every site has reported, at a window of ``query``. So the
-        cubes hold every window before the seam, and the live query counts only the records
-        at or after it (:func:`~jetstream.dataplane.history.seamed`): no gap, nothing twice. And the
-        seam."""
-        with self.lock:
-            states = sorted((s for s in self.queries.values() if s.name != query.name),
-                            key=lambda q: not q.active)
-            addresses = {name: (site.address or "") if site.alive else ""
-                         for name, site in self.sites.items()}
-        now_ms = time.time_ns() // 1_000_000
-        plan = plan_history(query, [state.query for state in states], since_ms=since_ms,
-                            until_ms=now_ms, now_ms=now_ms, finest=True)
-        state = next(s for s in states if s.name == plan.stored.name)
-        complete = [r.window_end for r in self.results.newest(state.name, MAX_RESULTS)
-                    if not r.history and r.sites_expected
-                    and r.sites_reporting == r.sites_expected]
-        if not complete:
-            msg = (f"backfill of {query.name}: {state.name}, whose cubes would answer it, has "
-                   "no window every site reported yet; try again once it has")
-            raise PlanError(msg)
-        size = plan.window.spec.size_ms
-        # At a window's start, and not before --since: the live query starts there.
-        seam = max(max(complete) // size * size, -(-since_ms // size) * size)
-        live = seamed(query, seam)
-        found = answer(dataclasses.replace(plan, end_ms=max(seam, since_ms)),
-                       {site: addresses.get(site, "") for site in state.expected}, read,
-                       self._history_budgets(state))
-        log.info("%s: backfilled %d windows from the cubes of %s, live from %d", query.name,
-                 len(found.results), state.name, seam)
-        return live, found, seam
-
-    def history(self, spec: QueryPlan, since_ms: int, until_ms: int, read: ReadCubes,
-                now_ms: int | None = None) -> HistoryAnswer:
-        """Answer the query of ``spec`` over ``[since_ms, until_ms)`` from the cubes the
-        sites keep of a query that ran here (see :mod:`jetstream.dataplane.history`); ``read``
-        asks a site for its kept windows. Refused, naming what is missing, when no stored query's
-        cubes hold what it needs."""
-        query = query_from_proto(spec, allow_code=self.allow_code)
-        with self.lock:
-            # Running queries first, then the newest of the others.
-            states = sorted(self.queries.values(), key=lambda q: not q.active)
-            addresses = {name: (site.address or "") if site.alive else ""
-                         for name, site in self.sites.items()}
-        plan = plan_history(query, [state.query for state in states], since_ms=since_ms,
-                            until_ms=until_ms,
-                            now_ms=time.time_ns() // 1_000_000 if now_ms is None else now_ms)
-        state = next(s for s in states if s.name == plan.stored.name)
-        return answer(plan, {site: addresses.get(site, "") for site in state.expected}, read,
-                      self._history_budgets(state))
-
-    def _history_budgets(self, state: QueryState) -> dict[str, int]:
-        """The bytes each source site's answer to a history query may take: what the
-        thinnest link on its way to the root in the stored query's tree carries in
-        HISTORY_BUDGET_S (by the measured bandwidth where there is one; the root's own, no
-        limit)."""
-        topology = self.effective_topology()
-        fragments = state.plan.fragments if state.plan is not None else {}
-        budgets = {}
-        for site in state.expected:
-            bps, node = math.inf, site
-            while node in fragments and fragments[node].parent:
-                parent = fragments[node].parent
-                assert parent is not None
-                try:
-                    bps = min(bps, topology.link(node, parent).bandwidth_bps)
-                except PlacementError:  # a site out of the tree now: no budget known
-                    break
-                node = parent
-            budgets[site] = 0 if math.isinf(bps) else int(bps / 8 * HISTORY_BUDGET_S)
-        return budgets
 
     def publish(self, name: str, results: list[WindowResult], finished: bool) -> None:
         """The root's results for a query; ``finished``: its finite input is all done."""
@@ -550,7 +426,7 @@ class GlobalController:
 
     def _replan(self, state: QueryState, reason: str) -> None:
         """Plan ``state``'s query anew; deploy the new version where its tree changed."""
-        self.planned_bandwidth = self._measured_bps()
+        self.links.planning()
         try:
             plan = self._plan(state.query)
         except JetstreamError as e:
@@ -693,7 +569,15 @@ class GlobalController:
                                 MappingProxyType(dict(q.failures)))
                       for q in self.queries.values()),
                 tuple(self.link_load()),
-                MappingProxyType(self._measured_bps()))
+                MappingProxyType(self.links.bps()))
+
+    def _known(self) -> tuple[list[QueryState], dict[str, str]]:
+        """The queries, running ones first, and each site's address (empty: down)."""
+        with self.lock:
+            states = sorted(self.queries.values(), key=lambda q: not q.active)
+            addresses = {name: (site.address or "") if site.alive else ""
+                         for name, site in self.sites.items()}
+        return states, addresses
 
     def has_query(self, name: str) -> bool:
         with self.lock:

@@ -177,7 +177,7 @@ class GlobalControllerServicer(rpc.GlobalControllerServicer):
             context.abort(grpc.StatusCode.UNIMPLEMENTED, "this controller reads no cubes")
         assert self._read_cubes is not None
         try:
-            found = self.controller.history(_plan(request.query), request.since_ms,
+            found = self.controller.past.history(_plan(request.query), request.since_ms,
                                             request.until_ms, self._read_cubes)
         except JetstreamError as e:
             _abort(context, e)

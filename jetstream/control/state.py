@@ -4,16 +4,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import base64
+import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from pathlib import Path
+from typing import Any, NamedTuple
 
 from jetstream.aggtree.planner import PhysicalPlan
 from jetstream.aggtree.topology import Link, Topology
+from jetstream.control.results_hub import write_atomically
 from jetstream.dsl import Query
+from jetstream.errors import ControlPlaneError
 
 __all__ = ["ControllerView", "LinkReport", "Measurement", "Placement", "QueryState", "QueryView",
-           "SiteState", "SiteView"]
+           "SavedQueries", "SiteState", "SiteView"]
 
 
 @dataclass(frozen=True)
@@ -137,3 +142,33 @@ class ControllerView:
         """``site``'s parent in ``query``'s current tree (None: none, or no such query)."""
         state = self.query(query)
         return None if state is None else state.parents.get(site)
+
+
+class SavedQueries:
+    """The queries a controller keeps in its state folder (none without one), and where its
+    root is: ``queries.json``, written whole, atomically, read back by a controller started
+    again (``jetstream controller --state-dir``)."""
+
+    def __init__(self, state_dir: Path | None) -> None:
+        self.path = state_dir / "queries.json" if state_dir is not None else None
+
+    def load(self) -> tuple[str | None, list[dict[str, Any]]]:
+        """The root as saved and each query's entry (None and none: nothing saved)."""
+        if self.path is None or not self.path.exists():
+            return None, []
+        try:
+            document = json.loads(self.path.read_text(encoding="utf-8"))
+            return str(document.get("root", "")), list(document["queries"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            msg = f"{self.path}: cannot read the saved queries ({e}); move the file away"
+            raise ControlPlaneError(msg) from None
+
+    def save(self, root: str, queries: Iterable[QueryState]) -> None:
+        if self.path is None:
+            return
+        saved = [{"name": q.name, "plan": base64.b64encode(q.spec).decode("ascii"),
+                  "state": q.state, "detail": q.detail,
+                  "replans": q.replans, "version": q.version, "expected": list(q.expected),
+                  "resend_from_ms": q.resend_from_ms}
+                 for q in queries]
+        write_atomically(self.path, json.dumps({"root": root, "queries": saved}, indent=1))
