@@ -327,3 +327,19 @@ def test_a_query_file_is_given_with_query_and_the_old_spelling_still_works(
         with pytest.raises(SystemExit):
             main([command, "--help"])
         assert "--query QUERY.py" in capsys.readouterr().out, command
+
+
+def test_the_lab_adds_its_commands_and_a_broken_add_on_takes_none_of_ours(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import EntryPoint
+
+    [lab] = [e for e in cli.entry_points(group=cli.COMMANDS_GROUP) if e.name == "lab"]
+    assert lab.value == "jetstream.lab.commands:register"
+    broken = EntryPoint("broken", "jetstream.no_such_module:register", cli.COMMANDS_GROUP)
+    monkeypatch.setattr(cli, "entry_points", lambda group: [broken, lab])
+    assert main(["explain", "--query", str(EXAMPLE)]) == 0
+    assert "the commands of broken (jetstream.no_such_module:register) did not load" in (
+        capsys.readouterr().err)
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])  # the lab's, still there
+    assert "--replay" in capsys.readouterr().out

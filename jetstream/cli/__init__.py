@@ -35,7 +35,11 @@ def parser() -> argparse.ArgumentParser:
     for group in (queries, deployment, operate):
         group.register(commands)
     for entry in sorted(entry_points(group=COMMANDS_GROUP), key=lambda e: e.name):
-        entry.load()(commands)
+        try:
+            entry.load()(commands)
+        except Exception as e:  # a broken add-on must not take our own commands with it
+            print(f"jetstream: warning: the commands of {entry.name} ({entry.value}) did not "
+                  f"load: {e}", file=sys.stderr)
     return top
 
 
