@@ -83,7 +83,7 @@ def hll_union(sketches: list[Any], lg_k: int) -> Any:
     to ``lg_k`` on its own first: DataSketches' union, given a larger sketch in coupon mode
     and then a smaller one, returned the smaller one's estimate (found by
     ``tests/test_holistic.py``)."""
-    union = datasketches().hllhll_union(lg_k)
+    union = datasketches().hll_union(lg_k)
     for sketch in sketches:
         if len(sketches) > 1 and sketch.lg_config_k != lg_k:
             sketch = hll_union([sketch], lg_k)
