@@ -29,8 +29,7 @@ still open (and those handed on before the watermark closed them), the watermark
 batch's id go to the file, atomically. A restarted stage loads them; Spark re-runs the
 batches it had not committed, and the batches the snapshot already holds are skipped, so
 every record counts once. A window handed on again (its batch re-run) is dropped by whoever
-has it already; one the snapshot no longer holds is in the site's inbox (``runtime``,
-with the cube store, as sites run by default).
+has it already; one the snapshot no longer holds is in the site's inbox (the cube store).
 """
 
 from __future__ import annotations
@@ -361,7 +360,9 @@ class LocalStage:
         once = F.coalesce(F.col("_first"), F.lit(True))  # a record's one row
         counters = [F.count(F.when(valid & once, True)).alias("records"),
                     F.max(F.when(valid, F.col("_event"))).alias("latest"),
-                    F.min(F.when(valid, F.col(ARRIVED_COLUMN))).alias("arrived"),
+                    # When the record the watermark stands on landed (the gate may have held
+                    # the batch's first file a while): the close of what the batch closes.
+                    F.max_by(ARRIVED_COLUMN, F.when(valid, F.col("_event"))).alias("arrived"),
                     F.collect_set(FILE_COLUMN).alias("files"),
                     *(F.count(F.when(F.col("_reason").startswith(reason), True)).alias(reason)
                       for reason in _REASONS)]
