@@ -109,6 +109,32 @@ def test_two_queries_share_one_stream_and_each_equals_run_local(
     assert sorted(os.listdir(folder)) == [f"{i}.csv" for i in range(4)]
 
 
+def test_stages_sharing_a_batch_each_count_its_records_and_malformed_lines_once(
+        spark: Any, folder: Path, tmp_path: Path, reader: SourceReader) -> None:
+    # Several stages take the batch's records parsed once and its counters observed once:
+    # each stage's counters are the batch's, not a multiple, and each sets aside the bad.
+    stages = [Stage(spark, query, folder, tmp_path)
+              for query in (js.Query("sliding", LOGS.window(js.sliding("2s", "1s"),
+                                                            watermark="100ms")
+                                     .agg(n=js.count())), BY_DOMAIN, BYTES)]
+    for stage in stages:
+        reader.attach(stage.stage)
+    written = [r for i in range(3) for r in records(i)]
+    for i in range(3):
+        drop(folder, f"{i}.csv", records(i))
+        with (folder / f"{i}.csv").open("a") as f:  # a short line and a bad number
+            f.write("1000000,ams\n")
+            f.write(",".join(["1000001", "ams", "198.51.100.1", "a.com", "http://a.com/",
+                              "200", "many", "1.5", "HIT"]) + "\n")
+    wait_for(lambda: all(s.stage.stats.records_in == len(written) for s in stages),
+             "every stage to read every record")
+    for stage in stages:
+        assert stage.stage.stats.malformed == {"wrong field count": 3, "ill-typed field": 3}
+        assert stage.results() == js.run_local(stage.query, written)
+        wait_for(lambda stage=stage: any(Path(tmp_path, f"quarantine-{stage.query.name}")
+                                         .glob("*.json")), "the bad lines set aside")
+
+
 def test_a_query_added_while_another_runs_withholds_what_it_missed_and_a_removed_one_stops(
         spark: Any, folder: Path, tmp_path: Path, reader: SourceReader) -> None:
     first, cancelled = Stage(spark, BY_DOMAIN, folder, tmp_path), Stage(

@@ -123,7 +123,7 @@ class _Compiled:
     """The Spark columns of a stage's plan, built once: every batch runs the same plan."""
 
     typed: list[Column]  # the text columns parsed, the bad line, and the reason it is bad
-    counters: list[Column]  # what ``observe`` collects
+    counters: list[Column]  # what ``observe`` collects of prepared rows
     steps: list[Callable[[DataFrame], DataFrame]]  # the query's record steps
     windows: Column  # each record's window starts
     in_window: Column  # whether a start's window holds the record
@@ -296,11 +296,19 @@ class LocalStage:
         """Raw records as the aggregation takes them, a row per kept record and window it
         falls in, and a row (with no window) per record that is malformed or that a ``where``
         drops, for the counters. Built once on the stream, so a batch adds two steps."""
-        c = self._compiled
+        return self.prepare_typed(self.typed(raw))
+
+    def typed(self, raw: DataFrame) -> DataFrame:
+        """Raw records parsed against the source's schema, a row per record: the first
+        step of :meth:`prepare`, the same for every stage of one source."""
         if ARRIVED_COLUMN not in raw.columns:  # a batch not read from the folder (tests)
             raw = raw.withColumns({ARRIVED_COLUMN: F.lit(None).cast("long"),
                                    FILE_COLUMN: F.lit(None).cast("string")})
-        df = raw.select(*c.typed)
+        return raw.select(*self._compiled.typed)
+
+    def prepare_typed(self, typed: DataFrame) -> DataFrame:
+        """:meth:`prepare` of records already :meth:`typed`."""
+        c, df = self._compiled, typed
         for step in c.steps:
             df = step(df)
         df = df.select("*", c.windows.alias("_start")).filter(c.in_window).select(*c.inputs)
@@ -308,19 +316,27 @@ class LocalStage:
             df = df.withColumns(projection)
         return df
 
+    @property
+    def record_counters(self) -> list[Column]:
+        """What ``observe`` collects of :meth:`typed` records (see :meth:`plan`)."""
+        return _counters(F.lit(True))
+
     def _process(self, prepared: DataFrame, batch_id: int | None = None) -> None:
         started = time.time()
         planned = self.plan(prepared, batch_id)
         self.take(planned, planned.grouped.collect(), batch_id, started)
 
-    def plan(self, prepared: DataFrame, batch_id: int | None, one_task: bool = False
-             ) -> PlannedBatch:
+    def plan(self, prepared: DataFrame, batch_id: int | None, one_task: bool = False,
+             observation: Observation | None = None) -> PlannedBatch:
         """The micro-batch's one Spark job, not run yet: its rows grouped by window and key,
-        with the batch's counters observed on the way. ``one_task``: grouped in one
-        partition, with no shuffle (a stage of one task; see ``SourceReader._run``)."""
-        c = self._compiled
-        observation = Observation(f"{self.name}/{id(self)}/{batch_id}")
-        df = prepared.observe(observation, *c.counters)
+        with the batch's counters observed on the way, or by the caller, on the records
+        ``prepared`` was prepared from (``observation``, its ``record_counters``).
+        ``one_task``: grouped in one partition, with no shuffle (a stage of one task; see
+        ``SourceReader._run``)."""
+        c, df = self._compiled, prepared
+        if observation is None:
+            observation = Observation(f"{self.name}/{id(self)}/{batch_id}")
+            df = prepared.observe(observation, *c.counters)
         if one_task:
             df = df.coalesce(1)
         return PlannedBatch(prepared, df.groupBy(*c.keys).agg(*c.aggregates), observation)
@@ -356,16 +372,8 @@ class LocalStage:
             self.windows.save(self.snapshot, batch_id)
 
     def _compile(self) -> _Compiled:
-        valid, keep = F.col("_reason").isNull(), F.col("_keep")
-        once = F.coalesce(F.col("_first"), F.lit(True))  # a record's one row
-        counters = [F.count(F.when(valid & once, True)).alias("records"),
-                    F.max(F.when(valid, F.col("_event"))).alias("latest"),
-                    # When the record the watermark stands on landed (the gate may have held
-                    # the batch's first file a while): the close of what the batch closes.
-                    F.max_by(ARRIVED_COLUMN, F.when(valid, F.col("_event"))).alias("arrived"),
-                    F.collect_set(FILE_COLUMN).alias("files"),
-                    *(F.count(F.when(F.col("_reason").startswith(reason), True)).alias(reason)
-                      for reason in _REASONS)]
+        keep = F.col("_keep")
+        counters = _counters(F.coalesce(F.col("_first"), F.lit(True)))  # a record's one row
         # Each kept record once per window it falls in, and whether that is its first window
         # (the one the watermark closes first): the first start s with s + size > ts.
         spec, time_column = self.window.spec, F.col(self.window.time_column)
@@ -425,6 +433,9 @@ class LocalStage:
             at = events_at + len(aggregates)
             slices.append(slice(at, at + len(columns)))
             aggregates += columns
+        # Each a name of its own (Spark's would repeat for a repeated expression): a row of
+        # several stages' puts them in a struct by name (``jetstream.stage.reader``).
+        aggregates = [column.alias(f"_a{j}") for j, column in enumerate(aggregates)]
         band_at = [None if x.band is None else len(keys) + bands.index(f"_in{i}_x_e")
                    for i, x in enumerate(given)]
         if tumbling:  # one window a record: no row per window to make, none to drop
@@ -548,6 +559,21 @@ class LocalStage:
             sketch.update(row["_item"], int(row["count"]))
         for (window, key), sketch in sketches.items():
             self.windows.merge_into(window, key, i, sketch)
+
+
+def _counters(once: Column) -> list[Column]:
+    """What ``observe`` collects of a batch's rows, ``once`` true in one row a record: the
+    records read (kept or not), the largest event time, when the record it stands on
+    landed, the files, the malformed records by reason."""
+    valid = F.col("_reason").isNull()
+    return [F.count(F.when(valid & once, True)).alias("records"),
+            F.max(F.when(valid, F.col("_event"))).alias("latest"),
+            # When the record the watermark stands on landed (the gate may have held the
+            # batch's first file a while): the close of what the batch closes.
+            F.max_by(ARRIVED_COLUMN, F.when(valid, F.col("_event"))).alias("arrived"),
+            F.collect_set(FILE_COLUMN).alias("files"),
+            *(F.count(F.when(F.col("_reason").startswith(reason), True)).alias(reason)
+              for reason in _REASONS)]
 
 
 def _select(df: DataFrame, columns: list[Column]) -> DataFrame:

@@ -3,11 +3,14 @@
 A site runs one Spark Structured Streaming query per source folder (:class:`SourceReader`):
 it lists the folder and parses each new file once, and each micro-batch feeds every local
 stage attached to it (:class:`~jetstream.stage.job.LocalStage`, one per query and source).
-The stages' aggregations run as **one** Spark job a micro-batch — each stage's grouped rows
-packed into a struct column of its own, the stages' results put together with
-``unionByName`` — so a second query adds its plan's branch to the job rather than a stream
-of its own (a listing, offset and commit logs, a plan and a job every trigger). Each stage
-still plans, merges and snapshots on its own; the reader knows nothing of their semantics.
+The stages' aggregations run as **one** Spark job a micro-batch — the records parsed once
+for all and the batch's counters observed once, each stage's grouped rows packed into a
+struct column of its own, the stages' results put together with ``unionByName`` — so a
+second query adds its plan's branch to the job rather than a stream of its own (a listing,
+offset and commit logs, a plan and a job every trigger). Each stage still plans, merges and
+snapshots on its own; the reader knows nothing of their semantics. (With several stages,
+what a micro-batch costs is mostly Spark's analysis of each DataFrame step of each stage's
+plan, every batch: ``docs/benchmarks.md``, "What a six-query micro-batch costs".)
 The stream does not list the site's folder itself but a folder of the reader's own, into
 which a gate (:mod:`jetstream.stage.gate`) lets the new files, so that files that land
 between two windows' hand-ons share a micro-batch, and from which a file leaves once the
@@ -44,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import StructType
@@ -254,9 +257,10 @@ class SourceReader:
                     else:
                         log.warning("the job of %d stages on %s failed: running each alone",
                                     len(planned), self.folder)
-                        # Planned anew: an observation is spent on the job that failed.
-                        planned = self._plan([s for s, _ in planned], records, batch_id,
-                                             prepared)
+                        # Each planned anew, alone: an observation is spent on the job that
+                        # failed, and each needs its own.
+                        planned = [again for s, _ in planned
+                                   for again in self._plan([s], records, batch_id, prepared)]
                         rows = [self._alone(s, plan) for s, plan in planned]
                 for (stage, plan), grouped in zip(planned, rows, strict=True):
                     if grouped is None:
@@ -284,13 +288,23 @@ class SourceReader:
         (a six-query micro-batch took 1.2 s instead of 2.0 s; docs/benchmarks.md). One stage
         alone keeps its shuffle: in one task it gained nothing end to end."""
         planned: list[tuple[LocalStage, PlannedBatch]] = []
+        # Several: the records parsed once for all, their counters observed once, on the
+        # way of the first stage planned (every stage's job takes part in the one job).
+        typed = None if prepared else stages[0].typed(records)
+        observation = Observation(f"{self.folder.name}/{id(self)}/{batch_id}")
         for stage in stages:
             try:
-                planned.append((stage, stage.plan(
-                    records if prepared else stage.prepare(records), batch_id,
-                    one_task=len(stages) > 1)))
+                if typed is None:
+                    plan = stage.plan(records, batch_id)
+                else:
+                    base = (typed if planned else
+                            typed.observe(observation, *stage.record_counters))
+                    plan = stage.plan(stage.prepare_typed(base), batch_id,
+                                      one_task=len(stages) > 1, observation=observation)
             except Exception as e:
                 self._fail(stage, e)
+                continue
+            planned.append((stage, plan))
         return planned
 
     def _together(self, planned: list[tuple[LocalStage, PlannedBatch]]) -> list[list[Any]]:
@@ -402,10 +416,10 @@ class SourceReader:
 
 
 def _packed(grouped: DataFrame, name: str) -> DataFrame:
-    """A stage's grouped rows as one struct column (its fields renamed by position: two
-    aggregates may have the same name)."""
-    renamed = grouped.toDF(*(f"c{i}" for i in range(len(grouped.columns))))
-    return renamed.select(F.struct(*renamed.columns).alias(name))
+    """A stage's grouped rows as one struct column (read by position; a stage's grouped
+    columns have names of their own: see ``LocalStage.plan``)."""
+    columns = (F.col("`{}`".format(c.replace("`", "``"))) for c in grouped.columns)
+    return grouped.select(F.struct(*columns).alias(name))
 
 
 class SourceReaders:
