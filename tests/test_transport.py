@@ -11,6 +11,7 @@ from typing import Any
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import jetstream as js
 from jetstream.approx.policy import LinkPolicy, degradation_ladder
@@ -573,3 +574,23 @@ def test_a_message_sent_while_the_stream_reconnects_goes_on_the_new_stream() -> 
     finally:
         parked.set()
         sender.close()
+
+
+def test_many_open_streams_leave_room_for_more_and_for_other_calls(
+        receiver: Receiver) -> None:
+    # Every sender of every query holds a stream open, and a thread of the receiver's server
+    # with it: a root of six queries on local-3dc had more than the 16 threads a server
+    # had, and a deploy queued behind them until its deadline.
+    senders = [sender_to(receiver.port) for _ in range(40)]
+    try:
+        for i, sender in enumerate(senders):
+            sender.send(message(10 * i, origin=f"site{i}", sequence=i))
+            assert sender.flush(10), f"stream {i} of {len(senders)} was not served"
+        channel = grpc.insecure_channel(f"127.0.0.1:{receiver.port}")
+        health = health_pb2_grpc.HealthStub(channel)
+        reply = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        channel.close()
+    finally:
+        for sender in senders:
+            sender.close()

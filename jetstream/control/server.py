@@ -14,9 +14,19 @@ from grpc_reflection.v1alpha import reflection
 from jetstream.dataplane.servicer import MAX_MESSAGE_BYTES
 from jetstream.security import Security
 
-__all__ = ["MAX_MESSAGE_BYTES", "start_server"]
+__all__ = ["MAX_MESSAGE_BYTES", "SERVER_THREADS", "start_server"]
 
 log = logging.getLogger(__name__)
+
+#: The calls a server runs at once, each on a thread of its own (made as they are needed).
+#: A streaming call holds its thread for as long as it is open, and the data plane's are
+#: open for a query's life: a ``Push`` from every sender of every query, ``Rounds`` for
+#: TPUT's asks. With 16 threads, a root of six standing queries on ``local-3dc`` had none
+#: left, and a deploy waited 30 s in the queue until its deadline (its query's stage then
+#: started a minute late, warming up while the others ran: docs/benchmarks.md). Beyond
+#: this many, a call is refused at once (``RESOURCE_EXHAUSTED``) rather than
+#: queued behind streams that do not end.
+SERVER_THREADS = 1024
 
 
 def start_server(services: Sequence[tuple[Callable[[Any, grpc.Server], None], Any, str]],
@@ -31,7 +41,8 @@ def start_server(services: Sequence[tuple[Callable[[Any, grpc.Server], None], An
     process, and is logged as loudly as ``--insecure``; every daemon passes its own.
     """
     security = security or Security.plaintext()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=[
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=SERVER_THREADS),
+                         maximum_concurrent_rpcs=SERVER_THREADS, options=[
         # Larger messages are refused by gRPC itself, before any of our code sees them.
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)],
