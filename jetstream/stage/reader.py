@@ -288,17 +288,21 @@ class SourceReader:
         (a six-query micro-batch took 1.2 s instead of 2.0 s; docs/benchmarks.md). One stage
         alone keeps its shuffle: in one task it gained nothing end to end."""
         planned: list[tuple[LocalStage, PlannedBatch]] = []
-        # Several: the records parsed once for all, their counters observed once, on the
-        # way of the first stage planned (every stage's job takes part in the one job).
-        typed = None if prepared else stages[0].typed(records)
-        observation = Observation(f"{self.folder.name}/{id(self)}/{batch_id}")
+        # Raw records: parsed once for all, their counters observed once, on the way of the
+        # first stage planned (every stage's job takes part in the one job).
+        typed: DataFrame | None = None
+        observation: Observation | None = None
         for stage in stages:
             try:
-                if typed is None:
+                if prepared:
                     plan = stage.plan(records, batch_id)
                 else:
-                    base = (typed if planned else
-                            typed.observe(observation, *stage.record_counters))
+                    typed = stage.typed(records) if typed is None else typed
+                    base = typed
+                    if not planned:  # (an observation is spent by a stage that failed)
+                        observation = Observation(
+                            f"{self.folder.name}/{id(self)}/{batch_id}/{stage.name}")
+                        base = typed.observe(observation, *stage.record_counters)
                     plan = stage.plan(stage.prepare_typed(base), batch_id,
                                       one_task=len(stages) > 1, observation=observation)
             except Exception as e:
@@ -416,8 +420,8 @@ class SourceReader:
 
 
 def _packed(grouped: DataFrame, name: str) -> DataFrame:
-    """A stage's grouped rows as one struct column (read by position; a stage's grouped
-    columns have names of their own: see ``LocalStage.plan``)."""
+    """A stage's grouped rows as one struct column, read by position (its columns are
+    named apart: the keys, and the aggregates ``_a0``, ``_a1``, ...)."""
     columns = (F.col("`{}`".format(c.replace("`", "``"))) for c in grouped.columns)
     return grouped.select(F.struct(*columns).alias(name))
 
