@@ -32,18 +32,21 @@ from __future__ import annotations
 import contextlib
 import math
 import operator
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from pyspark.sql import Column
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from jetstream.errors import PlanError
 from jetstream.expr import And, Arith, Call, Col, Compare, Expr, IsIn, Lit, Neg, Not, Or
+from jetstream.local import map_record
+from jetstream.operators import Map, Operator, Select, Source, WithColumn
 from jetstream.schema import DataType, Schema
 
-__all__ = ["parse_text", "spark_schema", "spark_type", "to_column"]
+__all__ = ["defined_as", "finite", "map_step", "parse_text", "spark_schema", "spark_type",
+           "to_column"]
 
 _INT64 = range(-(2**63), 2**63)
 _TWO_63 = 2.0**63
@@ -262,3 +265,52 @@ def parse_text(name: str, dtype: DataType) -> Column:
     if dtype is DataType.FLOAT:  # NaN and infinities are not numbers a log line can hold
         return F.when(~F.isnan(value) & (F.abs(value) != F.lit(math.inf)), value)
     return value
+
+
+def map_step(step: Map, schema: Schema, internal: Sequence[str]
+             ) -> Callable[[DataFrame], DataFrame]:
+    """A ``map`` as a Python UDF over each kept record (its columns as a dict), giving the
+    record of the step's schema, checked as the reference executor checks it
+    (:func:`jetstream.local.map_record`). A record not kept is not given to the function
+    (its columns are NULL): Spark evaluates a Python UDF on every row, whatever guards it.
+    ``internal``: the stage's own columns, kept beside the record's."""
+    names = schema.names
+
+    def apply(keep: bool | None, *values: Any) -> tuple[Any, ...] | None:
+        if not keep:
+            return None
+        out = map_record(step, dict(zip(names, values, strict=True)))
+        return tuple(out[f.name] for f in step.schema)
+
+    # Rows reach it pickled in batches: an Arrow UDF would need pyarrow and pandas at every
+    # site (pyarrow alone added 65 MB to a site's process, which the demo's memory cannot take).
+    udf = F.udf(apply, spark_schema(step.schema), useArrow=False)
+    mapped = udf(F.col("_keep"), *(F.col(f"`{n}`") for n in names)).alias("_mapped")
+    kept = [F.col(c) for c in internal]
+
+    def run(df: DataFrame) -> DataFrame:
+        return df.select(mapped, *kept).select("_mapped.*", *kept)
+    return run
+
+
+def defined_as(expr: Expr, source: Source, steps: Sequence[Operator]) -> tuple[Expr, Schema]:
+    """``expr`` and the schema it reads, or for a column that a step made, that step's
+    expression for it and the step's input schema."""
+    schemas = [source.schema, *(step.schema for step in steps)]
+    if not isinstance(expr, Col):
+        return expr, schemas[-1]
+    name = expr.name
+    for i in reversed(range(len(steps))):
+        step = steps[i]
+        made = (step.expr if isinstance(step, WithColumn) and step.name == name
+                else dict(step.columns).get(name) if isinstance(step, Select) else None)
+        if isinstance(made, Col):  # kept, or renamed, by a select
+            name = made.name
+        elif made is not None:
+            return made, schemas[i]
+    return Col(name), schemas[0]
+
+
+def finite(x: Column) -> Column:
+    """Whether a double is a number, not NULL, NaN or infinite."""
+    return x.isNotNull() & ~F.isnan(x) & (F.abs(x) != F.lit(math.inf))

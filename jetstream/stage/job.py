@@ -55,12 +55,9 @@ from jetstream.aggregates import Count
 from jetstream.approx.sketches import TopKItems
 from jetstream.dsl import Query
 from jetstream.errors import PlanError
-from jetstream.expr import Col, Expr
-from jetstream.local import map_record
 from jetstream.operators import (
     Join,
     Map,
-    Operator,
     Select,
     Source,
     Where,
@@ -68,7 +65,7 @@ from jetstream.operators import (
     WindowAggregate,
     WithColumn,
 )
-from jetstream.schema import DataType, Schema
+from jetstream.schema import DataType
 from jetstream.stage.batches import (
     ARRIVED_COLUMN,
     CORRUPT_COLUMN,
@@ -80,7 +77,14 @@ from jetstream.stage.batches import (
 )
 from jetstream.stage.bookkeeping import Emit, OpenWindows
 from jetstream.stage.check import Chain, check_stage
-from jetstream.stage.compile import parse_text, spark_schema, to_column
+from jetstream.stage.compile import (
+    defined_as,
+    finite,
+    map_step,
+    parse_text,
+    spark_schema,
+    to_column,
+)
 from jetstream.stage.forms import Input, float_parts, form_of, scaled_exponent, scaled_parts
 
 __all__ = ["DEFAULT_TRIGGER_S", "Emit", "LocalStage", "PlannedBatch", "StageStats"]
@@ -402,9 +406,9 @@ class LocalStage:
             if not (form_of(agg).banded and agg.expr.dtype(schema) is DataType.FLOAT):
                 given.append(Input(F.col(name)))
                 continue
-            exponent = scaled_exponent(*_defined(agg.expr, self.source, self.steps))
+            exponent = scaled_exponent(*defined_as(agg.expr, self.source, self.steps))
             if exponent is None:
-                inputs.append(F.when(_finite(value), value).alias(f"{name}_x"))
+                inputs.append(F.when(finite(value), value).alias(f"{name}_x"))
                 band, limbs = float_parts(f"{name}_x")
             else:  # an integer scaled by a power of two: always finite
                 inputs.append(value.alias(f"{name}_x"))
@@ -494,7 +498,7 @@ class LocalStage:
             elif isinstance(step, Join):
                 steps.append(self._join(step, i))
             elif isinstance(step, Map):
-                steps.append(_map(step, inputs[i]))
+                steps.append(map_step(step, inputs[i], _INTERNAL))
             else:
                 assert isinstance(step, Window), f"check_stage let {step.kind} through"
         return steps
@@ -578,49 +582,3 @@ def _counters(once: Column) -> list[Column]:
 
 def _select(df: DataFrame, columns: list[Column]) -> DataFrame:
     return df.select(*columns)
-
-
-def _map(step: Map, schema: Schema) -> Callable[[DataFrame], DataFrame]:
-    """A ``map`` as a Python UDF over each kept record (its columns as a dict), giving the
-    record of the step's schema, checked as the reference executor checks it
-    (:func:`jetstream.local.map_record`). A record not kept is not given to the function
-    (its columns are NULL): Spark evaluates a Python UDF on every row, whatever guards it."""
-    names = schema.names
-
-    def apply(keep: bool | None, *values: Any) -> tuple[Any, ...] | None:
-        if not keep:
-            return None
-        out = map_record(step, dict(zip(names, values, strict=True)))
-        return tuple(out[f.name] for f in step.schema)
-
-    # Rows reach it pickled in batches: an Arrow UDF would need pyarrow and pandas at every
-    # site (pyarrow alone added 65 MB to a site's process, which the demo's memory cannot take).
-    udf = F.udf(apply, spark_schema(step.schema), useArrow=False)
-    mapped = udf(F.col("_keep"), *(F.col(f"`{n}`") for n in names)).alias("_mapped")
-    internal = [F.col(c) for c in _INTERNAL]
-
-    def run(df: DataFrame) -> DataFrame:
-        return df.select(mapped, *internal).select("_mapped.*", *internal)
-    return run
-
-
-def _defined(expr: Expr, source: Source, steps: Sequence[Operator]) -> tuple[Expr, Schema]:
-    """``expr`` and the schema it reads, or for a column that a step made, that step's
-    expression for it and the step's input schema."""
-    schemas = [source.schema, *(step.schema for step in steps)]
-    if not isinstance(expr, Col):
-        return expr, schemas[-1]
-    name = expr.name
-    for i in reversed(range(len(steps))):
-        step = steps[i]
-        made = (step.expr if isinstance(step, WithColumn) and step.name == name
-                else dict(step.columns).get(name) if isinstance(step, Select) else None)
-        if isinstance(made, Col):  # kept, or renamed, by a select
-            name = made.name
-        elif made is not None:
-            return made, schemas[i]
-    return Col(name), schemas[0]
-
-
-def _finite(x: Column) -> Column:
-    return x.isNotNull() & ~F.isnan(x) & (F.abs(x) != F.lit(math.inf))
