@@ -7,6 +7,10 @@ Only a ``map`` function travels as code: pickled with its closure (cloudpickle),
 only by a reader told ``allow_code`` (a controller started with ``--allow-code``).
 
 :data:`PLAN_VERSION` is the format's version; a reader refuses any other, saying which.
+
+This is the query's codec: its plan, its SLO, and the values and records a plan and a result
+hold. The data plane's messages have theirs (:mod:`jetstream.dataplane.codec`), the control
+plane's theirs (:mod:`jetstream.control.codec`, results included).
 """
 
 from __future__ import annotations
@@ -16,14 +20,14 @@ import datetime as dt
 import math
 import pickle
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from google.protobuf.message import DecodeError
 
 from jetstream import functions
 from jetstream.aggregates import Aggregate
 from jetstream.dsl import SLO, Query, Stream, source
-from jetstream.errors import PlanError
+from jetstream.errors import DataError, PlanError
 from jetstream.expr import (
     _ARITH,
     _COMPARE,
@@ -57,10 +61,12 @@ from jetstream.schema import DataType, Schema
 from jetstream.tables import Table
 from jetstream.v1 import query_pb2 as pb
 from jetstream.windows import Sliding, Tumbling, format_duration
-from jetstream.wire import slo_to_proto
 
 __all__ = ["PLAN_VERSION", "query_from_bytes", "query_from_proto", "query_to_bytes",
-           "query_to_proto"]
+           "query_to_proto", "record_from_proto", "record_to_proto", "slo_to_proto",
+           "value_to_proto"]
+
+_M = TypeVar("_M")
 
 #: The plan format this code writes and reads. Raise it when a reader of the previous
 #: format would misread a new plan (a new step is fine: an old reader refuses what it lacks).
@@ -89,7 +95,7 @@ def query_to_proto(query: Query) -> pb.QueryPlan:
     for table in tables.values():
         msg.tables.append(pb.Table(name=table.name, schema=_schema_to_proto(table.schema),
                                    origin=table.origin,
-                                   rows=[_record(row) for row in table.rows]))
+                                   rows=[_in_plan(record_to_proto, row) for row in table.rows]))
     if index[plan.sink] != len(order) - 1:  # topological order ends at the only sink
         problem = f"query {query.name}: the plan has steps that do not lead to its output"
         raise PlanError(problem)
@@ -146,7 +152,7 @@ def expr_to_proto(expr: Expr) -> pb.Expr:
     if isinstance(expr, Col):
         return pb.Expr(col=expr.name)
     if isinstance(expr, Lit):
-        return pb.Expr(lit=_value(expr.value))
+        return pb.Expr(lit=_in_plan(value_to_proto, expr.value))
     if isinstance(expr, Arith | Compare):
         binary = pb.BinaryExpr(op=expr.op, left=expr_to_proto(expr.left),
                                right=expr_to_proto(expr.right))
@@ -161,7 +167,7 @@ def expr_to_proto(expr: Expr) -> pb.Expr:
         return pb.Expr(negation=expr_to_proto(expr.operand))
     if isinstance(expr, IsIn):
         return pb.Expr(isin=pb.IsInExpr(operand=expr_to_proto(expr.operand),
-                                        values=[_value(v) for v in expr.values]))
+                                        values=[_in_plan(value_to_proto, v) for v in expr.values]))
     if isinstance(expr, Call):
         return pb.Expr(call=pb.CallExpr(fn=expr.fn, operand=expr_to_proto(expr.operand)))
     msg = f"cannot send the expression {expr} ({type(expr).__name__})"
@@ -174,7 +180,7 @@ def _aggregate_to_proto(name: str, agg: Aggregate) -> pb.AggregateSpec:
         spec.input.CopyFrom(expr_to_proto(agg.expr))
     for f in dataclasses.fields(agg):
         if f.name != "expr":
-            spec.params[f.name].CopyFrom(_value(getattr(agg, f.name)))
+            spec.params[f.name].CopyFrom(_in_plan(value_to_proto, getattr(agg, f.name)))
     return spec
 
 
@@ -186,26 +192,66 @@ def _schema_to_proto(schema: Schema) -> pb.SchemaSpec:
     return msg
 
 
-def _value(value: Any) -> pb.Value:
+def value_to_proto(value: Any) -> pb.Value:
+    """A value as a message: NULL as an empty one, a list of records (a top-k's items, say)
+    as a list of records; raises DataError for any other value, or an int beyond 64 bits."""
     if isinstance(value, bool):
         return pb.Value(bool_value=value)
     if isinstance(value, int):
         if not -(2**63) <= value < 2**63:
             msg = f"the integer {value} does not fit 64 bits"
-            raise PlanError(msg)
+            raise DataError(msg)
         return pb.Value(int_value=value)
     if isinstance(value, float):
         return pb.Value(float_value=value)
     if isinstance(value, str):
         return pb.Value(string_value=value)
+    if isinstance(value, list):
+        return pb.Value(list_value=pb.RecordList(records=[record_to_proto(r) for r in value]))
     if value is None:
         return pb.Value()
-    msg = f"cannot send the value {value!r} ({type(value).__name__})"
-    raise PlanError(msg)
+    msg = f"cannot encode {value!r} ({type(value).__name__}) as a jetstream.v1.Value"
+    raise DataError(msg)
 
 
-def _record(row: Mapping[str, Any]) -> pb.Record:
-    return pb.Record(fields={k: _value(v) for k, v in row.items() if v is not None})
+def _value_from_proto(value: pb.Value) -> Any:
+    kind = value.WhichOneof("kind")
+    if kind is None:
+        return None
+    if kind == "list_value":
+        return [record_from_proto(r) for r in value.list_value.records]
+    return getattr(value, kind)
+
+
+def record_to_proto(record: Mapping[str, Any]) -> pb.Record:
+    """A record as a message; NULL columns are left out."""
+    return pb.Record(fields={k: value_to_proto(v) for k, v in record.items() if v is not None})
+
+
+def record_from_proto(record: pb.Record, columns: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A record from a message; ``columns`` that are absent come back as None."""
+    out = {c: None for c in columns}
+    out.update({k: _value_from_proto(v) for k, v in record.fields.items()})
+    return out
+
+
+def _in_plan(encode: Callable[[Any], _M], value: Any) -> _M:
+    """``encode(value)``; a value the plan cannot carry is the plan's error."""
+    try:
+        return encode(value)
+    except DataError as e:
+        raise PlanError(f"cannot send {value!r}: {e}") from None
+
+
+def slo_to_proto(slo: SLO) -> pb.SLO:
+    msg = pb.SLO()
+    if slo.max_latency_ms is not None:
+        msg.max_latency_ms = slo.max_latency_ms
+    if slo.max_error is not None:
+        msg.max_error = slo.max_error
+    if slo.max_wan_kbps is not None:
+        msg.max_wan_kbps = slo.max_wan_kbps
+    return msg
 
 
 def query_to_bytes(query: Query) -> bytes:

@@ -30,9 +30,10 @@ from typing import Any
 from jetstream.approx.levels import ranking
 from jetstream.approx.rounds import next_asks
 from jetstream.approx.truncate import BoundedPartial, exact_partial, truncate
-from jetstream.dataplane.asks import Answerer, ask_to_proto
+from jetstream.dataplane.asks import Answerer
+from jetstream.dataplane.codec import ask_to_proto, encode_batch
 from jetstream.dataplane.keydict import KeyEncoder
-from jetstream.dataplane.partials import PartialBatch, encode_batch
+from jetstream.dataplane.partials import PartialBatch
 from jetstream.lab.loggen import write_logs
 from jetstream.local import run_local
 from jetstream.queryfile import load_query

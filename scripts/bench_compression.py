@@ -30,7 +30,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from jetstream.dataplane.partials import PartialBatch, encode_batch
+from jetstream.dataplane.codec import encode_batch
+from jetstream.dataplane.partials import PartialBatch
 from jetstream.lab.loggen import write_logs
 from jetstream.local import run_local
 from jetstream.operators import WindowAggregate

@@ -25,10 +25,10 @@ import time
 from pathlib import Path
 
 import jetstream as js
+from jetstream.control.codec import result_from_proto
 from jetstream.control.launch import LocalCluster
 from jetstream.lab.loggen import LogSpec, write_logs
 from jetstream.queryfile import load_query
-from jetstream.wire import result_from_proto
 
 ROOT = Path(__file__).resolve().parent.parent
 TOPOLOGY = ROOT / "topologies" / "local-3dc.yaml"

@@ -22,9 +22,10 @@ import time
 from pathlib import Path
 
 import jetstream as js
+from jetstream.dataplane.codec import decode_batch, encode_batch
 from jetstream.dataplane.cubes import CubeStore
 from jetstream.dataplane.merger import WindowMerger
-from jetstream.dataplane.partials import PartialBatch, decode_batch, encode_batch
+from jetstream.dataplane.partials import PartialBatch
 from jetstream.operators import WindowAggregate
 from jetstream.rewrite import distributed
 

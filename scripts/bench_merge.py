@@ -34,8 +34,9 @@ from jetstream.control.server import start_server
 from jetstream.control.servicers import SiteControllerServicer
 from jetstream.control.site_controller import SiteController
 from jetstream.control.workers import WorkerPool
+from jetstream.dataplane.codec import encode_batch
 from jetstream.dataplane.options import Assignment, SiteOptions
-from jetstream.dataplane.partials import ENDED, PartialBatch, encode_batch
+from jetstream.dataplane.partials import ENDED, PartialBatch
 from jetstream.dataplane.router import split_batch
 from jetstream.dataplane.site import SiteRuntime
 from jetstream.dataplane.transport import PartialSender

@@ -6,7 +6,7 @@ Usage: python scripts/bench_savings.py [--rate 100] [--hours 1] [--seed 0]
 Generates ``--hours`` of one PoP's CDN logs (``jetstream.lab.loggen``, default spec) and, for
 windows of 5 s, 1 min, 5 min and 1 h, encodes each window's exact partials -- per domain, or
 per full URL, the request count and the bytes served -- as the partial batches a site sends
-(``jetstream.dataplane.partials.encode_batch``: columnar JSON, zlib). Prints raw CSV bytes over
+(``jetstream.dataplane.codec.encode_batch``: columnar JSON, zlib). Prints raw CSV bytes over
 partial bytes for each, next to JetStream's published CoralCDN figures.
 """
 
@@ -18,7 +18,8 @@ from collections.abc import Mapping
 import numpy as np
 
 import jetstream as js
-from jetstream.dataplane.partials import PartialBatch, encode_batch
+from jetstream.dataplane.codec import encode_batch
+from jetstream.dataplane.partials import PartialBatch
 from jetstream.lab.loggen import LogSpec, generate, to_csv
 from jetstream.rewrite import distributed, partial_aggregate
 

@@ -32,7 +32,8 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 import jetstream as js
-from jetstream.dataplane.partials import PartialBatch, encode_batch
+from jetstream.dataplane.codec import encode_batch
+from jetstream.dataplane.partials import PartialBatch
 from jetstream.operators import WindowAggregate
 from jetstream.queryfile import load_query
 from jetstream.stage.compile import spark_schema

@@ -37,8 +37,7 @@ from jetstream.control.site_calls import (
     heartbeat_spacing,
 )
 from jetstream.control.site_controller import SiteController
-from jetstream.control.state import QueryState
-from jetstream.control.wire import Piece
+from jetstream.control.state import Piece, QueryState
 from jetstream.dataplane.options import Assignment, LinkState
 from jetstream.errors import ControlPlaneError, PlanError
 from jetstream.results import WindowResult

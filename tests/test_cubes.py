@@ -21,9 +21,10 @@ from hypothesis import strategies as st
 import jetstream as js
 from jetstream.aggtree.planner import Fragment
 from jetstream.control.server import start_server
+from jetstream.dataplane.codec import encode_batch
 from jetstream.dataplane.cubes import CubeStore, parse_retention
 from jetstream.dataplane.options import Assignment, SiteOptions
-from jetstream.dataplane.partials import ENDED, PartialBatch, encode_batch
+from jetstream.dataplane.partials import ENDED, PartialBatch
 from jetstream.dataplane.site import SiteRuntime
 from jetstream.dataplane.transport import PartialSender
 from jetstream.errors import DataError

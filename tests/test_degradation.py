@@ -18,9 +18,10 @@ from jetstream.aggtree.planner import Fragment
 from jetstream.approx.policy import LinkPolicy
 from jetstream.control.daemons import link_measurements
 from jetstream.control.server import start_server
+from jetstream.dataplane.codec import encode_batch
 from jetstream.dataplane.keydict import KeyEncoder
 from jetstream.dataplane.options import Assignment, SiteOptions
-from jetstream.dataplane.partials import ENDED, encode_batch
+from jetstream.dataplane.partials import ENDED
 from jetstream.dataplane.site import SiteRuntime
 from jetstream.queryfile import query_from_source
 from jetstream.results import WindowResult

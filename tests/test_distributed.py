@@ -18,8 +18,9 @@ from jetstream.aggtree.planner import Fragment
 from jetstream.cli import main
 from jetstream.control.launch import LocalCluster, replay
 from jetstream.control.server import start_server
+from jetstream.dataplane.codec import encode_batch
 from jetstream.dataplane.options import Assignment, SiteOptions
-from jetstream.dataplane.partials import PartialBatch, encode_batch
+from jetstream.dataplane.partials import PartialBatch
 from jetstream.dataplane.site import SiteRuntime
 from jetstream.dataplane.transport import PartialSender
 from jetstream.errors import ControlPlaneError

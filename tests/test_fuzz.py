@@ -42,8 +42,10 @@ from jetstream.aggtree.topology import Topology
 from jetstream.approx.items import from_items, to_items
 from jetstream.approx.sketches import ApproxCountDistinct, ApproxQuantile, TopKItems
 from jetstream.approx.truncate import exact_partial
+from jetstream.control.codec import result_from_proto, result_to_proto
 from jetstream.control.server import MAX_MESSAGE_BYTES, start_server
-from jetstream.dataplane.partials import MAX_PAYLOAD_BYTES, PartialBatch, decode_batch, encode_batch
+from jetstream.dataplane.codec import MAX_PAYLOAD_BYTES, decode_batch, encode_batch
+from jetstream.dataplane.partials import PartialBatch
 from jetstream.dataplane.servicer import DataPlaneServicer
 from jetstream.dataplane.transport import PartialSender
 from jetstream.errors import DataError, PlacementError, PlanError
@@ -52,7 +54,6 @@ from jetstream.queryfile import load_query, query_from_source
 from jetstream.v1 import dataplane_pb2 as pb
 from jetstream.v1 import dataplane_pb2_grpc as rpc
 from jetstream.v1 import query_pb2
-from jetstream.wire import result_from_proto, result_to_proto
 
 ROOT = Path(__file__).resolve().parent.parent
 LOGS = js.source("cdn_logs", schema=js.CDN_LOG_SCHEMA)

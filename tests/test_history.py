@@ -16,9 +16,10 @@ from hypothesis import strategies as st
 
 import jetstream as js
 from jetstream import col
+from jetstream.dataplane.codec import decode_batch, encode_batch
 from jetstream.dataplane.cubes import CubeStore
 from jetstream.dataplane.history import plan_history
-from jetstream.dataplane.partials import PartialBatch, decode_batch, encode_batch
+from jetstream.dataplane.partials import PartialBatch
 from jetstream.errors import PlanError
 from jetstream.rewrite import distributed, site_part
 from tests.conftest import log
@@ -178,9 +179,9 @@ def test_history_of_a_live_query_from_the_sites_cubes_equals_the_reference(
     """Three sites run a query live over the last few minutes' records; a history query at
     10 s (the sites' own windows) and at 1 min (their rollups) answers from what the sites
     kept, through the controller, as the reference executor does over the same records."""
+    from jetstream.control.codec import result_from_proto
     from jetstream.control.launch import LocalCluster
     from jetstream.queryfile import load_query
-    from jetstream.wire import result_from_proto
 
     topology = Path(__file__).resolve().parent.parent / "topologies" / "local-3dc.yaml"
     now = time.time_ns() // 1_000_000

@@ -17,7 +17,8 @@ from jetstream.aggregates import Aggregate, CountDistinct, Quantile
 from jetstream.approx.holistic import sketched
 from jetstream.approx.levels import HOLISTIC_SIZES
 from jetstream.approx.truncate import exact_partial
-from jetstream.dataplane.partials import PartialBatch, decode_batch, encode_batch, summarised
+from jetstream.dataplane.codec import decode_batch, encode_batch
+from jetstream.dataplane.partials import PartialBatch, summarised
 from jetstream.local import finish_from_partials
 from jetstream.rewrite import distributed, partial_aggregate
 from tests.conftest import log

@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 
 import jetstream as js
 from jetstream.approx.truncate import BoundedPartial
+from jetstream.dataplane.codec import decode_batch, encode_batch
 from jetstream.dataplane.keydict import KeyDecoder, KeyEncoder
-from jetstream.dataplane.partials import PartialBatch, decode_batch, encode_batch, summarised
+from jetstream.dataplane.partials import PartialBatch, summarised
 from jetstream.errors import DataError
 from jetstream.operators import Phase, WindowAggregate
 from jetstream.v1 import dataplane_pb2 as pb

@@ -25,7 +25,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("the query", ("jetstream", "jetstream.approx")),
     ("the aggregation tree", ("jetstream.aggtree",)),
     # What a local stage makes and the data plane carries.
-    ("partial batches", ("jetstream.dataplane.partials", "jetstream.dataplane.keydict")),
+    ("partial batches", ("jetstream.dataplane.partials", "jetstream.dataplane.keydict",
+                         "jetstream.dataplane.codec")),
     ("the local stage", ("jetstream.stage",)),
     ("the data plane", ("jetstream.dataplane", "jetstream.metrics")),
     ("the control plane", ("jetstream.control",)),

@@ -9,8 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jetstream as js
+from jetstream.dataplane.codec import decode_batch, encode_batch
 from jetstream.dataplane.merger import MergedWindow, WindowMerger
-from jetstream.dataplane.partials import ENDED, PartialBatch, decode_batch, encode_batch
+from jetstream.dataplane.partials import ENDED, PartialBatch
 from jetstream.local import finish_from_partials
 from jetstream.operators import TopK, WindowAggregate
 from jetstream.rewrite import distributed, site_part

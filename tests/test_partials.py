@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 import jetstream as js
 from jetstream.approx.items import to_items
 from jetstream.approx.truncate import exact_partial
-from jetstream.dataplane.partials import PartialBatch, decode_batch, encode_batch
+from jetstream.dataplane.codec import decode_batch, encode_batch
+from jetstream.dataplane.partials import PartialBatch
 from jetstream.errors import DataError
 from jetstream.operators import Phase, WindowAggregate
 from jetstream.v1 import dataplane_pb2 as pb

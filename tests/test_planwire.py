@@ -198,7 +198,7 @@ def test_a_function_that_cannot_be_pickled_is_refused_at_once() -> None:
 
 
 def test_a_site_refuses_a_fragment_whose_plan_it_cannot_read() -> None:
-    from jetstream.control.wire import assignment_from_proto
+    from jetstream.control.codec import assignment_from_proto
     from jetstream.v1 import control_pb2
 
     plan = query_to_proto(load_query(ROOT / "examples" / "cdn_topk.py"))

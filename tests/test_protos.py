@@ -11,7 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import jetstream as js
-from jetstream import wire
+from jetstream import planwire
+from jetstream.control import codec
 from jetstream.errors import DataError
 from jetstream.v1 import query_pb2 as pb
 
@@ -52,8 +53,8 @@ def test_window_result_round_trip(rows, exact, bound, start, warnings) -> None:
     rows = [{c: row.get(c) for c in columns} for row in rows]
     result = js.WindowResult("q", start, start + 10_000, rows, exact, bound,
                              warnings=warnings)
-    message = wire.result_to_proto(result)
-    decoded = wire.result_from_proto(pb.WindowResult.FromString(message.SerializeToString()))
+    message = codec.result_to_proto(result)
+    decoded = codec.result_from_proto(pb.WindowResult.FromString(message.SerializeToString()))
     assert decoded == result
     assert [list(row) for row in decoded.rows] == [columns] * len(rows)  # in their order
 
@@ -63,23 +64,23 @@ def test_a_distributed_result_from_no_site_says_zero_of_them() -> None:
     result = js.WindowResult("q", 0, 10_000, [], True, 0.0, sites_reporting=0,
                              sites_expected=6, latency_s=1.5, wan_bytes=0,
                              missing_sites=["a", "b", "c", "d", "e", "f"])
-    message = wire.result_to_proto(result)
-    assert wire.result_from_proto(pb.WindowResult.FromString(
+    message = codec.result_to_proto(result)
+    assert codec.result_from_proto(pb.WindowResult.FromString(
         message.SerializeToString())) == result
 
 
 def test_null_columns_are_left_out_and_restored() -> None:
-    message = wire.record_to_proto({"a": 1, "b": None})
+    message = planwire.record_to_proto({"a": 1, "b": None})
     assert set(message.fields) == {"a"}
-    assert wire.record_from_proto(message, ("a", "b")) == {"a": 1, "b": None}
+    assert planwire.record_from_proto(message, ("a", "b")) == {"a": 1, "b": None}
 
 
 def test_values_that_have_no_wire_form_are_refused() -> None:
     with pytest.raises(DataError, match="cannot encode"):
-        wire.record_to_proto({"a": object()})
+        planwire.record_to_proto({"a": object()})
 
 
 def test_slo_to_proto_keeps_unset_fields_unset() -> None:
-    message = wire.slo_to_proto(js.SLO(max_latency="3s"))
+    message = planwire.slo_to_proto(js.SLO(max_latency="3s"))
     assert message.max_latency_ms == 3000
     assert not message.HasField("max_error") and not message.HasField("max_wan_kbps")

@@ -19,10 +19,11 @@ from jetstream.approx.levels import Ranking, ranking
 from jetstream.approx.rounds import Ask, answer, exact_rows, first_answer, next_asks, settled
 from jetstream.approx.truncate import BoundedPartial, exact_partial, merge_bounded, top_k_bounds
 from jetstream.control.server import start_server
-from jetstream.dataplane.asks import KEPT_WINDOWS, Answerer, ask_from_proto, ask_to_proto
+from jetstream.dataplane.asks import KEPT_WINDOWS, Answerer
+from jetstream.dataplane.codec import ask_from_proto, ask_to_proto, encode_batch
 from jetstream.dataplane.merger import WindowMerger
 from jetstream.dataplane.options import Assignment, SiteOptions
-from jetstream.dataplane.partials import ENDED, PartialBatch, encode_batch
+from jetstream.dataplane.partials import ENDED, PartialBatch
 from jetstream.dataplane.site import SiteRuntime
 from jetstream.dataplane.transport import PartialSender
 from jetstream.errors import ControlPlaneError, DataError

@@ -22,10 +22,11 @@ from jetstream.approx.levels import Ranking, ranking
 from jetstream.approx.truncate import exact_partial
 from jetstream.control.server import start_server
 from jetstream.dataplane import uplink as uplink_module
+from jetstream.dataplane.codec import encode_batch
 from jetstream.dataplane.cubes import CubeStore
 from jetstream.dataplane.merger import MergedWindow, WindowMerger
 from jetstream.dataplane.options import SiteOptions
-from jetstream.dataplane.partials import ENDED, PartialBatch, encode_batch
+from jetstream.dataplane.partials import ENDED, PartialBatch
 from jetstream.dataplane.router import Router, own_rows, split_batch, top_k_candidates
 from jetstream.dataplane.servicer import DataPlaneServicer
 from jetstream.dataplane.transport import PartialSender

@@ -32,8 +32,9 @@ from jetstream.control.client import ControllerClient
 from jetstream.control.daemons import run_controller, run_site
 from jetstream.control.launch import free_port
 from jetstream.control.server import start_server
+from jetstream.dataplane.codec import decode_batch, encode_batch
 from jetstream.dataplane.options import Assignment, SiteOptions
-from jetstream.dataplane.partials import PartialBatch, decode_batch, encode_batch
+from jetstream.dataplane.partials import PartialBatch
 from jetstream.dataplane.servicer import DataPlaneServicer
 from jetstream.dataplane.site import SiteRuntime
 from jetstream.dataplane.transport import PartialSender

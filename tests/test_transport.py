@@ -17,8 +17,9 @@ import jetstream as js
 from jetstream.approx.policy import LinkPolicy, degradation_ladder
 from jetstream.control.server import start_server
 from jetstream.dataplane import servicer
+from jetstream.dataplane.codec import encode_batch
 from jetstream.dataplane.cubes import CubeStore
-from jetstream.dataplane.partials import PartialBatch, encode_batch
+from jetstream.dataplane.partials import PartialBatch
 from jetstream.dataplane.servicer import DataPlaneServicer
 from jetstream.dataplane.transport import (
     MAX_WINDOW_BYTES,

@@ -14,12 +14,12 @@ from typing import Any
 from rich.console import Console
 
 from jetstream.cli.common import client, controller_option, query_option, security_options
+from jetstream.control.codec import result_from_proto
 from jetstream.control.results_view import follow_table, render_window
 from jetstream.control.status_view import print_status, status_dict, watch_status
 from jetstream.errors import PlanError
 from jetstream.results import WindowResult, write_json_lines
 from jetstream.windows import parse_duration
-from jetstream.wire import result_from_proto
 
 __all__ = ["parse_time", "register"]
 

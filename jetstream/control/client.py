@@ -9,6 +9,7 @@ from typing import Any
 
 import grpc
 
+from jetstream.control.codec import result_from_proto
 from jetstream.dsl import Query
 from jetstream.errors import ControlPlaneError
 from jetstream.planwire import query_to_proto
@@ -18,7 +19,6 @@ from jetstream.security import Security
 from jetstream.v1 import control_pb2 as pb
 from jetstream.v1 import control_pb2_grpc as rpc
 from jetstream.v1 import query_pb2
-from jetstream.wire import result_from_proto
 
 __all__ = ["DEFAULT_CONTROLLER", "ControllerClient"]
 

@@ -19,6 +19,12 @@ import grpc
 
 from jetstream.aggtree.planner import Fragment
 from jetstream.aggtree.topology import Server, Topology
+from jetstream.control.codec import (
+    fragment_to_proto,
+    placement_to_proto,
+    result_to_proto,
+    server_from_proto,
+)
 from jetstream.control.dashboard import serve_dashboard
 from jetstream.control.global_controller import GlobalController
 from jetstream.control.server import start_server
@@ -26,7 +32,6 @@ from jetstream.control.servicers import GlobalControllerServicer, SiteController
 from jetstream.control.site_calls import SiteCalls, beat_spacing
 from jetstream.control.site_controller import SiteController
 from jetstream.control.state import QueryState
-from jetstream.control.wire import fragment_to_proto, placement_to_proto, server_from_proto
 from jetstream.control.workers import WorkerPool
 from jetstream.dataplane.options import LinkState, SiteOptions
 from jetstream.dataplane.site import SiteRuntime
@@ -38,7 +43,6 @@ from jetstream.v1 import control_pb2 as pb
 from jetstream.v1 import control_pb2_grpc as rpc
 from jetstream.v1 import dataplane_pb2_grpc as dataplane_rpc
 from jetstream.v1.query_pb2 import QueryPlan
-from jetstream.wire import result_to_proto
 
 __all__ = ["CALL_TIMEOUT_S", "run_controller", "run_site", "run_worker"]
 

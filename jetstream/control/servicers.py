@@ -7,18 +7,24 @@ from typing import NoReturn
 
 import grpc
 
+from jetstream.control.codec import (
+    assignment_from_proto,
+    placement_to_proto,
+    result_from_proto,
+    result_to_proto,
+    server_to_proto,
+    status_to_proto,
+)
 from jetstream.control.global_controller import GlobalController
 from jetstream.control.site_calls import heartbeat_spacing
 from jetstream.control.site_controller import SiteController
-from jetstream.control.state import ControllerView, LinkReport, Placement
-from jetstream.control.wire import assignment_from_proto, placement_to_proto, server_to_proto
+from jetstream.control.state import LinkReport, Placement
 from jetstream.dataplane.history import ReadCubes
 from jetstream.errors import ControlPlaneError, JetstreamError, PlacementError, PlanError
 from jetstream.security import peer_identity
 from jetstream.v1 import control_pb2 as pb
 from jetstream.v1 import control_pb2_grpc as rpc
 from jetstream.v1 import query_pb2
-from jetstream.wire import result_from_proto, result_to_proto
 
 __all__ = ["GlobalControllerServicer", "SiteControllerServicer"]
 
@@ -195,26 +201,6 @@ class GlobalControllerServicer(rpc.GlobalControllerServicer):
         except JetstreamError as e:
             _abort(context, e)
         return pb.PublishResultsResponse()
-
-
-def status_to_proto(view: ControllerView) -> pb.StatusResponse:
-    """The controller's view: sites, queries with their trees, and planned link load."""
-    sites = [pb.SiteStatus(
-        name=s.name, kind=s.kind, address=s.address or "", alive=s.alive,
-        seconds_since_heartbeat=-1.0 if s.seconds_since_heartbeat is None
-        else s.seconds_since_heartbeat,
-        placements=[pb.Placement(query=p.query, piece=p.piece, server=p.server, pid=p.pid,
-                                 address=p.address, state=p.state) for p in s.placements])
-        for s in view.sites]
-    queries = [pb.QueryStatus(
-        name=q.name, state=q.state, detail=q.detail, replans=q.replans,
-        plan=q.plan.render() if q.plan else "", parents=q.parents, failures=q.failures)
-        for q in view.queries]
-    links = [pb.LinkStatus(a=link.a, b=link.b, bandwidth_bps=link.bandwidth_bps,
-                           planned_bytes_per_s=load, utilisation=load * 8 / link.bandwidth_bps)
-             for link, load in view.link_load]
-    return pb.StatusResponse(topology=view.topology.name, root=view.topology.root,
-                             sites=sites, queries=queries, links=links)
 
 
 class SiteControllerServicer(rpc.SiteControllerServicer):

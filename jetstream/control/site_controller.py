@@ -26,7 +26,8 @@ import grpc
 
 from jetstream.aggtree.planner import Fragment
 from jetstream.aggtree.topology import Server
-from jetstream.control.wire import Piece, fragment_to_proto
+from jetstream.control.codec import fragment_to_proto
+from jetstream.control.state import Piece
 from jetstream.control.workers import WorkerPool
 from jetstream.dataplane.history import degraded_answer
 from jetstream.dataplane.options import Assignment

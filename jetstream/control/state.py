@@ -1,6 +1,7 @@
 """What the global controller knows of the sites and the queries (``SiteState``,
 ``QueryState``), and the snapshot of it that the status, the dashboard and the metrics read
-(``ControllerView``)."""
+(``ControllerView``); and the pieces a site controller placed a query's fragment in
+(``Piece``), which the controller keeps as placements."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from jetstream.control.results_hub import write_atomically
 from jetstream.dsl import Query
 from jetstream.errors import ControlPlaneError
 
-__all__ = ["ControllerView", "LinkReport", "Measurement", "Placement", "QueryState", "QueryView",
-           "SavedQueries", "SiteState", "SiteView"]
+__all__ = ["ControllerView", "LinkReport", "Measurement", "Piece", "Placement", "QueryState",
+           "QueryView", "SavedQueries", "SiteState", "SiteView"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,22 @@ class Measurement:
     at: float  # the controller's clock
     site: str  # the link's ends: the site that measured it, and its peer
     peer: str
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A part of a site's fragment of a query, placed on one of its servers (what
+    ``DeployFragment`` answers, and the site's heartbeat reports)."""
+
+    query: str
+    name: str  # "local stage", "merge 1/2", "final 2/4"
+    server: str
+    pid: int = 0  # the process that runs it: the site's own, or its server's worker
+    address: str = ""  # that process's gRPC address
+    #: Or "starting": a worker not registered yet, a local stage whose Spark starts or warms
+    #: up; "restarting": a worker started again.
+    state: str = "running"
+    on_worker: bool = False
 
 
 class Placement(NamedTuple):

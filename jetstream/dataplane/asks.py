@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,6 +19,7 @@ from typing import Any
 from jetstream.approx.levels import Ranking
 from jetstream.approx.rounds import Ask, answer, first_answer
 from jetstream.approx.truncate import BoundedPartial, Key
+from jetstream.dataplane.codec import ask_to_proto
 from jetstream.dataplane.partials import PartialBatch
 from jetstream.errors import DataError
 from jetstream.operators import WindowAggregate
@@ -30,8 +30,6 @@ __all__ = [
     "ROUND_REVISIONS",
     "Answerer",
     "AskBoard",
-    "ask_from_proto",
-    "ask_to_proto",
 ]
 
 #: The most windows a child keeps the exact rows of, to answer asks about them (the newest),
@@ -44,30 +42,6 @@ ROUND_REVISIONS = 100
 MAX_WAITING = 1024
 
 Window = tuple[int, int]
-
-
-def ask_to_proto(window: Window, ask: Ask) -> pb.RoundAsk:
-    return pb.RoundAsk(window_start_ms=window[0], window_end_ms=window[1], top=ask.top,
-                       by_threshold=ask.threshold is not None,
-                       threshold=ask.threshold or 0.0,
-                       keys=json.dumps([list(k) for k in ask.keys]) if ask.keys else "")
-
-
-def ask_from_proto(message: pb.RoundAsk) -> tuple[Window, Ask]:
-    """The window and the ask; raises DataError for an ask that does not hold together."""
-    try:
-        keys = json.loads(message.keys) if message.keys else []
-    except ValueError as e:
-        raise DataError(f"an ask's keys are not JSON: {e}") from None
-    if not isinstance(keys, list) or not all(isinstance(k, list) for k in keys):
-        msg = "an ask's keys are not a list of group keys"
-        raise DataError(msg)
-    if message.top < 0 or (message.by_threshold and not message.threshold >= 0):
-        msg = "an ask's top or threshold is negative"
-        raise DataError(msg)
-    return (message.window_start_ms, message.window_end_ms), Ask(
-        top=message.top, threshold=message.threshold if message.by_threshold else None,
-        keys=tuple(tuple(k) for k in keys))
 
 
 @dataclasses.dataclass

@@ -23,8 +23,9 @@ from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
+from jetstream.dataplane.codec import MAX_PAYLOAD_BYTES, decode_batch, encode_batch
 from jetstream.dataplane.merger import WindowMerger
-from jetstream.dataplane.partials import MAX_PAYLOAD_BYTES, PartialBatch, decode_batch, encode_batch
+from jetstream.dataplane.partials import PartialBatch
 from jetstream.errors import DataError, PlanError
 from jetstream.operators import WindowAggregate
 from jetstream.v1 import dataplane_pb2 as pb

@@ -42,9 +42,10 @@ from typing import Any
 from jetstream.aggregates import Aggregate
 from jetstream.approx.levels import Ladder, ladder, ranking
 from jetstream.approx.truncate import BoundedPartial, merge_bounded
+from jetstream.dataplane.codec import decode_batch, encode_batch
 from jetstream.dataplane.cubes import DEFAULT_RETENTION
 from jetstream.dataplane.finish import with_top_k_bounds
-from jetstream.dataplane.partials import PartialBatch, decode_batch, encode_batch, summarised
+from jetstream.dataplane.partials import PartialBatch, summarised
 from jetstream.dsl import Query, Stream
 from jetstream.errors import ControlPlaneError, DataError, PlanError
 from jetstream.expr import Col, Expr

@@ -34,8 +34,9 @@ from typing import Any
 
 from jetstream.approx.levels import Ranking
 from jetstream.approx.truncate import truncate
+from jetstream.dataplane.codec import encode_batch
 from jetstream.dataplane.cubes import CubeStore
-from jetstream.dataplane.partials import PartialBatch, encode_batch
+from jetstream.dataplane.partials import PartialBatch
 from jetstream.dataplane.transport import Connect, PartialSender
 from jetstream.errors import DataError
 from jetstream.operators import WindowAggregate, hash_partition

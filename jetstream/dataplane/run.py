@@ -16,11 +16,12 @@ from jetstream.aggtree.planner import Fragment
 from jetstream.approx.levels import ranking
 from jetstream.approx.policy import LinkPolicy
 from jetstream.dataplane.asks import ROUND_REVISIONS, AskBoard
+from jetstream.dataplane.codec import decode_batch, encode_batch
 from jetstream.dataplane.cubes import INBOX, CubeStore
 from jetstream.dataplane.finish import Publish, RootResults
 from jetstream.dataplane.merger import WindowMerger
 from jetstream.dataplane.options import DEFAULT_DEADLINE_S, Assignment, SiteOptions
-from jetstream.dataplane.partials import ENDED, PartialBatch, decode_batch, encode_batch
+from jetstream.dataplane.partials import ENDED, PartialBatch
 from jetstream.dataplane.router import Router, own_rows
 from jetstream.dataplane.transport import PartialSender
 from jetstream.dataplane.uplink import LinkLevel, Uplink

@@ -19,8 +19,9 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from jetstream import metrics
+from jetstream.dataplane.codec import decode_batch
 from jetstream.dataplane.keydict import KeyDecoder
-from jetstream.dataplane.partials import PartialBatch, decode_batch
+from jetstream.dataplane.partials import PartialBatch
 from jetstream.dataplane.transport import SAME_SITE
 from jetstream.errors import DataError
 from jetstream.operators import WindowAggregate

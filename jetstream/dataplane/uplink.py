@@ -28,11 +28,12 @@ import grpc
 from jetstream import metrics
 from jetstream.approx.levels import Ranking, ladder
 from jetstream.approx.policy import LinkPolicy
-from jetstream.dataplane.asks import ROUND_REVISIONS, Answerer, ask_from_proto
+from jetstream.dataplane.asks import ROUND_REVISIONS, Answerer
+from jetstream.dataplane.codec import ask_from_proto, decode_batch, encode_batch
 from jetstream.dataplane.cubes import CubeStore
 from jetstream.dataplane.merger import MergedWindow
 from jetstream.dataplane.options import SiteOptions
-from jetstream.dataplane.partials import PartialBatch, decode_batch, encode_batch, summarised
+from jetstream.dataplane.partials import PartialBatch, summarised
 from jetstream.dataplane.router import Router, top_k_candidates
 from jetstream.dataplane.transport import STREAM_DEADLINE_S, PartialSender
 from jetstream.dsl import Query

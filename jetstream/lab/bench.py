@@ -27,9 +27,10 @@ from jetstream.approx.levels import Ranking, ladder, ranking
 from jetstream.approx.policy import DegradationLevel
 from jetstream.approx.truncate import TopKBounds, exact_partial, top_k_bounds, truncate
 from jetstream.control.launch import LocalCluster, replay
+from jetstream.dataplane.codec import decode_batch, encode_batch
 from jetstream.dataplane.keydict import KeyDecoder, KeyEncoder
 from jetstream.dataplane.merger import WindowMerger
-from jetstream.dataplane.partials import PartialBatch, decode_batch, encode_batch, summarised
+from jetstream.dataplane.partials import PartialBatch, summarised
 from jetstream.dsl import Query
 from jetstream.lab.loggen import LogSpec, write_logs
 from jetstream.local import run_local

@@ -40,7 +40,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from jetstream.dataplane.partials import PartialBatch, decode_batch, encode_batch
+from jetstream.dataplane.codec import decode_batch, encode_batch
+from jetstream.dataplane.partials import PartialBatch
 from jetstream.errors import DataError
 from jetstream.operators import WindowAggregate, early_after
 from jetstream.v1 import dataplane_pb2 as pb
