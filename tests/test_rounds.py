@@ -17,16 +17,23 @@ import jetstream as js
 from jetstream.aggtree.planner import Fragment
 from jetstream.approx.levels import Ranking, ranking
 from jetstream.approx.rounds import Ask, answer, exact_rows, first_answer, next_asks, settled
-from jetstream.approx.truncate import BoundedPartial, exact_partial, merge_bounded, top_k_bounds
+from jetstream.approx.truncate import (
+    BoundedPartial,
+    bounds,
+    exact_partial,
+    merge_bounded,
+    top_k_bounds,
+    truncate,
+)
 from jetstream.control.server import start_server
 from jetstream.dataplane.asks import KEPT_WINDOWS, Answerer
 from jetstream.dataplane.codec import ask_from_proto, ask_to_proto, encode_batch
 from jetstream.dataplane.merger import WindowMerger
 from jetstream.dataplane.options import Assignment, SiteOptions
-from jetstream.dataplane.partials import ENDED, PartialBatch
+from jetstream.dataplane.partials import ENDED, PartialBatch, summarised
 from jetstream.dataplane.site import SiteRuntime
 from jetstream.dataplane.transport import PartialSender
-from jetstream.errors import ControlPlaneError, DataError
+from jetstream.errors import DataError
 from jetstream.operators import Phase, WindowAggregate
 from jetstream.queryfile import query_from_source
 from jetstream.rewrite import distributed
@@ -94,6 +101,48 @@ def test_three_rounds_give_the_exact_top_k_with_every_aggregate(
     everything = merge_bounded([exact_partial(rows_of(local)),
                                 *(exact_partial(r) for r in children.values())], AGGREGATE)
     assert top(exact_partial(exact_rows(merged)), rank, k) == top(everything, rank, k)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(RECORDS, min_size=2, max_size=4), st.sampled_from(["requests", "kb"]),
+       st.integers(1, 6), st.integers(1, 12))
+def test_a_window_with_an_input_stepped_down_from_the_rounds_has_bounds_that_hold(
+        windows: list[dict[str, list[float]]], rank: str, k: int, keep: int) -> None:
+    """One input sends its window truncated (its link stepped down from the rounds), the
+    others answer in rounds: the window goes out once they have answered all they are asked
+    (no deadline): exact if the rounds settled it all the same, else with bounds (every
+    row's, and the one on the keys left out) that hold the true ranking values."""
+    rows = {f"c{i}": rows_of(w) for i, w in enumerate(windows)}
+    ranked_by = Ranking(k, rank, integral=rank == "requests")
+    merger = WindowMerger(AGGREGATE, rows, deadline_s=600, rounds=ranked_by)
+    answerers = {name: Answerer(AGGREGATE, ranked_by, keep_s=60) for name in list(rows)[1:]}
+    for name, held in rows.items():
+        batch = PartialBatch("q", (0, 1), name, tuple(held))
+        if name in answerers:
+            merger.add(answerers[name].first(batch))
+        else:
+            merger.add(summarised(batch, truncate(held, AGGREGATE, rank, keep), level=1))
+        merger.progress(name, 1)
+    sequence = 0
+    for _ in range(5):  # three rounds at most, then it goes
+        if out := merger.ready():
+            break
+        for origin, window, ask in merger.asks():
+            sequence += 1
+            if (got := answerers[origin].answer(window, ask, sequence)) is not None:
+                merger.add(got)
+    [merged] = out
+    truth = merge_bounded([exact_partial(held) for held in rows.values()], AGGREGATE)
+    if merged.slack is None:  # settled by the rounds all the same: the exact top-k
+        assert top(merged.bounded, rank, k) == top(truth, rank, k)
+        return
+    value = {row["domain"]: v for row, v in zip(truth.rows, bounds(truth, AGGREGATE, rank).lb,
+                                                 strict=True)}
+    got = bounds(merged.bounded, AGGREGATE, rank)
+    for row, lb, ub in zip(got.rows, got.lb, got.ub, strict=True):
+        assert lb <= value[row["domain"]] <= ub, (row, lb, ub)
+    left_out = set(value) - {row["domain"] for row in got.rows}
+    assert all(value[d] <= merged.omitted for d in left_out), (left_out, merged.omitted)
 
 
 def counted(counts: dict[str, int]) -> list[dict[str, Any]]:
@@ -231,17 +280,19 @@ def edge_events(edge: int, window: int, rnd: random.Random) -> list[dict[str, An
                 bytes=rnd.randint(100, 90_000)) for i, p in enumerate(picks)]
 
 
-@pytest.mark.parametrize("cut", [False, True], ids=["steady", "connections-cut"])
-def test_edges_answering_rounds_give_the_exact_results_for_a_fraction_of_the_bytes(
-        cut: bool) -> None:
-    # With ``cut``, the root's server goes away after two windows and comes back on the same
-    # port: pushes and rounds streams reconnect, unanswered asks are asked again.
+def through_rounds(events: dict[int, list[list[dict[str, Any]]]], cut: bool = False,
+                   pins: dict[int, str] | None = None, deadline_s: float = 30.0
+                   ) -> tuple[list[Any], int, int]:
+    """Two edges (1 and 2) send ``events`` (by edge, a list a window) to a root over real
+    gRPC, on links that run TPUT's rounds, each pinned at a level by ``pins`` (none: the
+    rounds): the results, the bytes the edges sent, and what exact partials would have
+    taken. With ``cut``, the root's server goes away after two windows and comes back on the
+    same port: pushes and rounds streams reconnect, unanswered asks are asked again."""
     query = query_from_source(SOURCE, "<test>")
     _, site_query, partial = split(query)
-    rnd = random.Random(3)
-    windows = 4
-    events = {e: [edge_events(e, w, rnd) for w in range(windows)] for e in (1, 2)}
-    root, results, done = root_site(SOURCE, "q", ("e1", "e2"), ("p1", "p2"))
+    windows = len(events[1])
+    root, results, done = root_site(SOURCE, "q", ("e1", "e2"), ("p1", "p2"),
+                                    deadline_s=deadline_s)
     server, port = start_server([(rpc.add_DataPlaneServicer_to_server, root.servicer,
                                   "jetstream.v1.DataPlane")], 0)
     edges = {}
@@ -253,6 +304,8 @@ def test_edges_answering_rounds_give_the_exact_results_for_a_fraction_of_the_byt
             edge.deploy(Assignment(Fragment("q", f"e{e}", children=(f"p{e}",), parent="dc",
                                             rounds=True), spec_of(SOURCE),
                                    parent_address=f"127.0.0.1:{port}", covers=(f"p{e}",)))
+            if pins and e in pins:
+                assert edge.set_level("q", pins[e]).pinned
         for w in range(windows):
             if cut and w == 2:
                 deadline = time.monotonic() + 30
@@ -279,6 +332,17 @@ def test_edges_answering_rounds_give_the_exact_results_for_a_fraction_of_the_byt
             edge.close()
         root.close()
         server.stop(grace=0).wait(5)
+    return results, sent, exact_bytes
+
+
+@pytest.mark.parametrize("cut", [False, True], ids=["steady", "connections-cut"])
+def test_edges_answering_rounds_give_the_exact_results_for_a_fraction_of_the_bytes(
+        cut: bool) -> None:
+    query = query_from_source(SOURCE, "<test>")
+    rnd = random.Random(3)
+    windows = 4
+    events = {e: [edge_events(e, w, rnd) for w in range(windows)] for e in (1, 2)}
+    results, sent, exact_bytes = through_rounds(events, cut)
     # Each window went out once, exact: held until its rounds settled it.
     latest = {r.window_start: r for r in results}
     assert sorted(latest) == [w * 1000 for w in range(windows)] and len(results) == windows
@@ -286,6 +350,32 @@ def test_edges_answering_rounds_give_the_exact_results_for_a_fraction_of_the_byt
         truth = js.run_local(query, events[1][w // 1000] + events[2][w // 1000])[0]
         assert result.exact and result.rows == truth.rows, (w, result.rows, truth.rows)
     assert sent < exact_bytes / 3, (sent, exact_bytes)
+
+
+@pytest.mark.parametrize("pins", [{1: "top 10"}, {1: "top 40", 2: "sketch of 12"}],
+                         ids=["one-truncated", "truncated-and-sketched"])
+def test_a_link_of_rounds_stepped_down_sends_bounds_and_its_windows_wait_for_no_deadline(
+        pins: dict[int, str]) -> None:
+    """The rounds are a link's top rung: pinned below them, an edge sends its windows
+    truncated or sketched and is never asked; each window goes out as soon as the edges
+    still in rounds have answered (the root's deadline is ten minutes), marked inexact, with
+    bounds that hold every domain's true count."""
+    query = query_from_source(SOURCE, "<test>")
+    rnd = random.Random(5)
+    windows = 3
+    events = {e: [edge_events(e, w, rnd) for w in range(windows)] for e in (1, 2)}
+    results, _, _ = through_rounds(events, pins=pins, deadline_s=600)
+    latest = {r.window_start: r for r in results}
+    assert sorted(latest) == [w * 1000 for w in range(windows)]
+    for w, result in latest.items():
+        counts = Counter(r["domain"] for r in events[1][w // 1000] + events[2][w // 1000])
+        assert not result.exact and result.error_bound is not None, result
+        assert len(result.rows) == 5
+        for row in result.rows:
+            assert row["lb"] <= counts[row["domain"]] <= row["ub"], row
+        truth = js.run_local(query, events[1][w // 1000] + events[2][w // 1000])[0]
+        top = [r["domain"] for r in truth.rows]
+        assert any(r["domain"] in top for r in result.rows)
 
 
 def test_a_child_that_stops_answering_leaves_a_window_with_bounds_never_called_exact() -> None:
@@ -372,15 +462,3 @@ def test_an_ask_a_child_cannot_read_is_refused_and_the_next_is_answered() -> Non
     window, ask = ask_from_proto(ask_to_proto((0, 1), Ask(keys=(("a",),))))
     got = answerer.answer(window, ask, 2)
     assert got is not None and sorted(r["domain"] for r in got.rows) == ["a", "b"]
-
-
-def test_a_link_running_rounds_refuses_a_degradation_level() -> None:
-    edge = SiteRuntime("e1", SiteOptions(deadline_s=30), lambda *_: None)
-    try:
-        edge.deploy(Assignment(Fragment("q", "e1", children=("p1",), parent="dc", rounds=True),
-                               spec_of(SOURCE), parent_address="127.0.0.1:9", covers=("p1",)))
-        with pytest.raises(ControlPlaneError, match="runs TPUT's rounds"):
-            edge.set_level("q", "top 20")
-        assert edge.set_level("q", "").level == "exact"  # saying where it is still works
-    finally:
-        edge.close()

@@ -33,7 +33,10 @@ that is missing, or lacks the site, leaves the site's keys in it incomplete.
 Where inputs answer in TPUT's rounds (``rounds``: the final top-k's ranking, at the root), a
 window waits until its exact top-k is known (:func:`jetstream.approx.rounds.settled`) or its
 deadline passes; :meth:`WindowMerger.asks` says what to ask each input meanwhile. A settled
-window goes out exact: the rows every input holds, which include the top-k.
+window goes out exact: the rows every input holds, which include the top-k. An input whose
+link has stepped down from the rounds to a degradation level sends its window truncated or
+sketched, with bounds, and is not asked: the window waits only for what the inputs still in
+rounds can answer, and goes out with bounds.
 """
 
 from __future__ import annotations
@@ -274,9 +277,21 @@ class WindowMerger:
 
     def _settled(self, pending: _Pending) -> bool:
         """Whether nothing is left to ask about the window: its inputs do not answer in
-        rounds, or its exact top-k is known."""
-        if not self._in_rounds(pending):
+        rounds, its exact top-k is known, or what blocks it is held by inputs that do not
+        answer (a link stepped down from the rounds to a degradation level sends its
+        window truncated or sketched, with bounds, and is never asked)."""
+        if not self._in_rounds(pending) or self._exact(pending):
             return True
+        assert self.rounds is not None
+        try:
+            wanted = next_asks(self._bounded_inputs(pending), self.aggregate,
+                               self.rounds.by, self.rounds.k)
+        except DataError:
+            return True
+        return not any(pending.batches[origin].rounds for origin in wanted)
+
+    def _exact(self, pending: _Pending) -> bool:
+        """Whether the window's exact top-k is known (its inputs in rounds settled it)."""
         assert self.rounds is not None
         try:
             return settled(merge_bounded(self._bounded_inputs(pending).values(),
@@ -337,7 +352,7 @@ class WindowMerger:
                       else merge_bounded(bounded, self.aggregate))
             rows, slack, omitted = merged.rows, merged.slack, merged.omitted
             complete = merged.complete
-            if self._in_rounds(pending) and self._settled(pending):
+            if self._in_rounds(pending) and self._exact(pending):
                 rows, slack, omitted, complete = exact_rows(merged), None, 0.0, None
         else:
             rows = self._merge_rows(batches)

@@ -9,7 +9,8 @@ module). The run (:class:`~jetstream.dataplane.run.QueryRun`) hands it each merg
 its watermark; a re-plan that moves the parent gives the run a new uplink, and the old one's
 unacked batches go to the new one through the store. On a link that runs TPUT's rounds
 (``rounds``), it sends each window's top rows and answers what the parent asks for next
-(:mod:`jetstream.dataplane.asks`) instead of degrading the link.
+(:mod:`jetstream.dataplane.asks`) while the link is at its top rung; when its policy (or an
+operator) steps it down, its windows go truncated or sketched like any link's.
 """
 
 from __future__ import annotations
@@ -175,15 +176,17 @@ class Uplink:
             omitted=merged.omitted,
             complete_rows=merged.complete_rows, warnings=self._warnings(merged),
             early=merged.early)
-        if self.answerer is None:
-            batch = self._degraded(batch, merged)
-        elif merged.slack is None:  # exact here: its rows go as the parent asks for them
+        if self.answerer is not None:  # its answers count revisions apart: so does all
             batch = dataclasses.replace(batch, revision=self.revision_base
                                         + merged.revision * ROUND_REVISIONS)
+        if self.answerer is not None and merged.slack is None and self._in_rounds:
+            # Exact here, the link at its top rung: its rows go as the parent asks for them.
             if merged.revision == 0:
                 batch = self.answerer.first(batch)
             else:  # a correction (late records) goes whole
                 self.answerer.forget(merged.window)
+        else:
+            batch = self._degraded(batch, merged)
         with self._lock:
             self._push(batch)
         return len(batch.rows)
@@ -391,13 +394,16 @@ class Uplink:
                             self.name, self.site, e)
         return out
 
+    @property
+    def _in_rounds(self) -> bool:
+        """Whether the link answers TPUT's rounds now: it has them, at its top rung."""
+        return self.answerer is not None and (self.policy is None or self.policy.level.index == 0)
+
     def set_level(self, level: str) -> LinkLevel:
-        """See :meth:`jetstream.dataplane.run.QueryRun.set_level`."""
+        """See :meth:`jetstream.dataplane.run.QueryRun.set_level`. On a link that runs TPUT's
+        rounds, the exact level is the rounds; below it, its windows go truncated or
+        sketched, and the parent does not ask."""
         link = f"{self.site} -> {self.parent}"
-        if self.answerer is not None and level:
-            msg = (f"{self.name}: link {link} runs TPUT's rounds: its windows go as "
-                   f"{self.parent} asks for them, exact, not at a degradation level")
-            raise ControlPlaneError(msg)
         if self.policy is None:
             msg = (f"{self.name} at {self.site} has no degradable link: a replay keeps "
                    "every link exact")
