@@ -33,6 +33,38 @@ def test_explain_prints_the_plan_and_the_rewrites(capsys: pytest.CaptureFixture[
     assert "top_k 10 by requests (partial)" in out
 
 
+THIN = """name: thin
+root: dc
+sites:
+  - {name: pop, kind: pop, servers: [{name: p, cores: 2, memory_gb: 4}],
+     sources: [{name: cdn_logs, events_per_s: 5000, distinct_keys: 50000}]}
+  - {name: dc, kind: datacenter, servers: [{name: d, cores: 8, memory_gb: 16}]}
+links:
+  - {between: [pop, dc], bandwidth: 100kbit, latency: 10ms}
+"""
+
+
+@pytest.mark.parametrize("max_error", [0.05, 0])
+def test_explain_plans_a_thin_link_at_a_level_the_slo_allows_or_refuses_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], max_error: float) -> None:
+    topology = tmp_path / "thin.yaml"
+    topology.write_text(THIN)
+    path = tmp_path / "q.py"
+    path.write_text("import jetstream as js\n"
+                    "logs = js.source('cdn_logs', schema=js.CDN_LOG_SCHEMA)\n"
+                    "query = js.Query('q', logs.window(js.tumbling('10s')).group_by('domain')"
+                    ".agg(requests=js.count()).top_k(10, by='requests'), slo=js.SLO("
+                    f"max_latency='50ms', max_error={max_error}))\n")
+    code = main(["explain", "--query", str(path), "--topology", str(topology)])
+    out, err = capsys.readouterr()
+    if max_error:
+        assert code == 0, err
+        assert "pop: local stage -> dc:" in out and "starts at level 'top 20'" in out
+    else:
+        assert code == 1
+        assert "link pop-dc is over capacity" in err and "max_error=0 allows none" in err
+
+
 def test_optimized_example_gives_the_same_results(tmp_path: Path) -> None:
     query = load_query(EXAMPLE)
     optimized = js.optimize(query, partitions=3)

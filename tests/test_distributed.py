@@ -269,6 +269,48 @@ def test_live_sites_with_quiet_neighbours_still_close_their_windows(
     assert_same([got[w] for w in sorted(got)], want)
 
 
+def test_links_of_tput_rounds_held_at_a_truncation_and_a_sketch_send_bounds(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A top-5 on local-3dc, whose links into the root run TPUT's rounds: held by
+    `jetstream level` at a truncation (sfo) and a sketch (sin), the windows with their
+    records go out inexact, with bounds that hold each domain's true count, and none waits
+    for its deadline (ten minutes here)."""
+    body = ("logs.window(js.tumbling('10s'), watermark='5s').group_by('domain')"
+            ".agg(requests=js.count(), kb=js.sum('bytes'))")
+    path = query_file(tmp_path, "top5", f"{body}.top_k(5, by='requests')")
+    counted = run_local(load_query(query_file(tmp_path, "counts", body)), LOGS)
+    truth = {(r.window_start, row["domain"]): row["requests"] for r in counted for row in r.rows}
+    busy = {r.window_start for r in counted if len(r.rows) > 20}  # every site's records
+    want = {r.window_start: r for r in run_local(load_query(path), LOGS)}
+    for site in ("ams", "sfo", "sin"):
+        (tmp_path / "input" / site).mkdir(parents=True)
+    with LocalCluster(TOPOLOGY, tmp_path / "input", idle_timeout_s=2, window_deadline_s=600,
+                      logs=tmp_path / "logs") as cluster:
+        assert "TPUT rounds" in cluster.client.submit(path).plan
+        cluster.wait_for_stages("top5")
+        for site, level in (("sfo", "top 10"), ("sin", "sketch of 12")):
+            assert main(["level", "top5", site, level, "--controller", cluster.address,
+                         "--tls-dir", str(cluster.tls_dir)]) == 0
+            assert f"link {site} -> ams at {level!r} (pinned" in capsys.readouterr().out
+        for site in ("ams", "sfo", "sin"):
+            staged = tmp_path / f"{site}.csv"
+            staged.write_text((LOGS / site / "part-000.csv").read_text())
+            staged.rename(tmp_path / "input" / site / "part-000.csv")
+        got: dict[int, WindowResult] = {}
+        for result in cluster.client.results("top5", timeout_s=150):
+            got[result.window_start] = result
+            if set(got) >= set(want):
+                break
+    assert set(got) == set(want) and busy <= set(got)
+    for start, result in sorted(got.items()):
+        if result.exact:
+            assert start not in busy and result.rows == want[start].rows
+            continue
+        assert result.error_bound is not None and len(result.rows) == 5
+        for row in result.rows:
+            assert row["lb"] <= truth[(start, row["domain"])] <= row["ub"], (start, row)
+
+
 # -- the root's data plane over real gRPC, fed by senders that repeat and restart ------------
 
 def events() -> list[dict[str, Any]]:

@@ -17,7 +17,9 @@ from jetstream.aggtree.generate import generate_topology
 from jetstream.aggtree.loader import load_topology, parse_topology
 from jetstream.aggtree.planner import _Costing, _loads, _Tree, plan_query
 from jetstream.aggtree.topology import Link, Server, Site, SiteKind, SourceLoad, Topology
+from jetstream.approx.levels import ladder, ranking
 from jetstream.queryfile import load_query
+from jetstream.rewrite import distributed
 
 ROOT = Path(__file__).resolve().parent.parent
 TOPK = load_query(ROOT / "examples" / "cdn_topk.py")
@@ -113,11 +115,39 @@ links:
 """)
 
 
-def test_a_thin_link_is_named() -> None:
+def test_a_thin_link_is_named_with_the_level_that_would_fit() -> None:
     thin = two_sites(distinct_keys=50000, bandwidth="100kbit")
+    # Too little time for TPUT's round trips: the link would carry every key's partial.
+    tight = js.Query("tight", TOPK.stream, slo=js.SLO(max_latency="50ms"))
     with pytest.raises(js.PlacementError, match="link pop-dc is over capacity: the query needs "
-                                                r"\d.*of partials and the link has 100.0 kbit/s"):
-        plan_query(TOPK, thin)
+                                                r"\d.*of partials and the link has 100.0 kbit/s; "
+                                                "the query's SLO sets no max_error; level 'top "
+                                                r"320' \(nominal error 0.001\) would fit"):
+        plan_query(tight, thin)
+    exact = js.Query("exact", TOPK.stream, slo=js.SLO(max_latency="50ms", max_error=0))
+    with pytest.raises(js.PlacementError, match=r"link pop-dc is over capacity: .*the SLO's "
+                                                "max_error=0 allows none; level 'top 320'"):
+        plan_query(exact, thin)
+
+
+def test_a_thin_link_starts_at_the_cheapest_level_the_slos_max_error_allows() -> None:
+    thin = two_sites(distinct_keys=50000, bandwidth="100kbit")
+    query = js.Query("q", TOPK.stream, slo=js.SLO(max_latency="50ms", max_error=0.05))
+    plan = plan_query(query, thin)
+    names = [lv.name for lv in ladder(ranking(distributed(query)), None).levels]
+    assert plan.fragments["pop"].level == names.index("top 20")  # 0.01; a sketch's is 0.11
+    assert not plan.fragments["pop"].rounds
+    edge = plan.tree.edges["pop", "dc"]
+    assert edge["utilisation"] <= 1.0 and edge["level"].exact_bytes_per_s > 100_000 / 8
+    assert "pop: local stage -> dc: " in plan.render()
+    assert "starts at level 'top 20' (nominal error 0.01): exact partials would need" in (
+        plan.render())
+
+
+def test_tputs_rounds_fit_a_link_too_thin_for_every_key() -> None:
+    plan = plan_query(TOPK, two_sites(distinct_keys=50000, bandwidth="100kbit"))
+    assert plan.fragments["pop"].rounds and plan.fragments["pop"].level == 0
+    assert plan.tree.edges["pop", "dc"]["utilisation"] <= 1.0
 
 
 def test_query_without_sources_on_the_topology() -> None:

@@ -208,3 +208,17 @@ def test_a_site_refuses_a_fragment_whose_plan_it_cannot_read() -> None:
     fragment.spec.plan.version = PLAN_VERSION + 1
     with pytest.raises(PlanError, match=f"format version {PLAN_VERSION + 1}, newer"):
         assignment_from_proto(fragment, "ams")
+
+
+def test_a_fragment_crosses_with_its_links_planned_level() -> None:
+    from jetstream.aggtree.planner import Fragment
+    from jetstream.control.codec import assignment_from_proto, fragment_to_proto
+
+    spec = query_to_proto(load_query(ROOT / "examples" / "cdn_topk.py")).SerializeToString()
+    fragment = Fragment("cdn-topk", "sfo", sources=("cdn_logs",), parent="ams", level=3,
+                        uplink_bps=1e5)
+    message = fragment_to_proto(fragment, spec, version=2)
+    back = assignment_from_proto(message, "sfo").fragment
+    assert (back.level, back.uplink_bps, back.parent) == (3, 1e5, "ams")
+    message.level = -1  # a peer's nonsense is no level below exact
+    assert assignment_from_proto(message, "sfo").fragment.level == 0

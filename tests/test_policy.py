@@ -150,6 +150,17 @@ def test_when_bandwidth_returns_the_level_climbs_one_step_per_interval_back_to_e
     assert interval_rule_broken(policy.history, MIN_INTERVAL_S) == []
 
 
+def test_a_link_the_plan_found_thin_starts_degraded_and_climbs_when_it_is_not() -> None:
+    policy, clock = make_policy(start=3)
+    assert policy.level.index == 3 and not policy.pinned
+    simulate(policy, clock, steps((0, 4e6)), 60)  # the link is faster than planned
+    assert policy.level.index == 0
+    assert [(c.from_level.index, c.to_level.index) for c in policy.history] == [
+        (3, 2), (2, 1), (1, 0)]
+    # Never below what the SLO's max_error allows.
+    assert make_policy(start=4, slo=LinkSLO(max_error=0.02))[0].level.index == 2
+
+
 def test_a_deep_drop_jumps_several_levels_at_once() -> None:
     policy, clock = make_policy()
     simulate(policy, clock, steps((0, 4e6), (10, 4e4)), 40)

@@ -17,7 +17,8 @@ from jetstream.aggregates import Aggregate, AggregateKind, Avg, Count, Max, Min,
 from jetstream.aggtree.topology import SourceLoad
 from jetstream.approx.sketches import ApproxCountDistinct, ApproxQuantile, TopKItems
 
-__all__ = ["KEY_BYTES", "NEW_KEY_SHARE", "VALUE_BYTES", "WIRE_BYTES", "Load", "accumulator_bytes"]
+__all__ = ["KEY_BYTES", "NEW_KEY_SHARE", "VALUE_BYTES", "WIRE_BYTES", "Load", "accumulator_bytes",
+           "rate_text"]
 
 #: Bytes a group key column takes in a partial row.
 KEY_BYTES = 32
@@ -81,3 +82,12 @@ class Load:
         keys = sorted((load.keys for load in loads), reverse=True)
         merged_keys = keys[0] + NEW_KEY_SHARE * sum(keys[1:]) if keys else 0.0
         return Load(merged_keys, sum(load.raw_bytes_per_s for load in loads))
+
+
+def rate_text(bytes_per_s: float) -> str:
+    """A rate as people read a link's: ``1.5 Mbit/s``."""
+    bits = bytes_per_s * 8
+    for unit, size in (("Gbit/s", 1e9), ("Mbit/s", 1e6), ("kbit/s", 1e3)):
+        if bits >= size:
+            return f"{bits / size:.1f} {unit}"
+    return f"{bits:.0f} bit/s"

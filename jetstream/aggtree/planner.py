@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from jetstream.aggregates import AggregateKind
-from jetstream.aggtree.cost import KEY_BYTES, Load, accumulator_bytes
+from jetstream.aggtree.cost import KEY_BYTES, Load, accumulator_bytes, rate_text
+from jetstream.aggtree.thin import thin_links
 from jetstream.aggtree.topology import Site, Topology
 from jetstream.approx.levels import Ranking, ranking
 from jetstream.dsl import Query
@@ -68,6 +69,10 @@ class Fragment:
     #: (jetstream.dataplane.transport); its acks tell it the rest, so a new figure alone is no
     #: new plan.
     uplink_bps: float | None = field(default=None, compare=False)
+    #: The degradation level its link to its parent starts at: 0 (exact), or one the SLO's
+    #: max_error allows on a link too thin for exact partials (jetstream.aggtree.thin); its
+    #: policy moves it from there, so a new figure alone is no new plan.
+    level: int = field(default=0, compare=False)
 
     @property
     def roles(self) -> list[str]:
@@ -110,8 +115,8 @@ class PhysicalPlan:
 
     def render(self) -> str:
         lines = [f"physical plan on {self.topology.name} (root {self.topology.root}): "
-                 f"{_rate(self.wan_bytes_per_s)} on the wide area instead of "
-                 f"{_rate(self.raw_bytes_per_s)} of raw records; "
+                 f"{rate_text(self.wan_bytes_per_s)} on the wide area instead of "
+                 f"{rate_text(self.raw_bytes_per_s)} of raw records; "
                  f"busiest link at {self.max_utilisation:.0%}"]
         order = list(nx.topological_sort(self.tree)) or [self.topology.root]
         for name in order:
@@ -121,11 +126,16 @@ class PhysicalPlan:
             if fragment.parent is not None:
                 edge = self.tree.edges[name, fragment.parent]
                 link = self.topology.link(name, fragment.parent)
-                line += (f" -> {fragment.parent}: {_rate(edge['bytes_per_s'])} of "
-                         f"{_rate(link.bandwidth_bps / 8)} ({edge['utilisation']:.1%})")
+                line += (f" -> {fragment.parent}: {rate_text(edge['bytes_per_s'])} of "
+                         f"{rate_text(link.bandwidth_bps / 8)} ({edge['utilisation']:.1%})")
                 if fragment.rounds:
                     line += (f"; TPUT rounds: about {edge['rounds_rows']:,.0f} rows a window "
                              f"instead of {edge['exact_rows']:,.0f}")
+                if "level" in edge:
+                    level = edge["level"]
+                    line += (f"; starts at level {level.name!r} (nominal error "
+                             f"{level.error_bound:g}): exact partials would need "
+                             f"{rate_text(level.exact_bytes_per_s)}")
             lines.append(line)
         if self.rounds_k:
             lines.append(
@@ -134,14 +144,6 @@ class PhysicalPlan:
                 "key; the root coordinates them in one process")
         lines += [f"  no TPUT rounds on {note}" for note in self.no_rounds]
         return "\n".join(lines)
-
-
-def _rate(bytes_per_s: float) -> str:
-    bits = bytes_per_s * 8
-    for unit, size in (("Gbit/s", 1e9), ("Mbit/s", 1e6), ("kbit/s", 1e3)):
-        if bits >= size:
-            return f"{bits / size:.1f} {unit}"
-    return f"{bits:.0f} bit/s"
 
 
 def plan_query(query: Query, topology: Topology, *, max_fan_in: int = 32) -> PhysicalPlan:
@@ -228,25 +230,32 @@ def plan_query(query: Query, topology: Topology, *, max_fan_in: int = 32) -> Phy
         if child in loads:
             rate, utilisation = costing.edge(child, parent, loads[child])
             tree.add_edge(child, parent, bytes_per_s=rate, utilisation=utilisation)
-    if not feasible:
+    rank = ranking(distributed(query)) if split else None
+    rounds, no_rounds = _rounds(query, tree, topology, loads, rank)
+    root = topology.root
+    for child, rows in rounds.items():  # the rounds' few rows are what the link carries
+        link = topology.link(child, root)
+        rate = rows * row_bytes / every_s
+        tree.edges[child, root].update(bytes_per_s=rate,
+                                       utilisation=rate * 8 / link.bandwidth_bps,
+                                       rounds_rows=rows, exact_rows=loads[child].keys)
+    # A link still over capacity starts degraded, if the SLO allows a level that fits.
+    levels = thin_links(query, tree, topology, aggregate, rank, row_bytes, every_s) \
+        if split and not feasible else {}
+    if not feasible and (max((tree.in_degree(n) for n in tree), default=0) > max_fan_in
+                         or any(u > 1.0 for *_, u in tree.edges(data="utilisation"))):
         _raise_infeasible(tree, topology, max_fan_in)
     fragments = _fragments(query.name, tree, topology, sources, loads, every_s, split,
                            ranked=any(isinstance(op, TopK) for op in ops))
-    rank = ranking(distributed(query)) if split else None
-    rounds, no_rounds = _rounds(query, tree, topology, loads, rank)
+    for child, level in levels.items():
+        fragments[child] = dataclasses.replace(fragments[child], level=level.index)
+        tree.edges[child, fragments[child].parent].update(level=level)
     if rounds:
         # The links into the root carry TPUT's rounds: the root coordinates them in one
         # process (its workers could not), over the few rows the rounds bring.
-        root = topology.root
         fragments[root] = dataclasses.replace(fragments[root], partitions=1)
-        assert rank is not None
-        for child, rows in rounds.items():
+        for child in rounds:
             fragments[child] = dataclasses.replace(fragments[child], rounds=True)
-            link = topology.link(child, root)
-            rate = rows * row_bytes / every_s
-            tree.edges[child, root].update(bytes_per_s=rate,
-                                           utilisation=rate * 8 / link.bandwidth_bps,
-                                           rounds_rows=rows, exact_rows=loads[child].keys)
     return PhysicalPlan(query, topology, tree, fragments, split, raw, row_bytes,
                         rank.k if rounds and rank else 0, tuple(no_rounds))
 
@@ -497,8 +506,8 @@ def _raise_infeasible(tree: nx.DiGraph, topology: Topology, max_fan_in: int) -> 
         if data["utilisation"] > 1.0:
             link = topology.link(child, parent)
             msg = (f"link {child}-{parent} is over capacity: the query needs "
-                   f"{_rate(data['bytes_per_s'])} of partials and the link has "
-                   f"{_rate(link.bandwidth_bps / 8)}")
+                   f"{rate_text(data['bytes_per_s'])} of partials and the link has "
+                   f"{rate_text(link.bandwidth_bps / 8)}")
             raise PlacementError(msg)
     busiest = max(tree.nodes, key=tree.in_degree)
     msg = (f"site {busiest} would merge {tree.in_degree(busiest)} children, more than the "

@@ -194,6 +194,9 @@ class LinkPolicy:
     max_backlog_windows
         Windows that may wait unacknowledged behind the one just acknowledged before the
         policy calls the link too slow (raise it on links whose round trip exceeds a window).
+    start
+        The level to start at (the plan's for a link it found too thin for exact partials),
+        at most the coarsest the SLO allows.
     clock
         Seconds, monotonic; tests pass a fake one.
 
@@ -208,7 +211,7 @@ class LinkPolicy:
                  slo: LinkSLO | SLO | None = None, lead_s: float = 0.0,
                  min_interval_s: float = 5.0,
                  down_fraction: float = 0.8, up_fraction: float = 0.5,
-                 max_backlog_windows: int = 1,
+                 max_backlog_windows: int = 1, start: int = 0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._levels = _checked_levels(levels)
         if not (_is_number(window_s) and 0 < window_s < math.inf):
@@ -255,7 +258,7 @@ class LinkPolicy:
         wan_bps = self._slo.max_wan_bps if self._slo else None
         self._rate_cap = math.inf if wan_bps is None else wan_bps / 8
 
-        self._current = 0
+        self._current = min(max(start, 0), self._coarsest)
         self._changed_at: float | None = None
         self._throughput = _RobustAverage()
         self._sampled_at: float | None = None  # when the newest throughput sample came

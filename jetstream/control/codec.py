@@ -32,7 +32,8 @@ def fragment_to_proto(fragment: Fragment, spec: bytes, version: int,
                        partitions=fragment.partitions, final=fragment.final, version=version,
                        covers=covers, expected=expected, part=fragment.part[0],
                        parts=fragment.part[1], rounds=fragment.rounds,
-                       uplink_bps=fragment.uplink_bps or 0.0, resend_from_ms=resend_from_ms)
+                       uplink_bps=fragment.uplink_bps or 0.0, resend_from_ms=resend_from_ms,
+                       level=fragment.level)
 
 
 def fragment_from_proto(msg: pb.Fragment, site: str) -> Fragment:
@@ -43,7 +44,7 @@ def fragment_from_proto(msg: pb.Fragment, site: str) -> Fragment:
     return Fragment(query=msg.query, site=site, sources=tuple(msg.sources),
                     children=tuple(msg.children), parent=msg.parent or None,
                     partitions=max(msg.partitions, 1), final=msg.final, part=(msg.part, parts),
-                    rounds=msg.rounds, uplink_bps=msg.uplink_bps or None)
+                    rounds=msg.rounds, uplink_bps=msg.uplink_bps or None, level=max(msg.level, 0))
 
 
 def assignment_from_proto(msg: pb.Fragment, site: str) -> Assignment:

@@ -146,7 +146,7 @@ class QueryRun:
             retain_s=self.merger.retain_s, carried=carried,
             received=self.options.received, rounds=assignment.fragment.rounds,
             keep_s=2 * self.merger.deadline_s + ROUNDS_MARGIN_S,
-            link_bps=assignment.fragment.uplink_bps)
+            link_bps=assignment.fragment.uplink_bps, start_level=assignment.fragment.level)
 
     @property
     def sender(self) -> PartialSender | None:

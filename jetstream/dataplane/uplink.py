@@ -77,7 +77,8 @@ class Uplink:
     order, which hold every row of the global top-k that falls in this partition. With
     ``rounds``, each window's rows are kept ``keep_s`` for the parent's asks. ``link_bps``,
     the link's bandwidth in the plan, is where its sender starts (see
-    jetstream.dataplane.transport).
+    jetstream.dataplane.transport); ``start_level``, the plan's level for a link too thin for
+    exact partials, where its policy starts.
     """
 
     def __init__(self, site: str, parent: str, address: str, *, query: Query,
@@ -87,7 +88,7 @@ class Uplink:
                  retain_s: float = 600.0, carried: Sequence[PartialBatch] = (),
                  received: Callable[[], Mapping[str, int]] | None = None,
                  rounds: bool = False, keep_s: float = 120.0,
-                 link_bps: float | None = None) -> None:
+                 link_bps: float | None = None, start_level: int = 0) -> None:
         self.site, self.parent, self.name = site, parent, query.name
         self.partial, self.ranking, self.replay = partial, ranking, options.replay
         self.store, self.metrics, self._sequence = store, run_metrics, sequence
@@ -109,7 +110,8 @@ class Uplink:
             lead_s = (window.watermark_ms - window.early_after_ms) / 1000
             self.policy = LinkPolicy(self.ladder.levels, slo=query.slo,
                                      window_s=window.spec.every_ms / 1000, lead_s=lead_s,
-                                     min_interval_s=options.level_interval_s)
+                                     min_interval_s=options.level_interval_s,
+                                     start=start_level)
         # Held by query, not by parent: a re-planned parent gets what the last one lacks.
         if store is not None:
             self._check_held(store)

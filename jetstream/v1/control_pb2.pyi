@@ -264,7 +264,7 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, queries: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Fragment(_message.Message):
-    __slots__ = ("query", "spec", "sources", "children", "parent", "parent_address", "partitions", "final", "version", "covers", "expected", "part", "parts", "rounds", "uplink_bps", "resend_from_ms")
+    __slots__ = ("query", "spec", "sources", "children", "parent", "parent_address", "partitions", "final", "version", "covers", "expected", "part", "parts", "rounds", "uplink_bps", "resend_from_ms", "level")
     QUERY_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     SOURCES_FIELD_NUMBER: _ClassVar[int]
@@ -281,6 +281,7 @@ class Fragment(_message.Message):
     ROUNDS_FIELD_NUMBER: _ClassVar[int]
     UPLINK_BPS_FIELD_NUMBER: _ClassVar[int]
     RESEND_FROM_MS_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
     query: str
     spec: _query_pb2.QuerySpec
     sources: _containers.RepeatedScalarFieldContainer[str]
@@ -297,7 +298,8 @@ class Fragment(_message.Message):
     rounds: bool
     uplink_bps: float
     resend_from_ms: int
-    def __init__(self, query: _Optional[str] = ..., spec: _Optional[_Union[_query_pb2.QuerySpec, _Mapping]] = ..., sources: _Optional[_Iterable[str]] = ..., children: _Optional[_Iterable[str]] = ..., parent: _Optional[str] = ..., parent_address: _Optional[str] = ..., partitions: _Optional[int] = ..., final: _Optional[bool] = ..., version: _Optional[int] = ..., covers: _Optional[_Iterable[str]] = ..., expected: _Optional[_Iterable[str]] = ..., part: _Optional[int] = ..., parts: _Optional[int] = ..., rounds: _Optional[bool] = ..., uplink_bps: _Optional[float] = ..., resend_from_ms: _Optional[int] = ...) -> None: ...
+    level: int
+    def __init__(self, query: _Optional[str] = ..., spec: _Optional[_Union[_query_pb2.QuerySpec, _Mapping]] = ..., sources: _Optional[_Iterable[str]] = ..., children: _Optional[_Iterable[str]] = ..., parent: _Optional[str] = ..., parent_address: _Optional[str] = ..., partitions: _Optional[int] = ..., final: _Optional[bool] = ..., version: _Optional[int] = ..., covers: _Optional[_Iterable[str]] = ..., expected: _Optional[_Iterable[str]] = ..., part: _Optional[int] = ..., parts: _Optional[int] = ..., rounds: _Optional[bool] = ..., uplink_bps: _Optional[float] = ..., resend_from_ms: _Optional[int] = ..., level: _Optional[int] = ...) -> None: ...
 
 class DeployFragmentRequest(_message.Message):
     __slots__ = ("fragment",)

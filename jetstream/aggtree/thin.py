@@ -1,0 +1,97 @@
+"""Links too thin for a query's exact partials: the degradation level the plan starts each
+at, from the query's SLO.
+
+A link over capacity at the declared load is not refused outright when the query can
+degrade (:mod:`jetstream.approx.levels`) and its SLO allows it: the link gets the cheapest
+level whose nominal error is within the SLO's ``max_error`` (the user said that much error
+is fine, and the fewest bytes leave the most room), if that level fits the link; its sender's
+policy starts there and steps up as the link allows. A query without ``max_error``, or whose
+allowed levels do not fit, is refused, naming the link and the level (and the ``max_error``)
+that would fit.
+
+A level's bytes at the declared load are estimated from the exact partial's: a truncation
+keeps ``factor * k`` of its rows, a frequent-items sketch weighs about as many rows as
+:func:`~jetstream.approx.levels.ladder` says, and a sketch of distinct counts and quantiles
+its share of the exact partial (the ladder's guess, which the policy corrects from the
+windows it sees).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import networkx as nx
+
+from jetstream.aggtree.cost import rate_text
+from jetstream.aggtree.topology import Topology
+from jetstream.approx.levels import Ladder, Ranking, ladder
+from jetstream.approx.policy import DegradationLevel
+from jetstream.dsl import Query
+from jetstream.errors import PlacementError
+from jetstream.operators import WindowAggregate
+
+__all__ = ["PlannedLevel", "thin_links"]
+
+
+@dataclass(frozen=True)
+class PlannedLevel:
+    """The level a thin link starts at, what it is expected to carry, and its error."""
+
+    index: int
+    name: str
+    bytes_per_s: float
+    exact_bytes_per_s: float
+    error_bound: float
+
+
+def thin_links(query: Query, tree: nx.DiGraph, topology: Topology,
+               aggregate: WindowAggregate, rank: Ranking | None, row_bytes: int,
+               every_s: float) -> dict[str, PlannedLevel]:
+    """For each edge of ``tree`` over capacity, the level its child starts at (the edge's
+    ``bytes_per_s`` and ``utilisation`` become that level's); raises PlacementError, naming
+    the link and what would fit, for one no level allowed by the SLO fits."""
+    levels = ladder(rank, aggregate)
+    max_error = query.slo.max_error if query.slo is not None else None
+    planned = {}
+    for child, parent, edge in sorted(tree.edges(data=True)):
+        if edge["utilisation"] <= 1.0:
+            continue
+        link = topology.link(child, parent)
+        capacity = link.bandwidth_bps / 8
+        exact = edge["bytes_per_s"]
+        rows = exact * every_s / row_bytes if row_bytes else 0.0
+        shares = [_share(levels, level, rows) for level in levels.levels]
+        fitting = [lv for lv, share in zip(levels.levels, shares, strict=True)
+                   if exact * share <= capacity]
+        allowed = [lv for lv in fitting if max_error is not None and lv.error_bound <= max_error]
+        needs = (f"link {child}-{parent} is over capacity: the query needs "
+                 f"{rate_text(exact)} of partials and the link has {rate_text(capacity)}")
+        if not allowed:
+            raise PlacementError(f"{needs}; {_what_fits(fitting, max_error)}")
+        level = allowed[-1]  # the cheapest the SLO allows
+        rate = exact * shares[level.index]
+        edge.update(bytes_per_s=rate, utilisation=rate * 8 / link.bandwidth_bps)
+        planned[child] = PlannedLevel(level.index, level.name, rate, exact, level.error_bound)
+    return planned
+
+
+def _share(levels: Ladder, level: DegradationLevel, rows: float) -> float:
+    """What a window weighs at ``level``, as a share of its exact partial of ``rows`` rows."""
+    if level.index == 0:
+        return 1.0
+    how = levels.encoding(level)
+    if how.keep is None and how.lg_max_k is None:  # distinct counts and quantiles sketched
+        return level.bytes_per_window / levels.levels[0].bytes_per_window
+    return min(1.0, level.bytes_per_window / rows) if rows else 1.0
+
+
+def _what_fits(fitting: list[DegradationLevel], max_error: float | None) -> str:
+    degraded = [lv for lv in fitting if lv.index > 0]
+    if not degraded:
+        return ("no degradation level of the query fits it either: give the link more "
+                "bandwidth, or send less (a coarser group key, a filter before the aggregate)")
+    finest = degraded[0]
+    said = ("the query's SLO sets no max_error" if max_error is None
+            else f"the SLO's max_error={max_error:g} allows none")
+    return (f"{said}; level {finest.name!r} (nominal error {finest.error_bound:g}) would "
+            f"fit: js.SLO(max_error={finest.error_bound:g}) allows it")
