@@ -18,6 +18,7 @@ from jetstream.cli import deployment, main
 from jetstream.dataplane.options import SiteOptions
 from jetstream.queryfile import load_query
 from jetstream.stage.archive import ReadFiles
+from tests.test_planner import two_sites_yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "cdn_topk.py"
@@ -33,22 +34,11 @@ def test_explain_prints_the_plan_and_the_rewrites(capsys: pytest.CaptureFixture[
     assert "top_k 10 by requests (partial)" in out
 
 
-THIN = """name: thin
-root: dc
-sites:
-  - {name: pop, kind: pop, servers: [{name: p, cores: 2, memory_gb: 4}],
-     sources: [{name: cdn_logs, events_per_s: 5000, distinct_keys: 50000}]}
-  - {name: dc, kind: datacenter, servers: [{name: d, cores: 8, memory_gb: 16}]}
-links:
-  - {between: [pop, dc], bandwidth: 100kbit, latency: 10ms}
-"""
-
-
 @pytest.mark.parametrize("max_error", [0.05, 0])
 def test_explain_plans_a_thin_link_at_a_level_the_slo_allows_or_refuses_it(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], max_error: float) -> None:
     topology = tmp_path / "thin.yaml"
-    topology.write_text(THIN)
+    topology.write_text(two_sites_yaml(distinct_keys=50_000, bandwidth="100kbit"))
     path = tmp_path / "q.py"
     path.write_text("import jetstream as js\n"
                     "logs = js.source('cdn_logs', schema=js.CDN_LOG_SCHEMA)\n"

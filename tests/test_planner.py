@@ -103,7 +103,12 @@ def test_a_holistic_aggregate_is_planned_split_as_the_sites_run_it() -> None:
 
 def two_sites(distinct_keys: int, bandwidth: str) -> Topology:
     """A PoP of 5,000 records/s and a datacenter, joined by one link."""
-    return parse_topology(f"""
+    return parse_topology(two_sites_yaml(distinct_keys, bandwidth))
+
+
+def two_sites_yaml(distinct_keys: int, bandwidth: str) -> str:
+    """:func:`two_sites` as a topology file says it."""
+    return f"""
 name: thin
 root: dc
 sites:
@@ -112,7 +117,7 @@ sites:
   - {{name: dc, kind: datacenter, servers: [{{name: d, cores: 8, memory_gb: 16}}]}}
 links:
   - {{between: [pop, dc], bandwidth: {bandwidth}, latency: 10ms}}
-""")
+"""
 
 
 def test_a_thin_link_is_named_with_the_level_that_would_fit() -> None:
