@@ -40,7 +40,13 @@ from jetstream.dataplane.uplink import LinkLevel
 from jetstream.errors import ControlPlaneError
 from jetstream.operators import WindowAggregate
 from jetstream.results import WindowResult
-from jetstream.stage.spark import DEFAULT_SPARK_CONF, REPLAY_SPARK_CONF, session_builder, started
+from jetstream.stage.spark import (
+    DEFAULT_SPARK_CONF,
+    REPLAY_SPARK_CONF,
+    session_builder,
+    started,
+    stop_quietly,
+)
 from jetstream.v1 import dataplane_pb2 as pb
 
 if TYPE_CHECKING:
@@ -158,7 +164,7 @@ class SiteRuntime:
         if self._cubes is not None:
             self._cubes.close()
         if self._spark is not None:
-            self._spark.stop()
+            stop_quietly(self._spark)
 
     def set_level(self, query: str, level: str) -> LinkLevel:
         """See :meth:`QueryRun.set_level`; also refuses a query that does not run here."""

@@ -13,7 +13,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-__all__ = ["DEFAULT_SPARK_CONF", "REPLAY_SPARK_CONF", "session_builder", "started"]
+__all__ = ["DEFAULT_SPARK_CONF", "REPLAY_SPARK_CONF", "session_builder", "started", "stop_quietly"]
 
 log = logging.getLogger(__name__)
 
@@ -123,3 +123,25 @@ def started(builder: Any, site: str) -> Any:
                         SPARK_START_ATTEMPTS)
             time.sleep(attempt)
     raise AssertionError("unreachable")
+
+
+#: How long a site's Spark waits at a stop for the tasks of cancelled jobs to report back.
+QUIET_STOP_S = 5.0
+
+
+def stop_quietly(spark: Any, wait_s: float = QUIET_STOP_S) -> None:
+    """Stop ``spark`` once no task of it runs: its jobs cancelled, then (for at most
+    ``wait_s``) until every task has reported back. A task of a job that a stopped stream
+    interrupted can report after the scheduler's result threads are gone, and Spark then
+    logs a RejectedExecutionException with its stack trace at ERROR, in a site that stopped
+    as it was asked to."""
+    context = spark.sparkContext
+    with contextlib.suppress(Exception):  # a JVM already gone: nothing runs, stop anyway
+        context.cancelAllJobs()
+        tracker = context._jsc.sc().statusTracker()
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and (
+                tracker.getActiveStageIds() or
+                sum(info.numRunningTasks() for info in tracker.getExecutorInfos())):
+            time.sleep(0.05)
+    spark.stop()
