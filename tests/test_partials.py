@@ -162,15 +162,18 @@ def test_garbage_is_refused_with_a_reason(changes: dict[str, Any], message: str)
 def test_a_truncated_batch_carries_its_bounds_and_bad_bounds_are_refused() -> None:
     rows = partial_rows([{"domain": d, "latency_ms": 1.0, "bytes": 10, "status": 200,
                           "client_ip": "10.0.0.1", "url": "/a"} for d in ("a.com", "b.com")])
-    sent = batch(rows, slack=(0.0, 2.0), omitted=1.5, level=2)
+    sent = batch(rows, slack=(0.0, 2.0), omitted=1.5, level=2, cut=4.5)
     received = decode_batch(encode_batch(sent, PARTIAL), PARTIAL)
-    assert (received.slack, received.omitted, received.level) == ((0.0, 2.0), 1.5, 2)
+    assert (received.slack, received.omitted, received.level, received.cut) == (
+        (0.0, 2.0), 1.5, 2, 4.5)
+    assert received.bounded.cut == 4.5
     assert received.complete_rows == (True, False)  # by default: the rows without slack
     kept = dataclasses.replace(sent, complete_rows=(False, False))
     assert decode_batch(encode_batch(kept, PARTIAL), PARTIAL).complete_rows == (False, False)
     assert decode_batch(encode_batch(batch(()), PARTIAL), PARTIAL).slack is None
-    for bad in [(0.0,), (0.0, -1.0), (0.0, 2.0, 1.0)]:
-        message = encode_batch(dataclasses.replace(sent, slack=bad), PARTIAL)
+    for bad in [{"slack": (0.0,)}, {"slack": (0.0, -1.0)}, {"slack": (0.0, 2.0, 1.0)},
+                {"cut": -1.0}]:
+        message = encode_batch(dataclasses.replace(sent, **bad), PARTIAL)
         with pytest.raises(DataError, match="bounds"):
             decode_batch(message, PARTIAL)
 

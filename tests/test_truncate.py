@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable, Sequence
+from fractions import Fraction
 from typing import Any
 
 import pytest
@@ -275,6 +276,10 @@ def test_bounds_hold_through_truncations_and_merges(
     for domain, real in truth.items():
         if domain not in got:
             assert true_rank(real[rank]) <= ranked.omitted
+    # Together, the keys left out weigh at most the cut (exactly: as fractions).
+    left_out = sum(Fraction(true_rank(real[rank])) for domain, real in truth.items()
+                   if domain not in got)
+    assert left_out <= Fraction(root.cut)
 
     top = top_k_bounds(root, AGG, rank, k)
     assert top.error_bound >= 0
@@ -287,6 +292,7 @@ def test_bounds_hold_through_truncations_and_merges(
     if everything:
         assert root.exact and not root.truncated
         assert set(root.slack) <= {0.0} and root.omitted == 0 and all(root.complete)
+        assert root.cut == 0
         assert got == truth
         assert ranked.lb == ranked.ub
         assert all(top.guaranteed) and top.error_bound == 0.0

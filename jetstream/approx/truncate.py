@@ -7,7 +7,9 @@ or a sum of non-negative values):
 
 * per row, ``slack``: the ranking value of that key may be up to ``slack`` higher than the
   kept row says, because some contributor dropped the key;
-* ``omitted``: a key that has no row has a ranking value of at most ``omitted``.
+* ``omitted``: a key that has no row has a ranking value of at most ``omitted``;
+* ``cut``: the keys that have no row have ranking values that add up to at most ``cut``
+  (what a query without a top-k reports as the share of a window's total it may miss).
 
 So a row's ranking value lies in ``[lb, ub]`` with ``lb`` the extracted value and
 ``ub = lb + slack``. Before and after, with ``n = 1``::
@@ -70,6 +72,10 @@ class BoundedPartial:
         Per row, whether every contributor kept the key: then every aggregate is exact.
     truncated
         Whether any contributor dropped a row; False means the partial is exact.
+    cut
+        The keys without a row have ranking values that add up to at most this (>= 0).
+        Truncations and merges keep it; a frequent-items sketch's rows
+        (:mod:`jetstream.approx.items`, a top-k's only) do not bound it.
     """
 
     rows: tuple[Row, ...]
@@ -77,13 +83,15 @@ class BoundedPartial:
     omitted: float
     complete: tuple[bool, ...]
     truncated: bool
+    cut: float = 0.0
 
     def __post_init__(self) -> None:
         if not len(self.rows) == len(self.slack) == len(self.complete):
             msg = (f"bounded partial: {len(self.rows)} rows, but {len(self.slack)} slacks and "
                    f"{len(self.complete)} completeness flags; give one of each per row")
             raise DataError(msg)
-        for what, bound in [*(("a slack", s) for s in self.slack), ("omitted", self.omitted)]:
+        for what, bound in [*(("a slack", s) for s in self.slack), ("omitted", self.omitted),
+                            ("cut", self.cut)]:
             if not bound >= 0:  # also refuses NaN
                 msg = f"bounded partial: {what} is {bound!r}; bounds must be non-negative"
                 raise DataError(msg)
@@ -100,7 +108,7 @@ def exact_partial(rows: Iterable[Row]) -> BoundedPartial:
 
 
 def with_bounds(rows: Iterable[Mapping[str, Any]], slack: Sequence[float] | None, omitted: float,
-                complete: Sequence[bool] | None) -> BoundedPartial:
+                complete: Sequence[bool] | None, cut: float = 0.0) -> BoundedPartial:
     """Rows as they travel (a batch, a merged window) as a bounded partial: without
     ``slack``, exact; without completeness flags, a row without slack counts as complete."""
     kept = tuple(dict(row) for row in rows)
@@ -108,7 +116,7 @@ def with_bounds(rows: Iterable[Mapping[str, Any]], slack: Sequence[float] | None
         return exact_partial(kept)
     return BoundedPartial(kept, tuple(slack), omitted,
                           tuple(complete) if complete is not None else tuple(s == 0 for s in slack),
-                          True)
+                          True, cut)
 
 
 def truncate(rows: Sequence[Row] | BoundedPartial, aggregate: WindowAggregate, rank: str,
@@ -117,7 +125,8 @@ def truncate(rows: Sequence[Row] | BoundedPartial, aggregate: WindowAggregate, r
     """Keep the ``n`` rows with the largest upper bound of ``rank``, and bound the rest.
 
     A dropped key's ranking value is at most its upper bound, so the new ``omitted`` is the
-    larger of the old one and the largest upper bound dropped. As in the final top-k, a NULL
+    larger of the old one and the largest upper bound dropped, and ``cut`` grows by the
+    dropped upper bounds' sum. As in the final top-k, a NULL
     ranking value (a sum of no values) ranks below a 0, and ties go to the smaller group key.
 
     Parameters
@@ -160,7 +169,8 @@ def truncate(rows: Sequence[Row] | BoundedPartial, aggregate: WindowAggregate, r
         tuple(partial.slack[i] for i in kept),
         max([partial.omitted, *(ranked[i].ub for i in dropped)]),
         tuple(partial.complete[i] for i in kept),
-        partial.truncated or bool(dropped))
+        partial.truncated or bool(dropped),
+        _round_up(sum((Fraction(ranked[i].ub) for i in dropped), Fraction(partial.cut))))
 
 
 def merge_bounded(partials: Iterable[BoundedPartial],
@@ -170,7 +180,7 @@ def merge_bounded(partials: Iterable[BoundedPartial],
     A key's ranking value in an input that has no row for it is at most that input's
     ``omitted``, so a merged row's slack is, summed over the inputs, its slack where it has a
     row and the input's ``omitted`` where not; a key with no row anywhere is bounded by the
-    sum of the ``omitted``.
+    sum of the ``omitted``, and all of them together by the sum of the ``cut``.
 
     Parameters
     ----------
@@ -223,7 +233,8 @@ def merge_bounded(partials: Iterable[BoundedPartial],
         tuple(_round_up(all_omitted + excess[key]) for key in keys),
         _round_up(all_omitted),
         tuple(complete[key] and held_by_truncated[key] == truncated for key in keys),
-        truncated > 0)
+        truncated > 0,
+        _round_up(sum((Fraction(p.cut) for p in inputs), Fraction(0))))
 
 
 @dataclass(frozen=True)

@@ -82,7 +82,7 @@ def _document(batch: PartialBatch, aggregate: WindowAggregate) -> bytes:
     if batch.slack is not None:
         complete = batch.complete_rows or tuple(s == 0 for s in batch.slack)
         document["bounds"] = {"slack": list(batch.slack), "omitted": batch.omitted,
-                              "complete": list(complete)}
+                              "complete": list(complete), "cut": batch.cut}
     return json.dumps(document, separators=(",", ":"), allow_nan=False).encode()
 
 
@@ -134,11 +134,12 @@ def decode_batch(message: pb.PartialBatch, aggregate: WindowAggregate,
         except DataError as e:
             raise DataError(f"{where}: {e}") from None
         rows, slack, omitted, complete = read.rows, read.slack, read.omitted, read.complete
+        cut = 0.0
     else:
         if isinstance(document, dict) and isinstance(document.get("partials"), dict):
             _unscaled(document, aggregate, where)
         rows = _rows(document, aggregate, where)
-        slack, omitted, complete = _bounds(document.get("bounds"), len(rows), where)
+        slack, omitted, complete, cut = _bounds(document.get("bounds"), len(rows), where)
     return PartialBatch(
         query=message.query, window=(message.window_start_ms, message.window_end_ms),
         origin=message.origin, rows=rows, partition=message.partition, attempt=message.attempt,
@@ -146,7 +147,7 @@ def decode_batch(message: pb.PartialBatch, aggregate: WindowAggregate,
         complete=message.complete, level=message.level,
         covers=frozenset(message.covers) or frozenset({message.origin}),
         wan_bytes=message.wan_bytes, closed_at_ms=message.closed_at_ms,
-        revision=message.revision, slack=slack, omitted=omitted, complete_rows=complete,
+        revision=message.revision, slack=slack, omitted=omitted, complete_rows=complete, cut=cut,
         warnings=tuple(message.warnings), rounds=message.rounds and slack is not None,
         early=message.early)
 
@@ -273,25 +274,27 @@ def _rows(document: Any, aggregate: WindowAggregate, where: str) -> tuple[dict[s
 
 
 def _bounds(bounds: Any, count: int, where: str
-            ) -> tuple[tuple[float, ...] | None, float, tuple[bool, ...] | None]:
-    """A truncated batch's per-row slack, omitted bound and completeness (None, 0.0, None
-    when exact)."""
+            ) -> tuple[tuple[float, ...] | None, float, tuple[bool, ...] | None, float]:
+    """A truncated batch's per-row slack, omitted bound, completeness and cut (None, 0.0,
+    None, 0.0 when exact; a sender before the cut sends none)."""
     if bounds is None:
-        return None, 0.0, None
+        return None, 0.0, None, 0.0
 
     def bound(x: Any) -> bool:
         return isinstance(x, int | float) and not isinstance(x, bool) and 0 <= x < math.inf
 
-    if (not isinstance(bounds, dict) or set(bounds) != {"slack", "omitted", "complete"}
+    if (not isinstance(bounds, dict) or not {"slack", "omitted", "complete"} <= set(bounds)
+            or not set(bounds) <= {"slack", "omitted", "complete", "cut"}
+            or not bound(bounds.get("cut", 0.0))
             or not isinstance(bounds["slack"], list) or len(bounds["slack"]) != count
             or not all(map(bound, bounds["slack"])) or not bound(bounds["omitted"])
             or not isinstance(bounds["complete"], list) or len(bounds["complete"]) != count
             or not all(isinstance(c, bool) for c in bounds["complete"])):
-        msg = (f"{where}: its bounds are not {count} non-negative slacks, an omitted bound "
-               f"and {count} completeness flags")
+        msg = (f"{where}: its bounds are not {count} non-negative slacks, an omitted bound, "
+               f"{count} completeness flags and a non-negative cut")
         raise DataError(msg)
     return (tuple(float(x) for x in bounds["slack"]), float(bounds["omitted"]),
-            tuple(bounds["complete"]))
+            tuple(bounds["complete"]), float(bounds.get("cut", 0.0)))
 
 
 def ask_to_proto(window: Window, ask: Ask) -> pb.RoundAsk:

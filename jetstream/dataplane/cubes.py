@@ -355,7 +355,7 @@ class CubeStore:
             error_bound=merged.error_bound, complete=merged.complete,
             level=max(b.level for b in batches), covers=merged.covers,
             wan_bytes=merged.wan_bytes, closed_at_ms=merged.closed_at_ms, slack=merged.slack,
-            omitted=merged.omitted, complete_rows=merged.complete_rows,
+            omitted=merged.omitted, cut=merged.cut, complete_rows=merged.complete_rows,
             warnings=merged.warnings), aggregate)
         if len(message.payload) > MAX_PAYLOAD_BYTES:
             log.warning("cube store: the %d ms rollup of %s at %d is too large to keep",

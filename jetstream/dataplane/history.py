@@ -184,7 +184,7 @@ class HistoryPlan:
             slack[key] = slack.get(key, 0.0) + row_slack
             complete[key] = complete.get(key, True) and whole
         return BoundedPartial(tuple(rows.values()), tuple(slack.values()), bounded.omitted,
-                              tuple(complete.values()), bounded.truncated)
+                              tuple(complete.values()), bounded.truncated, bounded.cut)
 
 
 @dataclass(frozen=True)

@@ -89,11 +89,12 @@ class MergedWindow:
     omitted: float = 0.0
     complete_rows: tuple[bool, ...] | None = None  # per row, whether every input kept it
     warnings: tuple[str, ...] = ()  # the inputs' warnings, each once
+    cut: float = 0.0  # the keys left out add up to at most this (jetstream.approx.truncate)
 
     @property
     def bounded(self) -> BoundedPartial:
         """The rows with their truncation bounds (exact: zero slack)."""
-        return with_bounds(self.rows, self.slack, self.omitted, self.complete_rows)
+        return with_bounds(self.rows, self.slack, self.omitted, self.complete_rows, self.cut)
 
     @property
     def complete(self) -> bool:
@@ -345,15 +346,15 @@ class WindowMerger:
         batches = list(pending.batches.values())
         pending.sent, pending.revision = self._versions(pending), pending.revision + 1
         slack: tuple[float, ...] | None = None
-        omitted, complete = 0.0, None
+        omitted, complete, cut = 0.0, None, 0.0
         if any(b.slack is not None for b in batches):
             bounded = [b.bounded for b in batches]
             merged = (_disjoint(bounded) if self.key_partitions
                       else merge_bounded(bounded, self.aggregate))
             rows, slack, omitted = merged.rows, merged.slack, merged.omitted
-            complete = merged.complete
+            complete, cut = merged.complete, merged.cut
             if self._in_rounds(pending) and self._exact(pending):
-                rows, slack, omitted, complete = exact_rows(merged), None, 0.0, None
+                rows, slack, omitted, complete, cut = exact_rows(merged), None, 0.0, None, 0.0
         else:
             rows = self._merge_rows(batches)
         covered = [b.covers or frozenset({b.origin}) for b in batches]
@@ -373,7 +374,7 @@ class WindowMerger:
                               else b.closed_at_ms for b in batches), default=0),
             revision=pending.revision, inputs_complete=all(b.complete for b in batches),
             early=self._early(window, pending),
-            slack=slack, omitted=omitted, complete_rows=complete,
+            slack=slack, omitted=omitted, complete_rows=complete, cut=cut,
             warnings=tuple(sorted({w for b in batches for w in b.warnings})))
 
     def _merge_rows(self, batches: list[PartialBatch]) -> tuple[dict[str, Any], ...]:
@@ -400,4 +401,4 @@ def _disjoint(parts: list[BoundedPartial]) -> BoundedPartial:
                           tuple(s for p in parts for s in p.slack),
                           max((p.omitted for p in parts), default=0.0),
                           tuple(c for p in parts for c in p.complete),
-                          any(p.truncated for p in parts))
+                          any(p.truncated for p in parts), sum(p.cut for p in parts))

@@ -57,11 +57,14 @@ class PartialBatch:
     #: Sent before its sender's watermark closed the window (see jetstream.dataplane.merger): final
     #: only once the sender's watermark passes the window's end.
     early: bool = False
+    #: Of a truncated batch: the keys it left out add up to at most this in the ranking
+    #: value (see jetstream.approx.truncate).
+    cut: float = 0.0
 
     @property
     def bounded(self) -> BoundedPartial:
         """The rows with their truncation bounds (exact: zero slack)."""
-        return with_bounds(self.rows, self.slack, self.omitted, self.complete_rows)
+        return with_bounds(self.rows, self.slack, self.omitted, self.complete_rows, self.cut)
 
     @property
     def identity(self) -> tuple[str, int, int, str, int, int]:
@@ -74,9 +77,11 @@ def summarised(batch: PartialBatch, summary: BoundedPartial | ItemsSketch,
                level: int) -> PartialBatch:
     """``batch`` carrying ``summary`` (what a degradation level made of its rows) instead."""
     if isinstance(summary, ItemsSketch):
-        return dataclasses.replace(batch, rows=(), slack=None, omitted=0.0, complete_rows=None,
+        return dataclasses.replace(batch, rows=(), slack=None, omitted=0.0, cut=0.0,
+                                   complete_rows=None,
                                    items=summary, level=level)
-    cut = summary.truncated  # an exact partial goes as plain rows
-    return dataclasses.replace(batch, rows=summary.rows, slack=summary.slack if cut else None,
-                               omitted=summary.omitted, complete_rows=summary.complete if cut
-                               else None, items=None, level=level)
+    truncated = summary.truncated  # an exact partial goes as plain rows
+    return dataclasses.replace(
+        batch, rows=summary.rows, slack=summary.slack if truncated else None,
+        omitted=summary.omitted, cut=summary.cut if truncated else 0.0,
+        complete_rows=summary.complete if truncated else None, items=None, level=level)

@@ -175,7 +175,7 @@ class Uplink:
             events=merged.events, error_bound=merged.error_bound, complete=merged.complete,
             covers=merged.covers, wan_bytes=merged.wan_bytes, closed_at_ms=merged.closed_at_ms,
             revision=merged.revision + self.revision_base, slack=merged.slack,
-            omitted=merged.omitted,
+            omitted=merged.omitted, cut=merged.cut,
             complete_rows=merged.complete_rows, warnings=self._warnings(merged),
             early=merged.early)
         if self.answerer is not None:  # its answers count revisions apart: so does all
