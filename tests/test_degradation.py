@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -304,6 +305,37 @@ def test_an_operator_pins_the_level_of_a_running_link() -> None:
         for row in result.rows:
             assert row["lb"] <= _true_count(events[result.window_start // 1000],
                                             row["domain"]) <= row["ub"]
+
+
+COUNTS = """
+import jetstream as js
+logs = js.source('cdn_logs', schema=js.CDN_LOG_SCHEMA)
+query = js.Query('thin', logs.window(js.tumbling('1s'), watermark='0s').group_by('domain')
+                 .agg(requests=js.count(), kb=js.sum('bytes')))
+"""
+
+
+def test_a_count_without_a_top_k_held_at_its_heaviest_keys_bounds_rows_and_what_is_left_out(
+        ) -> None:
+    """A count by domain (no top-k) over real gRPC, the link held at its heaviest 64
+    keys of some 600 a window: every result says it is inexact, each row's count lies in
+    its [lb, ub], and the error bound covers the share of the window's requests that the
+    domains left out hold."""
+    rnd = random.Random(8)
+    events = [window_events(w, rnd) for w in range(3)]
+    results, levels, policy = through_thin_link(COUNTS, events, range(0), pin="heaviest 64")
+    assert policy.pinned and set(levels) == {3}
+    assert sorted(r.window_start for r in results) == [0, 1000, 2000]
+    for result in results:
+        window = events[result.window_start // 1000]
+        assert not result.exact and result.error_bound is not None
+        counts = Counter(e["domain"] for e in window)
+        shown = {row["domain"] for row in result.rows}
+        assert 64 <= len(shown) < len(counts)
+        for row in result.rows:
+            assert row["lb"] <= counts[row["domain"]] <= row["ub"], row
+        left_out = sum(n for domain, n in counts.items() if domain not in shown)
+        assert 0 < left_out / len(window) <= result.error_bound
 
 
 def test_pinning_refuses_what_the_link_does_not_have() -> None:

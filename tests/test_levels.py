@@ -8,7 +8,7 @@ import sys
 import jetstream as js
 from jetstream.approx.holistic import SketchSize
 from jetstream.approx.items import ItemsSketch
-from jetstream.approx.levels import Encoding, Ranking, ladder, ranking
+from jetstream.approx.levels import Encoding, Ranking, heaviest, ladder, ranking
 from jetstream.approx.policy import LinkPolicy
 from jetstream.approx.truncate import exact_partial
 from jetstream.rewrite import distributed, partial_aggregate
@@ -47,6 +47,27 @@ def test_the_ladder_goes_from_exact_to_truncations_to_sketches() -> None:
     assert names(Ranking(10, "kb", integral=False))[-1] == "top 20"
     assert names(Ranking(3, "n"))[-1] == "top 6"
     assert names(None) == ["exact"]
+
+
+def test_a_query_without_a_top_k_keeps_its_heaviest_keys_by_a_count_or_a_sum() -> None:
+    counts = query(GROUPED.agg(b=js.sum("bytes"), n=js.count()))
+    assert heaviest(counts) == Ranking(0, "n")  # a count first: it is never negative
+    assert heaviest(query(GROUPED.agg(b=js.sum("bytes")))) == Ranking(0, "b")
+    assert heaviest(query(GROUPED.agg(m=js.avg("bytes")))) is None
+    assert heaviest(query(GROUPED.agg(n=js.count()).top_k(3, by="n"))) is None  # ranked
+    # A step after the aggregate would see lower bounds as values: no truncation then.
+    assert heaviest(query(GROUPED.agg(n=js.count()).where(js.col("n") > 3))) is None
+    steps = ladder(None, partial_aggregate(counts), heaviest(counts))
+    assert [lv.name for lv in steps.levels] == ["exact", "heaviest 1024", "heaviest 256",
+                                                "heaviest 64"]
+    assert steps.encoding(steps.levels[3]) == Encoding(keep=64)
+    LinkPolicy(steps.levels, window_s=1.0)
+    both = query(GROUPED.agg(n=js.count(), users=js.count_distinct("client_ip")))
+    steps = ladder(None, partial_aggregate(both), heaviest(both))
+    assert [lv.name for lv in steps.levels] == [
+        "exact", "HLL 2^12", "heaviest 1024, HLL 2^12", "heaviest 256, HLL 2^12",
+        "heaviest 64, HLL 2^12"]
+    LinkPolicy(steps.levels, window_s=1.0)
 
 
 def test_exact_distinct_counts_and_quantiles_step_down_to_hll_and_kll() -> None:

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jetstream as js
+from jetstream.approx.levels import Ranking
 from jetstream.approx.truncate import (
     BoundedPartial,
     bounds,
@@ -20,7 +21,9 @@ from jetstream.approx.truncate import (
     top_k_bounds,
     truncate,
 )
+from jetstream.dataplane.finish import with_row_bounds
 from jetstream.operators import WindowAggregate
+from jetstream.results import WindowResult
 from tests.conftest import log
 from tests.test_merger import LOGS, split
 
@@ -297,3 +300,31 @@ def test_bounds_hold_through_truncations_and_merges(
         assert ranked.lb == ranked.ub
         assert all(top.guaranteed) and top.error_bound == 0.0
     assert [snapshot(rows) for rows in site_rows] == before  # inputs never mutated
+
+
+@settings(max_examples=300, deadline=None)
+@given(streams(), st.sampled_from(["requests", "kb"]), st.integers(0, 2**32))
+def test_a_query_without_a_top_k_bounds_its_rows_and_what_its_keys_left_out_hold(
+        sites: list[list[tuple[str, Any]]], rank: str, seed: int) -> None:
+    """Every row of a degraded query without a top-k has its value in [lb, ub], and the
+    result's error_bound covers the share of the window's total the keys left out hold."""
+    rng = random.Random(seed)
+    n_keys = len({key for events in sites for key, _ in events})
+    sent = [truncate(rows_of(events), AGG, rank, rng.randint(1, n_keys + 1))
+            for events in sites]
+    root = merge_bounded(sent, AGG)
+    finished = WindowResult("q", 0, 10_000, [{"domain": d, **v}
+                                             for d, v in values(root.rows).items()])
+    result = with_row_bounds(finished, root, AGG, Ranking(0, rank))
+    truth = {d: true_rank(v[rank])
+             for d, v in values(rows_of(e for events in sites for e in events)).items()}
+    assert not result.exact and result.error_bound is not None
+    for row in result.rows:
+        assert row["lb"] <= truth[row["domain"]] <= row["ub"], row
+        assert row["complete"] is False or row[rank] == truth[row["domain"]] or (
+            row[rank] is None and truth[row["domain"]] == 0)
+    shown = {row["domain"] for row in result.rows}
+    left_out = sum(Fraction(v) for d, v in truth.items() if d not in shown)
+    total = sum(Fraction(v) for v in truth.values())
+    if total:
+        assert left_out / total <= Fraction(result.error_bound), (left_out, total)

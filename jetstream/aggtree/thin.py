@@ -24,11 +24,12 @@ import networkx as nx
 
 from jetstream.aggtree.cost import rate_text
 from jetstream.aggtree.topology import Topology
-from jetstream.approx.levels import Ladder, Ranking, ladder
+from jetstream.approx.levels import Ladder, Ranking, heaviest, ladder
 from jetstream.approx.policy import DegradationLevel
 from jetstream.dsl import Query
 from jetstream.errors import PlacementError
 from jetstream.operators import WindowAggregate
+from jetstream.rewrite import distributed
 
 __all__ = ["PlannedLevel", "thin_links"]
 
@@ -50,7 +51,7 @@ def thin_links(query: Query, tree: nx.DiGraph, topology: Topology,
     """For each edge of ``tree`` over capacity, the level its child starts at (the edge's
     ``bytes_per_s`` and ``utilisation`` become that level's); raises PlacementError, naming
     the link and what would fit, for one no level allowed by the SLO fits."""
-    levels = ladder(rank, aggregate)
+    levels = ladder(rank, aggregate, heaviest(distributed(query)))
     max_error = query.slo.max_error if query.slo is not None else None
     planned = {}
     for child, parent, edge in sorted(tree.edges(data=True)):

@@ -8,9 +8,14 @@ when the ranking value is an integer, come frequent-items sketches of shrinking 
 weigh less per key. The root then reports each row with its lower and upper bound and
 whether it is certainly in the top-k.
 
+A query without a top-k whose result is its aggregate's rows, one per key, degrades by the
+same truncation, by the first of its counts or sums (:func:`heaviest`): a window keeps its
+heaviest keys, and the result bounds each row's value and the share of the window's total the
+keys left out may hold (``BoundedPartial.cut``).
+
 A query with exact distinct counts or quantiles steps down first to HLL and KLL sketches of
-them (:mod:`jetstream.approx.holistic`): two sizes without a top-k, the finer one (and its
-truncations) with one. A query with neither has only the exact level.
+them (:mod:`jetstream.approx.holistic`): two sizes without a top-k or a truncation, the finer
+one (and its truncations) with one. A query with none of these has only the exact level.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ __all__ = [
     "Encoding",
     "Ladder",
     "Ranking",
+    "heaviest",
     "ladder",
     "ranking",
 ]
@@ -45,6 +51,13 @@ EXACT_ROWS_GUESS = 128
 #: Nominal error bounds of the truncated levels, finer to coarser, for the policy's choice
 #: under an SLO's max_error. Every result reports the bound it actually has.
 NOMINAL_ERRORS = (0.001, 0.003, 0.01)
+#: Without a top-k: the truncated levels keep this many keys a window (the heaviest), and
+#: their nominal errors (a share of the window's total, for the policy's choice under an
+#: SLO's max_error: a guess, as every result reports the bound it actually has); the exact
+#: level is taken to weigh ``CUT_EXACT_ROWS`` rows.
+CUT_KEEPS = (1024, 256, 64)
+CUT_ERRORS = (0.02, 0.1, 0.3)
+CUT_EXACT_ROWS = 4 * CUT_KEEPS[0]
 #: Sketch levels: how many, and what one sketched key weighs against a truncated row (a row
 #: carries every aggregate, a sketched key only its count). Their nominal error is the
 #: sketch's a-priori one, a fraction of the window's total.
@@ -54,7 +67,8 @@ SKETCH_ITEM_WEIGHT = 0.5
 
 @dataclass(frozen=True)
 class Ranking:
-    """The query's final top-k: ``k`` keys by the aggregate named ``by``."""
+    """The query's final top-k: ``k`` keys by the aggregate named ``by`` (``k`` 0: the
+    aggregate a query without a top-k keeps its heaviest keys by, :func:`heaviest`)."""
 
     k: int
     by: str
@@ -90,6 +104,24 @@ def ranking(query: Query) -> Ranking | None:
     return None
 
 
+def heaviest(query: Query) -> Ranking | None:
+    """For a query (split as the sites run it) without a top-k whose result is its final
+    aggregate's rows as they are, the aggregate a degraded level keeps the heaviest keys by:
+    its first count, else its first sum (of values that must then be non-negative: a window
+    with a negative one goes exact). None: it has a top-k, neither, or a step after."""
+    if ranking(query) is not None:
+        return None
+    plan = query.plan()
+    last = plan.op(list(plan.topological())[-1])
+    if not isinstance(last, WindowAggregate) or last.phase is not Phase.FINAL:
+        return None
+    for kind in (Count, Sum):
+        for name, agg in last.aggregates:
+            if type(agg) is kind:
+                return Ranking(0, name, last.schema.dtype(name) is DataType.INT)
+    return None
+
+
 #: The sketch levels of exact distinct counts and quantiles (:mod:`jetstream.approx.holistic`),
 #: finer to coarser, and what a window is taken to weigh at each against its exact partial
 #: (the policy learns the real bytes from the windows it sees). A query with a top-k steps
@@ -106,6 +138,7 @@ class Ladder:
     rank: Ranking | None
     levels: tuple[DegradationLevel, ...]
     encodings: tuple[Encoding, ...]
+    heaviest: Ranking | None = None  # without a top-k: what truncations keep keys by
 
     def encoding(self, level: DegradationLevel) -> Encoding:
         return self.encodings[level.index]
@@ -119,26 +152,31 @@ class Ladder:
             assert self.rank is not None, "only a top-k has frequent-items levels"
             return to_items(partial, aggregate, self.rank.by, how.lg_max_k)
         if how.keep is not None:
-            assert self.rank is not None, "only a top-k has truncated levels"
-            partial = truncate(partial, aggregate, self.rank.by, how.keep)
+            by = self.rank or self.heaviest
+            assert by is not None, "only a top-k or a heaviest measure has truncated levels"
+            partial = truncate(partial, aggregate, by.by, how.keep)
         if how.sketch is not None:
             partial = sketched(partial, aggregate, how.sketch)
         return partial
 
 
-def ladder(rank: Ranking | None, aggregate: WindowAggregate | None = None) -> Ladder:
+def ladder(rank: Ranking | None, aggregate: WindowAggregate | None = None,
+           heaviest: Ranking | None = None) -> Ladder:
     """The levels of a query whose final top-k is ``rank`` (None: it has none) and whose
     partial aggregate is ``aggregate``: exact first; HLL and KLL sketches of its exact
     distinct counts and quantiles, if it has any; for a top-k, truncation to ``factor * k``
     keys for each factor (of sketched rows, if any), then, for an integer ranking, frequent-
-    items sketches of shrinking size."""
+    items sketches of shrinking size; without a top-k, with ``heaviest`` (see
+    :func:`heaviest`), truncation to each of ``CUT_KEEPS`` keys by it."""
     kinds = holistic(aggregate) if aggregate is not None else set()
-    exact = 1.0 if rank is None else float(max(EXACT_ROWS_GUESS * rank.k,
-                                               TRUNCATION_FACTORS[0] * rank.k * 2))
+    cuts = heaviest if rank is None else None
+    exact = (float(max(EXACT_ROWS_GUESS * rank.k, TRUNCATION_FACTORS[0] * rank.k * 2))
+             if rank is not None else float(CUT_EXACT_ROWS) if cuts is not None else 1.0)
     steps: list[tuple[str, float, float, Encoding]] = [("exact", exact, 0.0, Encoding())]
     sketch, row_weight, floor = None, 1.0, 0.0
     if kinds:
-        sizes = zip(HOLISTIC_SIZES if rank is None else HOLISTIC_SIZES[:1], HOLISTIC_WEIGHTS,
+        truncated = rank is not None or cuts is not None  # then the finer sketch only
+        sizes = zip(HOLISTIC_SIZES[:1] if truncated else HOLISTIC_SIZES, HOLISTIC_WEIGHTS,
                     strict=False)
         steps += [(size.label(kinds), exact * weight, size.error(kinds), Encoding(sketch=size))
                   for size, weight in sizes]
@@ -152,8 +190,13 @@ def ladder(rank: Ranking | None, aggregate: WindowAggregate | None = None) -> La
         steps += [(f"sketch of {_capacity(lg)}", SKETCH_ITEM_WEIGHT * _capacity(lg),
                    max(NOMINAL_ERRORS[-1], floor, _epsilon(lg)), Encoding(lg_max_k=lg))
                   for lg in _sketch_sizes(rank, row_weight)]
+    if cuts is not None:
+        also = f", {sketch.label(kinds)}" if sketch is not None else ""
+        steps += [(f"heaviest {n}{also}", n * row_weight, max(error, floor),
+                   Encoding(keep=n, sketch=sketch))
+                  for n, error in zip(CUT_KEEPS, CUT_ERRORS, strict=True)]
     return Ladder(rank, degradation_ladder((name, size, error) for name, size, error, _ in steps),
-                  tuple(how for *_, how in steps))
+                  tuple(how for *_, how in steps), cuts)
 
 
 def _sketch_sizes(rank: Ranking, row_weight: float = 1.0) -> list[int]:

@@ -47,6 +47,7 @@ __all__ = [
     "bounds",
     "exact_partial",
     "merge_bounded",
+    "round_up",
     "top_k_bounds",
     "truncate",
     "with_bounds",
@@ -170,7 +171,7 @@ def truncate(rows: Sequence[Row] | BoundedPartial, aggregate: WindowAggregate, r
         max([partial.omitted, *(ranked[i].ub for i in dropped)]),
         tuple(partial.complete[i] for i in kept),
         partial.truncated or bool(dropped),
-        _round_up(sum((Fraction(ranked[i].ub) for i in dropped), Fraction(partial.cut))))
+        round_up(sum((Fraction(ranked[i].ub) for i in dropped), Fraction(partial.cut))))
 
 
 def merge_bounded(partials: Iterable[BoundedPartial],
@@ -230,11 +231,11 @@ def merge_bounded(partials: Iterable[BoundedPartial],
     keys = list(merged)
     return BoundedPartial(
         tuple(merged[key] for key in keys),
-        tuple(_round_up(all_omitted + excess[key]) for key in keys),
-        _round_up(all_omitted),
+        tuple(round_up(all_omitted + excess[key]) for key in keys),
+        round_up(all_omitted),
         tuple(complete[key] and held_by_truncated[key] == truncated for key in keys),
         truncated > 0,
-        _round_up(sum((Fraction(p.cut) for p in inputs), Fraction(0))))
+        round_up(sum((Fraction(p.cut) for p in inputs), Fraction(0))))
 
 
 @dataclass(frozen=True)
@@ -385,12 +386,12 @@ def _ranked(partial: BoundedPartial, aggregate: WindowAggregate, rank: str) -> l
 def _upper(lb: int | float, slack: float) -> int | float:
     if slack == 0:
         return lb
-    ub = _round_up(Fraction(lb) + Fraction(slack))
+    ub = round_up(Fraction(lb) + Fraction(slack))
     # A float lb is the partial sum rounded to nearest: the sum itself may be above it.
     return math.nextafter(ub, math.inf) if isinstance(lb, float) else ub
 
 
-def _round_up(exact: Fraction) -> float:
+def round_up(exact: Fraction) -> float:
     """The smallest float >= ``exact`` (infinity past the largest float)."""
     try:
         rounded = float(exact)

@@ -2,8 +2,8 @@
 
 :class:`RootResults` runs the query's steps after the merge (the reference executor's own
 operators, over the merged partials), adds what a reader needs to judge a result (the sites
-it covers and misses, its latency after close, bounds on a degraded top-k) and publishes the
-results to the global controller.
+it covers and misses, its latency after close, bounds on a degraded top-k or on a degraded
+query's rows) and publishes the results to the global controller.
 """
 
 from __future__ import annotations
@@ -11,17 +11,18 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Collection
+from fractions import Fraction
 
 from jetstream import metrics
-from jetstream.approx.levels import Ranking
-from jetstream.approx.truncate import BoundedPartial, top_k_bounds
+from jetstream.approx.levels import Ranking, heaviest
+from jetstream.approx.truncate import BoundedPartial, bounds, round_up, top_k_bounds
 from jetstream.dataplane.merger import MergedWindow
 from jetstream.dsl import Query
 from jetstream.local import finish_from_partials
 from jetstream.operators import WindowAggregate
 from jetstream.results import WindowResult
 
-__all__ = ["Publish", "RootResults", "with_top_k_bounds"]
+__all__ = ["Publish", "RootResults", "with_row_bounds", "with_top_k_bounds"]
 
 #: Publishes a query's final results; ``finished``: there will be no more.
 Publish = Callable[[str, list[WindowResult], bool], None]
@@ -33,6 +34,7 @@ class RootResults:
     def __init__(self, query: Query, partial: WindowAggregate, ranking: Ranking | None,
                  run_metrics: metrics.RunMetrics, publish: Publish) -> None:
         self.query, self.partial, self.ranking = query, partial, ranking
+        self.heaviest = heaviest(query)  # without a top-k: what a degraded link kept keys by
         self.metrics, self._publish = run_metrics, publish
         self._published_finish = False
 
@@ -51,7 +53,11 @@ class RootResults:
         now_ms = time.time_ns() // 1_000_000
         results = finish_from_partials(self.query, {merged.window: list(merged.rows)})
         if merged.slack is not None and self.ranking is not None:
-            results = [self._with_bounds(r, merged) for r in results]
+            results = [with_top_k_bounds(r, merged.bounded, self.partial, self.ranking)
+                       for r in results]
+        elif merged.slack is not None and self.heaviest is not None:
+            results = [with_row_bounds(r, merged.bounded, self.partial, self.heaviest)
+                       for r in results]
         latency_s = (now_ms - merged.closed_at_ms) / 1000 if merged.closed_at_ms else 0.0
         if merged.closed_at_ms:
             self.metrics.result(latency_s)
@@ -60,11 +66,6 @@ class RootResults:
             missing_sites=sorted(expected - merged.covers), latency_s=latency_s,
             wan_bytes=merged.wan_bytes, revision=merged.revision,
             warnings=list(merged.warnings)) for r in results]
-
-    def _with_bounds(self, result: WindowResult, merged: MergedWindow) -> WindowResult:
-        assert self.ranking is not None
-        return with_top_k_bounds(result, merged.bounded, self.partial, self.ranking)
-
 
 def with_top_k_bounds(result: WindowResult, bounded: BoundedPartial,
                       partial: WindowAggregate, ranking: Ranking) -> WindowResult:
@@ -81,3 +82,27 @@ def with_top_k_bounds(result: WindowResult, bounded: BoundedPartial,
         rows.append({**row, "lb": lb, "ub": ub, "guaranteed": sure, "complete": whole})
     return dataclasses.replace(result, rows=rows, exact=False,
                                error_bound=max(result.error_bound or 0.0, top.error_bound))
+
+
+def with_row_bounds(result: WindowResult, bounded: BoundedPartial, partial: WindowAggregate,
+                    measure: Ranking) -> WindowResult:
+    """Each row of ``result`` (finished from ``bounded``, a window's merged partial with
+    truncation bounds, of a query without a top-k) with its ``measure``'s ``lb``/``ub`` and
+    whether every aggregate of it is exact (``complete``). The result's ``error_bound``
+    covers both what the rows may lack and what the keys left out may hold: the larger of
+    each row's ``(ub - lb) / lb`` and the share of the window's total (of ``measure``) the
+    keys without a row may hold, ``cut / (sum of lb + cut)``."""
+    ranked = bounds(bounded, partial, measure.by)
+    keys = partial.keys
+    known = {tuple(row[k] for k in keys): (lb, ub, whole) for row, lb, ub, whole
+             in zip(ranked.rows, ranked.lb, ranked.ub, ranked.complete, strict=True)}
+    rows = []
+    for row in result.rows:
+        lb, ub, whole = known.get(tuple(row.get(k) for k in keys), (None, None, False))
+        rows.append({**row, "lb": lb, "ub": ub, "complete": whole})
+    widths = max(((ub - lb) / max(lb, 1) for lb, ub in zip(ranked.lb, ranked.ub, strict=True)),
+                 default=0.0)
+    held = sum((Fraction(lb) for lb in ranked.lb), Fraction(bounded.cut))
+    missing = round_up(Fraction(bounded.cut) / held) if held else 0.0
+    return dataclasses.replace(result, rows=rows, exact=False,
+                               error_bound=max(result.error_bound or 0.0, widths, missing))

@@ -27,7 +27,7 @@ from typing import Any
 import grpc
 
 from jetstream import metrics
-from jetstream.approx.levels import Ranking, ladder
+from jetstream.approx.levels import Ranking, heaviest, ladder
 from jetstream.approx.policy import LinkPolicy
 from jetstream.dataplane.asks import ROUND_REVISIONS, Answerer
 from jetstream.dataplane.codec import ask_from_proto, decode_batch, encode_batch
@@ -101,7 +101,8 @@ class Uplink:
         self._measuring = threading.Lock()  # the policy hears one ack at a time
         self.policy: LinkPolicy | None = None
         self._top_k = ranking if top_k_only else None
-        self.ladder = ladder(ranking, partial)  # the link's levels, and what each sends
+        # The link's levels, and what each sends.
+        self.ladder = ladder(ranking, partial, heaviest(query))
         self.local = options.worker  # to its own site: no policy, no compression
         self.revision_base = options.revision_base
         if not (options.replay or options.worker):
@@ -436,8 +437,13 @@ class Uplink:
         if self.policy is None or self.policy.level.index == 0:
             return batch
         level = self.policy.level
-        return summarised(batch, self.ladder.degrade(merged.bounded, self.partial, level),
-                          level.index)
+        try:
+            summary = self.ladder.degrade(merged.bounded, self.partial, level)
+        except DataError as e:  # a negative value in a sum it truncates by: no bound holds
+            log.warning("%s at %s: window %s goes exact, not at level %r: %s", self.name,
+                        self.site, merged.window, level.name, e)
+            return batch
+        return summarised(batch, summary, level.index)
 
     def _warnings(self, merged: MergedWindow) -> tuple[str, ...]:
         """The inputs' warnings, and this link's if it cannot keep the SLO."""
