@@ -145,7 +145,9 @@ def test_a_site_on_a_4_kbit_link_stays_alive_while_its_partials_degrade() -> Non
     logs = Path(re.search(r"logs in (\S+)\)", out).group(1))  # type: ignore[union-attr]
     controller = (logs / "controller.log").read_text()
     assert "missed its heartbeats" not in controller, controller[-3000:]
-    # sin's link stepped down (its log says so at once; the summary's "links:" line has it
-    # only once a heartbeat carried it, every 6 s on this link).
-    assert re.search(r"link to ams now at level '(?!exact)", (logs / "sin.log").read_text())
+    # sin's link stepped down, or started down as the plan says (its log says so at once;
+    # the summary's "links:" line has it only once a heartbeat carried it, every 6 s on this
+    # link).
+    assert re.search(r"link to ams (now|starts) at level '(?!exact)",
+                     (logs / "sin.log").read_text())
     assert "complete window" in out

@@ -57,7 +57,7 @@ def test_figure_1_comes_out_as_the_paper_draws_it() -> None:
 
 
 def test_no_rounds_where_the_slo_has_no_time_for_two_more_round_trips() -> None:
-    tight = js.Query("tight", TOPK.stream, slo=js.SLO(max_latency="400ms"))
+    tight = js.Query("tight", TOPK.stream, slo=js.SLO(max_latency="400ms", max_error=0.01))
     plan = plan_query(tight, topology("cdn-3dc"))
     assert not any(f.rounds for f in plan.fragments.values())
     assert plan.fragments["DC3"].partitions == 4  # the split final top-k
@@ -101,12 +101,12 @@ def test_a_holistic_aggregate_is_planned_split_as_the_sites_run_it() -> None:
         plan_query(query, thin)  # 5,000 client addresses a second do not
 
 
-def two_sites(distinct_keys: int, bandwidth: str) -> Topology:
+def two_sites(distinct_keys: int, bandwidth: str, latency: str = "10ms") -> Topology:
     """A PoP of 5,000 records/s and a datacenter, joined by one link."""
-    return parse_topology(two_sites_yaml(distinct_keys, bandwidth))
+    return parse_topology(two_sites_yaml(distinct_keys, bandwidth, latency))
 
 
-def two_sites_yaml(distinct_keys: int, bandwidth: str) -> str:
+def two_sites_yaml(distinct_keys: int, bandwidth: str, latency: str = "10ms") -> str:
     """:func:`two_sites` as a topology file says it."""
     return f"""
 name: thin
@@ -116,28 +116,52 @@ sites:
      sources: [{{name: cdn_logs, events_per_s: 5000, distinct_keys: {distinct_keys}}}]}}
   - {{name: dc, kind: datacenter, servers: [{{name: d, cores: 8, memory_gb: 16}}]}}
 links:
-  - {{between: [pop, dc], bandwidth: {bandwidth}, latency: 10ms}}
+  - {{between: [pop, dc], bandwidth: {bandwidth}, latency: {latency}}}
 """
 
 
 def test_a_thin_link_is_named_with_the_level_that_would_fit() -> None:
-    thin = two_sites(distinct_keys=50000, bandwidth="100kbit")
+    thin = two_sites(distinct_keys=50000, bandwidth="100kbit", latency="1s")
     # Too little time for TPUT's round trips: the link would carry every key's partial.
-    tight = js.Query("tight", TOPK.stream, slo=js.SLO(max_latency="50ms"))
+    tight = js.Query("tight", TOPK.stream, slo=js.SLO(max_latency="5s"))
     with pytest.raises(js.PlacementError, match="link pop-dc is over capacity: the query needs "
                                                 r"\d.*of partials and the link has 100.0 kbit/s; "
                                                 "the query's SLO sets no max_error; level 'top "
                                                 r"320' \(nominal error 0.001\) would fit"):
         plan_query(tight, thin)
-    exact = js.Query("exact", TOPK.stream, slo=js.SLO(max_latency="50ms", max_error=0))
+    exact = js.Query("exact", TOPK.stream, slo=js.SLO(max_latency="5s", max_error=0))
     with pytest.raises(js.PlacementError, match=r"link pop-dc is over capacity: .*the SLO's "
                                                 "max_error=0 allows none; level 'top 320'"):
         plan_query(exact, thin)
 
 
+def test_a_link_whose_windows_cross_slower_than_max_latency_allows_needs_a_level() -> None:
+    # At 400 ms, DC2's exact partials take 0.68 s a window to reach DC3: without a max_error
+    # the SLO cannot be met; with one, the link starts at a level that crosses in time.
+    tight = js.Query("tight", TOPK.stream, slo=js.SLO(max_latency="400ms"))
+    with pytest.raises(js.PlacementError, match=r"link DC\d-DC3: a window's partials take "
+                                                r"0\.\d+ s to cross it, over the SLO's "
+                                                "max_latency of 0.4 s"):
+        plan_query(tight, topology("cdn-3dc"))
+    allowed = js.Query("tight", TOPK.stream, slo=js.SLO(max_latency="400ms", max_error=0.01))
+    plan = plan_query(allowed, topology("cdn-3dc"))
+    assert plan.fragments["DC2"].level > 0 and "starts at level" in plan.render()
+
+
+def test_max_wan_kbps_caps_what_a_link_carries_for_the_query() -> None:
+    capped = js.Query("capped", TOPK.stream,
+                      slo=js.SLO(max_latency="5s", max_wan_kbps=10))
+    thin = two_sites(distinct_keys=5000, bandwidth="10mbit", latency="1s")
+    assert plan_query(js.Query("q", TOPK.stream, slo=js.SLO(max_latency="5s")),
+                      thin).fragments["pop"].level == 0
+    with pytest.raises(js.PlacementError, match=r"link pop-dc: the query needs .* of partials "
+                                                "and its SLO's max_wan_kbps allows 10.0 kbit/s"):
+        plan_query(capped, thin)
+
+
 def test_a_thin_link_starts_at_the_cheapest_level_the_slos_max_error_allows() -> None:
-    thin = two_sites(distinct_keys=50000, bandwidth="100kbit")
-    query = js.Query("q", TOPK.stream, slo=js.SLO(max_latency="50ms", max_error=0.05))
+    thin = two_sites(distinct_keys=50000, bandwidth="100kbit", latency="1s")
+    query = js.Query("q", TOPK.stream, slo=js.SLO(max_latency="5s", max_error=0.05))
     plan = plan_query(query, thin)
     names = [lv.name for lv in ladder(ranking(distributed(query)), None).levels]
     assert plan.fragments["pop"].level == names.index("top 20")  # 0.01; a sketch's is 0.11

@@ -239,9 +239,10 @@ def plan_query(query: Query, topology: Topology, *, max_fan_in: int = 32) -> Phy
         tree.edges[child, root].update(bytes_per_s=rate,
                                        utilisation=rate * 8 / link.bandwidth_bps,
                                        rounds_rows=rows, exact_rows=loads[child].keys)
-    # A link still over capacity starts degraded, if the SLO allows a level that fits.
+    # A link still too thin for the query (its bandwidth, or the SLO's max_wan_kbps and
+    # max_latency) starts degraded, if the SLO's max_error allows a level that fits.
     levels = thin_links(query, tree, topology, aggregate, rank, row_bytes, every_s) \
-        if split and not feasible else {}
+        if split else {}
     if not feasible and (max((tree.in_degree(n) for n in tree), default=0) > max_fan_in
                          or any(u > 1.0 for *_, u in tree.edges(data="utilisation"))):
         _raise_infeasible(tree, topology, max_fan_in)

@@ -26,7 +26,7 @@ from jetstream.aggtree.cost import rate_text
 from jetstream.aggtree.topology import Topology
 from jetstream.approx.levels import Ladder, Ranking, heaviest, ladder
 from jetstream.approx.policy import DegradationLevel
-from jetstream.dsl import Query
+from jetstream.dsl import SLO, Query
 from jetstream.errors import PlacementError
 from jetstream.operators import WindowAggregate
 from jetstream.rewrite import distributed
@@ -48,32 +48,74 @@ class PlannedLevel:
 def thin_links(query: Query, tree: nx.DiGraph, topology: Topology,
                aggregate: WindowAggregate, rank: Ranking | None, row_bytes: int,
                every_s: float) -> dict[str, PlannedLevel]:
-    """For each edge of ``tree`` over capacity, the level its child starts at (the edge's
-    ``bytes_per_s`` and ``utilisation`` become that level's); raises PlacementError, naming
-    the link and what would fit, for one no level allowed by the SLO fits."""
-    levels = ladder(rank, aggregate, heaviest(distributed(query)))
-    max_error = query.slo.max_error if query.slo is not None else None
+    """For each edge of ``tree`` whose exact partials do not fit (see :class:`_Budget`), the
+    level its child starts at (the edge's ``bytes_per_s`` and ``utilisation`` become that
+    level's); raises PlacementError, naming the link and what would fit, for one that no
+    level allowed by the SLO fits."""
+    slo = query.slo
+    max_error = slo.max_error if slo is not None else None
+    levels: Ladder | None = None  # made for the first link that needs it
     planned = {}
     for child, parent, edge in sorted(tree.edges(data=True)):
-        if edge["utilisation"] <= 1.0:
-            continue
         link = topology.link(child, parent)
-        capacity = link.bandwidth_bps / 8
+        budget = _Budget(f"{child}-{parent}", link.bandwidth_bps, link.latency_ms, slo,
+                         every_s)
         exact = edge["bytes_per_s"]
+        if budget.fits(exact):
+            continue
+        levels = levels or ladder(rank, aggregate, heaviest(distributed(query)))
         rows = exact * every_s / row_bytes if row_bytes else 0.0
         shares = [_share(levels, level, rows) for level in levels.levels]
         fitting = [lv for lv, share in zip(levels.levels, shares, strict=True)
-                   if exact * share <= capacity]
+                   if budget.fits(exact * share)]
         allowed = [lv for lv in fitting if max_error is not None and lv.error_bound <= max_error]
-        needs = (f"link {child}-{parent} is over capacity: the query needs "
-                 f"{rate_text(exact)} of partials and the link has {rate_text(capacity)}")
         if not allowed:
-            raise PlacementError(f"{needs}; {_what_fits(fitting, max_error)}")
+            raise PlacementError(f"{budget.why_not(exact)}; {_what_fits(fitting, max_error)}")
         level = allowed[-1]  # the cheapest the SLO allows
         rate = exact * shares[level.index]
         edge.update(bytes_per_s=rate, utilisation=rate * 8 / link.bandwidth_bps)
         planned[child] = PlannedLevel(level.index, level.name, rate, exact, level.error_bound)
     return planned
+
+
+@dataclass(frozen=True)
+class _Budget:
+    """What one link of a plan may carry for a query: at most its bandwidth, and the SLO's
+    ``max_wan_kbps`` if less; and with ``max_latency``, a window's partial must cross it
+    (its bytes at that rate, and the link's latency) within it."""
+
+    link: str
+    bandwidth_bps: float
+    latency_ms: float
+    slo: SLO | None
+    every_s: float
+
+    @property
+    def bps(self) -> float:
+        cap = self.slo.max_wan_kbps if self.slo is not None else None
+        return self.bandwidth_bps if cap is None else min(self.bandwidth_bps, cap * 1000)
+
+    def crossing_s(self, bytes_per_s: float) -> float:
+        return bytes_per_s * self.every_s * 8 / self.bps + self.latency_ms / 1000
+
+    def fits(self, bytes_per_s: float) -> bool:
+        latency_ms = self.slo.max_latency_ms if self.slo is not None else None
+        return bytes_per_s * 8 <= self.bps and (
+            latency_ms is None or self.crossing_s(bytes_per_s) <= latency_ms / 1000)
+
+    def why_not(self, bytes_per_s: float) -> str:
+        """Why partials of ``bytes_per_s`` do not fit."""
+        if bytes_per_s * 8 > self.bandwidth_bps:
+            return (f"link {self.link} is over capacity: the query needs "
+                    f"{rate_text(bytes_per_s)} of partials and the link has "
+                    f"{rate_text(self.bandwidth_bps / 8)}")
+        if bytes_per_s * 8 > self.bps:
+            return (f"link {self.link}: the query needs {rate_text(bytes_per_s)} of partials "
+                    f"and its SLO's max_wan_kbps allows {rate_text(self.bps / 8)}")
+        assert self.slo is not None and self.slo.max_latency_ms is not None
+        return (f"link {self.link}: a window's partials take {self.crossing_s(bytes_per_s):.2f}"
+                f" s to cross it, over the SLO's max_latency of "
+                f"{self.slo.max_latency_ms / 1000:g} s")
 
 
 def _share(levels: Ladder, level: DegradationLevel, rows: float) -> float:
@@ -90,7 +132,8 @@ def _what_fits(fitting: list[DegradationLevel], max_error: float | None) -> str:
     degraded = [lv for lv in fitting if lv.index > 0]
     if not degraded:
         return ("no degradation level of the query fits it either: give the link more "
-                "bandwidth, or send less (a coarser group key, a filter before the aggregate)")
+                "bandwidth, relax the SLO, or send less (a coarser group key, a filter "
+                "before the aggregate)")
     finest = degraded[0]
     said = ("the query's SLO sets no max_error" if max_error is None
             else f"the SLO's max_error={max_error:g} allows none")

@@ -113,6 +113,9 @@ class Uplink:
                                      window_s=window.spec.every_ms / 1000, lead_s=lead_s,
                                      min_interval_s=options.level_interval_s,
                                      start=start_level)
+        if self.policy is not None and self.policy.level.index:
+            log.info("%s at %s: link to %s starts at level %r, as planned (too thin for exact "
+                     "partials within the SLO)", self.name, site, parent, self.policy.level.name)
         # Held by query, not by parent: a re-planned parent gets what the last one lacks.
         if store is not None:
             self._check_held(store)
