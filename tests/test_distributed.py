@@ -247,14 +247,17 @@ def test_live_sites_with_quiet_neighbours_still_close_their_windows(
         cluster.wait_for_stages("live")
         # An operator asks about sfo's link, through the controller to sfo's process.
         now = cluster.client.set_level("live", "sfo", "auto")
+        # No top-k: a thin link would keep each window's heaviest pops by bytes.
         assert (now.link, now.level, now.pinned, list(now.levels)) == (
-            "sfo -> ams", "exact", False, ["exact"])  # no top-k: nothing to degrade to
+            "sfo -> ams", "exact", False,
+            ["exact", "heaviest 1024", "heaviest 256", "heaviest 64"])
         with pytest.raises(ControlPlaneError, match="ams sends live over no link"):
             cluster.client.set_level("live", "ams")
         assert main(["level", "live", "sin", "--controller", cluster.address,
                      "--tls-dir", str(cluster.tls_dir)]) == 0
         assert capsys.readouterr().out == (
-            "live: link sin -> ams at 'exact' (chosen by the link's policy)\nlevels: 0 'exact'\n")
+            "live: link sin -> ams at 'exact' (chosen by the link's policy)\nlevels: 0 'exact', "
+            "1 'heaviest 1024', 2 'heaviest 256', 3 'heaviest 64'\n")
         lines = (LOGS / "ams" / "part-000.csv").read_text().splitlines(keepends=True)
         half = len(lines) // 2
         for i, chunk in enumerate([lines[:half], lines[:1] + lines[half:]]):
