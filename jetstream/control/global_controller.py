@@ -64,7 +64,7 @@ class GlobalController:
                  heartbeat_timeout_s: float = 6.0, clock: Callable[[], float] = time.monotonic,
                  state_dir: Path | None = None, dispatch: Dispatch = call_now,
                  allow_code: bool = False, cubes: Sequence[QueryPlan] = ()):
-        self.topology = topology
+        self.topology, self.clock = topology, clock
         #: Whether queries may carry code (a ``map`` function, pickled) to run on the sites.
         self.allow_code = allow_code
         #: Declared cubes: queries run from the start so that the sites keep their windows
