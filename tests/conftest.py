@@ -33,7 +33,7 @@ def spark():  # type: ignore[no-untyped-def]
     """One local SparkSession for the whole test session (a session takes seconds to start)."""
     from pyspark.sql import SparkSession
 
-    from jetstream.stage.spark import DEFAULT_SPARK_CONF
+    from jetstream.stage.spark import DEFAULT_SPARK_CONF, started
 
     # A site's own settings, so that the stage is tested as sites run it; a larger heap, as
     # this one session serves every test.
@@ -41,7 +41,9 @@ def spark():  # type: ignore[no-untyped-def]
     builder = SparkSession.builder.master("local[2]").appName("jetstream-tests")
     for key, value in {**DEFAULT_SPARK_CONF, "spark.driver.memory": "1g"}.items():
         builder = builder.config(key, value)
-    session = builder.getOrCreate()
+    # Launched again if it fails, as a site's is: the tests before have left gRPC threads
+    # running, and a JVM forked then can exit before it reports its port.
+    session = started(builder, "tests")
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
