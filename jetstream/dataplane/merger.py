@@ -281,10 +281,10 @@ class WindowMerger:
         rounds, its exact top-k is known, or what blocks it is held by inputs that do not
         answer (a link stepped down from the rounds to a degradation level sends its
         window truncated or sketched, with bounds, and is never asked)."""
-        if not self._in_rounds(pending) or self._exact(pending):
+        if not self._in_rounds(pending):
             return True
         assert self.rounds is not None
-        try:
+        try:  # nothing is asked of a settled window (its exact top-k is known)
             wanted = next_asks(self._bounded_inputs(pending), self.aggregate,
                                self.rounds.by, self.rounds.k)
         except DataError:
