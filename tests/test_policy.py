@@ -12,13 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jetstream as js
-from jetstream.approx.policy import (
-    DegradationLevel,
-    LevelChange,
-    LinkPolicy,
-    LinkSLO,
-    degradation_ladder,
-)
+from jetstream.approx.levels import DegradationLevel, degradation_ladder
+from jetstream.approx.policy import LevelChange, LinkPolicy, LinkSLO
 
 WINDOW_S = 1.0
 MIN_INTERVAL_S = 5.0
@@ -345,8 +340,9 @@ def test_an_operator_pins_a_level_and_unpinning_hands_it_back_to_the_policy() ->
     simulate(policy, clock, steps((0, 4e7),), 30)
     assert policy.level.index == 2
     assert [c.reason for c in policy.history] == ["pinned by an operator"]
-    with pytest.raises(js.DataError, match="'kll-16' is past the SLO's max_error; the "
-                                           "coarsest it allows is 'kll-64'"):
+    with pytest.raises(js.DataError, match=r"'kll-16' is past the SLO's max_error \(its "
+                                           r"error 0.05\); the coarsest it allows is "
+                                           "'kll-64'"):
         policy.pin(3)
     clock.now = 0.0  # the next simulation starts its clock at 0 again
     policy.pin(None)

@@ -14,7 +14,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import jetstream as js
-from jetstream.approx.policy import LinkPolicy, degradation_ladder
+from jetstream.approx.levels import degradation_ladder
+from jetstream.approx.policy import LinkPolicy
 from jetstream.control.server import start_server
 from jetstream.dataplane import servicer
 from jetstream.dataplane.codec import encode_batch

@@ -24,8 +24,7 @@ import networkx as nx
 
 from jetstream.aggtree.cost import rate_text
 from jetstream.aggtree.topology import Topology
-from jetstream.approx.levels import Ladder, Ranking, heaviest, ladder
-from jetstream.approx.policy import DegradationLevel
+from jetstream.approx.levels import DegradationLevel, Ladder, Ranking, heaviest, ladder
 from jetstream.dsl import SLO, Query
 from jetstream.errors import PlacementError
 from jetstream.operators import WindowAggregate

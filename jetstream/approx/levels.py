@@ -20,24 +20,29 @@ one (and its truncations) with one. A query with none of these has only the exac
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from jetstream.aggregates import Avg, Count, Sum
 from jetstream.approx.holistic import SketchSize, holistic, sketched
 from jetstream.approx.items import MIN_LG_MAX_K, ItemsSketch, to_items
-from jetstream.approx.policy import DegradationLevel, degradation_ladder
 from jetstream.approx.truncate import BoundedPartial, truncate
 from jetstream.dsl import Query
+from jetstream.errors import PlanError
 from jetstream.operators import Phase, TopK, WindowAggregate
 from jetstream.schema import DataType
 
 __all__ = [
     "HOLISTIC_SIZES",
     "TRUNCATION_FACTORS",
+    "DegradationLevel",
     "Encoding",
     "Ladder",
     "Ranking",
+    "checked_levels",
+    "degradation_ladder",
     "heaviest",
     "ladder",
     "ranking",
@@ -63,6 +68,28 @@ CUT_EXACT_ROWS = 4 * CUT_KEEPS[0]
 #: sketch's a-priori one, a fraction of the window's total.
 SKETCH_LEVELS = 2
 SKETCH_ITEM_WEIGHT = 0.5
+
+
+@dataclass(frozen=True)
+class DegradationLevel:
+    """One way to encode a stream's windows: ``index`` 0 is exact, higher is coarser.
+
+    ``bytes_per_window`` is what a window is expected to weigh at this level, absolute or
+    relative to the other levels (the policy learns the scale from the windows it sees);
+    ``error_bound`` is the relative error a result may carry at this level (0.0 when exact).
+    """
+
+    index: int
+    name: str
+    bytes_per_window: float
+    error_bound: float
+
+
+def degradation_ladder(
+        levels: Iterable[tuple[str, float, float]]) -> tuple[DegradationLevel, ...]:
+    """Levels from ``(name, bytes_per_window, error_bound)`` triples, most accurate first."""
+    return tuple(DegradationLevel(i, name, float(size), float(error))
+                 for i, (name, size, error) in enumerate(levels))
 
 
 @dataclass(frozen=True)
@@ -223,3 +250,49 @@ def _epsilon(lg_max_k: int) -> float:
     that building a ladder, which every sender does, does not load the library and numpy
     with it (about 13 MB a process) where no sketch is ever made (tested equal)."""
     return 3.5 / 2**lg_max_k
+
+
+def checked_levels(levels: Sequence[DegradationLevel]) -> tuple[DegradationLevel, ...]:
+    """``levels`` as a tuple, if they make a ladder: indexed from 0, most accurate first.
+
+    Raises
+    ------
+    PlanError
+        If they are empty, out of order, or a figure is out of range.
+    """
+    levels = tuple(levels)
+    if not levels:
+        msg = "link policy: needs at least one level, e.g. DegradationLevel(0, 'exact', 1.0, 0.0)"
+        raise PlanError(msg)
+    for position, lv in enumerate(levels):
+        if not isinstance(lv, DegradationLevel):
+            msg = f"link policy: level {position} must be a DegradationLevel, not {lv!r}"
+            raise PlanError(msg)
+        if lv.index != position:
+            msg = (f"link policy: level {lv.name!r} has index {lv.index} but is at position "
+                   f"{position}; list levels most accurate first, indexed from 0")
+            raise PlanError(msg)
+        if not (_is_number(lv.bytes_per_window) and 0 < lv.bytes_per_window < math.inf):
+            msg = (f"link policy: level {lv.name!r} needs a positive bytes_per_window, "
+                   f"not {lv.bytes_per_window!r}")
+            raise PlanError(msg)
+        if not (_is_number(lv.error_bound) and 0 <= lv.error_bound < math.inf):
+            msg = (f"link policy: level {lv.name!r} needs an error_bound >= 0, "
+                   f"not {lv.error_bound!r}")
+            raise PlanError(msg)
+    for finer, coarser in itertools.pairwise(levels):
+        if coarser.bytes_per_window > finer.bytes_per_window:
+            msg = (f"link policy: level {coarser.name!r} is coarser than {finer.name!r} but "
+                   f"weighs more ({coarser.bytes_per_window:g} > {finer.bytes_per_window:g} "
+                   f"bytes per window); order levels from heaviest to lightest")
+            raise PlanError(msg)
+        if coarser.error_bound < finer.error_bound:
+            msg = (f"link policy: level {coarser.name!r} is coarser than {finer.name!r} but "
+                   f"has a smaller error_bound ({coarser.error_bound:g} < "
+                   f"{finer.error_bound:g}); order levels from exact to coarsest")
+            raise PlanError(msg)
+    return levels
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)

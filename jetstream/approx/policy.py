@@ -50,21 +50,21 @@ budget, so the 0.8 step-down threshold is reached again only if the link itself 
 
 from __future__ import annotations
 
-import itertools
 import math
 import statistics
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
+from jetstream.approx.levels import DegradationLevel, checked_levels
 from jetstream.errors import DataError, PlanError
 
 if TYPE_CHECKING:
     from jetstream.dsl import SLO
 
-__all__ = ["DegradationLevel", "LevelChange", "LinkPolicy", "LinkSLO", "degradation_ladder"]
+__all__ = ["LevelChange", "LinkPolicy", "LinkSLO"]
 
 #: Weight of a new sample in the throughput and volume averages.
 SMOOTHING = 0.3
@@ -76,28 +76,6 @@ STALE_WINDOWS = 3
 ROUND_TRIPS = 8
 #: A window's link time is at least this: below it, clocks and schedulers decide, not the link.
 MIN_LINK_S = 1e-3
-
-
-@dataclass(frozen=True)
-class DegradationLevel:
-    """One way to encode a stream's windows: ``index`` 0 is exact, higher is coarser.
-
-    ``bytes_per_window`` is what a window is expected to weigh at this level, absolute or
-    relative to the other levels (the policy learns the scale from the windows it sees);
-    ``error_bound`` is the relative error a result may carry at this level (0.0 when exact).
-    """
-
-    index: int
-    name: str
-    bytes_per_window: float
-    error_bound: float
-
-
-def degradation_ladder(
-        levels: Iterable[tuple[str, float, float]]) -> tuple[DegradationLevel, ...]:
-    """Levels from ``(name, bytes_per_window, error_bound)`` triples, most accurate first."""
-    return tuple(DegradationLevel(i, name, float(size), float(error))
-                 for i, (name, size, error) in enumerate(levels))
 
 
 @dataclass(frozen=True)
@@ -213,7 +191,7 @@ class LinkPolicy:
                  down_fraction: float = 0.8, up_fraction: float = 0.5,
                  max_backlog_windows: int = 1, start: int = 0,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self._levels = _checked_levels(levels)
+        self._levels = checked_levels(levels)
         if not (_is_number(window_s) and 0 < window_s < math.inf):
             msg = f"link policy: window_s must be a positive number of seconds, not {window_s!r}"
             raise PlanError(msg)
@@ -251,6 +229,8 @@ class LinkPolicy:
             msg = (f"link policy: max_error={max_error:g} allows no level; the most accurate, "
                    f"{first.name!r}, has error_bound {first.error_bound:g}")
             raise PlanError(msg)
+        self._max_error = max_error
+        self._measured: list[tuple[float, float] | None] = [None] * len(self._levels)
         self._coarsest = allowed[-1].index
         latency = self._slo.max_latency_s if self._slo else None
         self.budget_s = (self.window_s if latency is None
@@ -343,14 +323,51 @@ class LinkPolicy:
             self._changed_at = now  # the policy decides again after min_interval_s
             return self.level
         index = self._index(level)
-        if index > self._coarsest:
+        if not self._allowed(index):
             msg = (f"link policy: level {self._levels[index].name!r} is past the SLO's "
-                   f"max_error; the coarsest it allows is {self.coarsest_allowed.name!r}")
+                   f"max_error (its error {self._error(index):.3g}); the coarsest it allows "
+                   f"is {self.coarsest_allowed.name!r}")
             raise DataError(msg)
         if index != self._current:
             self._change(now, index, "pinned by an operator")
         self._pinned = True
         return self.level
+
+    def learn(self, figures: Sequence[tuple[float, float] | None]) -> DegradationLevel:
+        """Take each level's measured ``(bytes per window, error)`` (None: not measured), as
+        a link's profile has them (:mod:`jetstream.approx.profile`): from now on a level's
+        measured bytes stand for its guess, and its measured error for its nominal one when
+        the SLO's ``max_error`` decides whether it may be chosen. If the current level's error
+        no longer fits, the link goes to the nearest finer level whose does (not while
+        pinned). Returns the level now in force.
+
+        Raises
+        ------
+        DataError
+            If there is not one entry per level, or a figure is negative or not finite.
+        """
+        if len(figures) != len(self._levels):
+            msg = (f"link policy: a profile needs one entry per level ({len(self._levels)}), "
+                   f"not {len(figures)}")
+            raise DataError(msg)
+        for entry in figures:
+            if entry is not None and not all(_is_number(v) and 0 <= v < math.inf
+                                              for v in entry):
+                msg = f"link policy: a level's bytes and error must be >= 0, not {entry!r}"
+                raise DataError(msg)
+        self._measured = [None if e is None else (float(e[0]), float(e[1])) for e in figures]
+        self._coarsest = max(i for i in range(len(self._levels)) if self._allowed(i))
+        if not self._pinned and not self._allowed(self._current):
+            finer = max(i for i in range(self._current) if self._allowed(i))
+            self._change(self._clock(), finer,
+                         f"profile: {self.level.name!r} would have had error "
+                         f"{self._error(self._current):.3g}, over max_error "
+                         f"{self._max_error:g}")
+        return self.level
+
+    def measured(self, level: DegradationLevel | int) -> tuple[float, float] | None:
+        """The level's ``(bytes, error)`` as last learnt (:meth:`learn`), or None."""
+        return self._measured[self._index(level)]
 
     # --- the feedback loop -------------------------------------------------------------------
 
@@ -448,12 +465,12 @@ class LinkPolicy:
             return
         if current == 0 or link_backlog or not evidence:
             return
-        finer = self._send_time(current - 1, self._cautious_rate())
+        up = max(i for i in range(current) if self._allowed(i))
+        finer = self._send_time(up, self._cautious_rate())
         up_at = self.up_fraction * self.budget_s
         if finer is not None and finer < up_at:
-            self._change(now, current - 1, f"probe: a window at "
-                         f"{self._levels[current - 1].name!r} should take about {finer:.3g}s, "
-                         f"under {up_at:.3g}s")
+            self._change(now, up, f"probe: a window at {self._levels[up].name!r} should take "
+                                  f"about {finer:.3g}s, under {up_at:.3g}s")
 
     def _step_down(self, now: float, reason: str) -> None:
         """To the most accurate allowed level that fits the pessimistic rate, at least one
@@ -463,6 +480,8 @@ class LinkPolicy:
         rate = self._cautious_rate()
         target = self._coarsest
         for index in range(self._current + 1, self._coarsest + 1):
+            if not self._allowed(index):
+                continue
             t = self._send_time(index, rate)
             if t is not None and t <= self.down_fraction * self.budget_s:
                 target = index
@@ -515,11 +534,23 @@ class LinkPolicy:
     def _send_time(self, index: int, rate: float | None) -> float | None:
         # Whatever of the round trip the baseline does not hold is folded into the throughput:
         # a finer level is predicted a little slower than it will be, which only makes step
-        # ups more careful.
-        volume = self._volume.value
-        if rate is None or volume is None:
+        # ups more careful. A level's measured bytes stand for its guess.
+        measured, volume = self._measured[index], self._volume.value
+        if rate is None or (measured is None and volume is None):
             return None
+        if measured is not None:
+            return measured[0] / rate
+        assert volume is not None
         return volume * self._levels[index].bytes_per_window / rate
+
+    def _error(self, index: int) -> float:
+        """The level's error: as measured, else its nominal one."""
+        measured = self._measured[index]
+        return self._levels[index].error_bound if measured is None else measured[1]
+
+    def _allowed(self, index: int) -> bool:
+        """Whether the SLO's ``max_error`` admits the level (the exact level always)."""
+        return index == 0 or self._max_error is None or self._error(index) <= self._max_error
 
     def _index(self, level: DegradationLevel | int) -> int:
         index = level.index if isinstance(level, DegradationLevel) else level
@@ -528,41 +559,6 @@ class LinkPolicy:
             msg = f"link policy: no level {level!r}; levels are 0..{len(self._levels) - 1}"
             raise DataError(msg)
         return index
-
-
-def _checked_levels(levels: Sequence[DegradationLevel]) -> tuple[DegradationLevel, ...]:
-    levels = tuple(levels)
-    if not levels:
-        msg = "link policy: needs at least one level, e.g. DegradationLevel(0, 'exact', 1.0, 0.0)"
-        raise PlanError(msg)
-    for position, lv in enumerate(levels):
-        if not isinstance(lv, DegradationLevel):
-            msg = f"link policy: level {position} must be a DegradationLevel, not {lv!r}"
-            raise PlanError(msg)
-        if lv.index != position:
-            msg = (f"link policy: level {lv.name!r} has index {lv.index} but is at position "
-                   f"{position}; list levels most accurate first, indexed from 0")
-            raise PlanError(msg)
-        if not (_is_number(lv.bytes_per_window) and 0 < lv.bytes_per_window < math.inf):
-            msg = (f"link policy: level {lv.name!r} needs a positive bytes_per_window, "
-                   f"not {lv.bytes_per_window!r}")
-            raise PlanError(msg)
-        if not (_is_number(lv.error_bound) and 0 <= lv.error_bound < math.inf):
-            msg = (f"link policy: level {lv.name!r} needs an error_bound >= 0, "
-                   f"not {lv.error_bound!r}")
-            raise PlanError(msg)
-    for finer, coarser in itertools.pairwise(levels):
-        if coarser.bytes_per_window > finer.bytes_per_window:
-            msg = (f"link policy: level {coarser.name!r} is coarser than {finer.name!r} but "
-                   f"weighs more ({coarser.bytes_per_window:g} > {finer.bytes_per_window:g} "
-                   f"bytes per window); order levels from heaviest to lightest")
-            raise PlanError(msg)
-        if coarser.error_bound < finer.error_bound:
-            msg = (f"link policy: level {coarser.name!r} is coarser than {finer.name!r} but "
-                   f"has a smaller error_bound ({coarser.error_bound:g} < "
-                   f"{finer.error_bound:g}); order levels from exact to coarsest")
-            raise PlanError(msg)
-    return levels
 
 
 def _is_number(value: object) -> bool:

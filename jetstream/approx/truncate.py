@@ -47,6 +47,7 @@ __all__ = [
     "bounds",
     "exact_partial",
     "merge_bounded",
+    "missing_share",
     "round_up",
     "top_k_bounds",
     "truncate",
@@ -268,6 +269,27 @@ def bounds(partial: BoundedPartial, aggregate: WindowAggregate, rank: str) -> Ra
     ranked = _ranked(partial, aggregate, rank)
     return RankBounds(partial.rows, tuple(r.lb for r in ranked), tuple(r.ub for r in ranked),
                       partial.complete, partial.omitted)
+
+
+def missing_share(partial: BoundedPartial, aggregate: WindowAggregate, rank: str) -> float:
+    """The most the window's total of ``rank`` may hold beyond the rows' lower bounds, as a
+    share of it: ``cut / (sum of lb + cut)`` (0.0 when nothing was cut), rounded up.
+
+    Why it bounds both what a row lacks and what the keys without a row hold. Every part of
+    the true total that no ``lb`` counts was dropped by some truncation on the way, whose
+    upper bound went into ``cut``: so that part, ``M``, is at most ``cut``, and the total is
+    ``T = L + M`` with ``L >= sum of lb``. ``M / T`` grows with ``M`` and falls with ``L``, so
+    ``M / T <= cut / (sum of lb + cut)``; a row's true value exceeds its ``lb`` by a part of
+    ``M``, and the keys without a row hold a part of ``M``.
+
+    Raises
+    ------
+    PlanError, DataError
+        As :func:`bounds`.
+    """
+    ranked = bounds(partial, aggregate, rank)
+    held = sum((Fraction(lb) for lb in ranked.lb), Fraction(partial.cut))
+    return round_up(Fraction(partial.cut) / held) if held else 0.0
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,10 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Collection
-from fractions import Fraction
 
 from jetstream import metrics
 from jetstream.approx.levels import Ranking, heaviest
-from jetstream.approx.truncate import BoundedPartial, bounds, round_up, top_k_bounds
+from jetstream.approx.truncate import BoundedPartial, bounds, missing_share, top_k_bounds
 from jetstream.dataplane.merger import MergedWindow
 from jetstream.dsl import Query
 from jetstream.local import finish_from_partials
@@ -88,10 +87,10 @@ def with_row_bounds(result: WindowResult, bounded: BoundedPartial, partial: Wind
                     measure: Ranking) -> WindowResult:
     """Each row of ``result`` (finished from ``bounded``, a window's merged partial with
     truncation bounds, of a query without a top-k) with its ``measure``'s ``lb``/``ub`` and
-    whether every aggregate of it is exact (``complete``). The result's ``error_bound``
-    covers both what the rows may lack and what the keys left out may hold: the larger of
-    each row's ``(ub - lb) / lb`` and the share of the window's total (of ``measure``) the
-    keys without a row may hold, ``cut / (sum of lb + cut)``."""
+    whether every aggregate of it is exact (``complete``). The result's ``error_bound`` is a
+    share of the window's total of ``measure`` (see :func:`missing_share`): no row's value
+    exceeds its ``lb`` by more than that share of the total, and the keys without a row hold
+    at most that share of it together."""
     ranked = bounds(bounded, partial, measure.by)
     keys = partial.keys
     known = {tuple(row[k] for k in keys): (lb, ub, whole) for row, lb, ub, whole
@@ -100,9 +99,6 @@ def with_row_bounds(result: WindowResult, bounded: BoundedPartial, partial: Wind
     for row in result.rows:
         lb, ub, whole = known.get(tuple(row.get(k) for k in keys), (None, None, False))
         rows.append({**row, "lb": lb, "ub": ub, "complete": whole})
-    widths = max(((ub - lb) / max(lb, 1) for lb, ub in zip(ranked.lb, ranked.ub, strict=True)),
-                 default=0.0)
-    held = sum((Fraction(lb) for lb in ranked.lb), Fraction(bounded.cut))
-    missing = round_up(Fraction(bounded.cut) / held) if held else 0.0
+    missing = missing_share(bounded, partial, measure.by)
     return dataclasses.replace(result, rows=rows, exact=False,
-                               error_bound=max(result.error_bound or 0.0, widths, missing))
+                               error_bound=max(result.error_bound or 0.0, missing))

@@ -23,8 +23,7 @@ from typing import Any
 import yaml
 
 from jetstream.aggtree.loader import load_topology
-from jetstream.approx.levels import Ranking, ladder, ranking
-from jetstream.approx.policy import DegradationLevel
+from jetstream.approx.levels import DegradationLevel, Ranking, ladder, ranking
 from jetstream.approx.truncate import TopKBounds, exact_partial, top_k_bounds, truncate
 from jetstream.control.launch import LocalCluster, replay
 from jetstream.dataplane.codec import decode_batch, encode_batch
