@@ -15,13 +15,17 @@ import socket
 import threading
 import time
 from collections import Counter as Tally
+from collections.abc import Iterable
 from socketserver import ThreadingMixIn
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import Counter, Gauge, Histogram, make_wsgi_app, start_http_server
 
 from jetstream.security import http_authorized
+
+if TYPE_CHECKING:
+    from jetstream.approx.profile import LevelFigures
 
 __all__ = ["BATCH_DURATION", "LINK_LEVEL", "LINK_MEASURED_BANDWIDTH", "LINK_THROUGHPUT",
            "PARTIALS_REFUSED", "RECORDS_IN", "RECORDS_LATE", "RECORDS_MALFORMED",
@@ -82,6 +86,19 @@ LINK_THROUGHPUT = Gauge(
     "A link's throughput as its sender measures it from acknowledged windows (smoothed).",
     ["link", "query"])
 
+PROFILE_CPU = Counter(
+    "jetstream_link_profile_cpu_seconds_total",
+    "CPU time a link's sender spent measuring what each level would send and lose.",
+    ["link", "query"])
+PROFILE_BYTES = Gauge(
+    "jetstream_link_profile_bytes",
+    "A window's mean encoded size at a level, measured on the query's own windows.",
+    ["link", "query", "level"])
+PROFILE_ERROR = Gauge(
+    "jetstream_link_profile_error",
+    "The largest error bound a window's result would have had at a level, as measured.",
+    ["link", "query", "level"])
+
 # -- the global controller ---------------------------------------------------------------------
 LINK_MEASURED_BANDWIDTH = Gauge(
     "jetstream_link_measured_bandwidth_bytes_per_second",
@@ -110,6 +127,7 @@ class RunMetrics:
 
     def __init__(self, site: str, query: str) -> None:
         self.site, self.query, self.link = site, query, ""
+        self._profiled: set[str] = set()  # levels with profile gauges
         # What each local stage had counted at its last micro-batch: records, late, malformed.
         self._stage: dict[str, tuple[int, int, Tally[str]]] = {}
 
@@ -143,10 +161,24 @@ class RunMetrics:
         if throughput is not None:
             LINK_THROUGHPUT.labels(self.link, self.query).set(throughput)
 
+    def profile(self, cpu_s: float, figures: Iterable[LevelFigures]) -> None:
+        """A link's profile after a measured window, which took ``cpu_s`` to measure."""
+        PROFILE_CPU.labels(self.link, self.query).inc(max(cpu_s, 0.0))
+        for f in figures:
+            if f.windows:
+                PROFILE_BYTES.labels(self.link, self.query, f.name).set(f.bytes)
+                PROFILE_ERROR.labels(self.link, self.query, f.name).set(f.error)
+                self._profiled.add(f.name)
+
     def remove_link(self) -> None:
-        for gauge in (LINK_LEVEL, LINK_THROUGHPUT):
+        for gauge in (LINK_LEVEL, LINK_THROUGHPUT, PROFILE_CPU):
             with contextlib.suppress(KeyError):
                 gauge.remove(self.link, self.query)
+        for level in self._profiled:
+            for gauge in (PROFILE_BYTES, PROFILE_ERROR):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(self.link, self.query, level)
+        self._profiled.clear()
 
     def remove(self) -> None:
         self.remove_link()

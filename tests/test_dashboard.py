@@ -20,8 +20,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from rich.console import Console
 
 from jetstream.aggtree.loader import load_topology
+from jetstream.approx.profile import LevelFigures
+from jetstream.control.codec import status_to_proto
 from jetstream.control.daemons import _InputMeter
 from jetstream.control.dashboard import (
     RATE_SPAN_S,
@@ -33,6 +36,7 @@ from jetstream.control.global_controller import GlobalController
 from jetstream.control.launch import LocalCluster, free_port
 from jetstream.control.servicers import GlobalControllerServicer
 from jetstream.control.state import LinkReport, Placement
+from jetstream.control.status_view import render_status
 from jetstream.errors import ControlPlaneError
 from jetstream.lab.loggen import LogSpec, write_live
 from jetstream.results import WindowResult
@@ -84,10 +88,15 @@ def running() -> GlobalController:
     return controller
 
 
+#: What a link's profile measured (jetstream.approx.profile): TPUT's exact level has no figures.
+PROFILE = (LevelFigures("exact", 0.0, 0.0, 0), LevelFigures("top 320", 9_447.0, 0.031, 8),
+           LevelFigures("top 20", 1_994.0, 0.53, 8))
+
+
 def beat(controller: GlobalController, site: str, sent: int, *, level: int = 0,
          input_bytes: int = 0) -> None:
     reports = {} if site == "ams" else {
-        QUERY: LinkReport(["exact", "top 20"][level], level, level == 1, sent)}
+        QUERY: LinkReport(["exact", "top 20"][level], level, level == 1, sent, PROFILE)}
     controller.heartbeat(site, {}, input_bytes=input_bytes, reports=reports)
 
 
@@ -123,7 +132,11 @@ def test_the_state_holds_the_topology_its_links_and_the_newest_window_with_bound
     assert sin["planned_bytes_per_s"] > 0
     assert sin["planned_utilisation"] == pytest.approx(
         sin["planned_bytes_per_s"] * 8 / sin["bandwidth_bps"])
-    assert sin["levels"] == {QUERY: {"level": "top 20", "index": 1, "pinned": True}}
+    assert sin["levels"] == {QUERY: {
+        "level": "top 20", "index": 1, "pinned": True,
+        "profile": [{"name": "exact", "bytes": 0.0, "error": 0.0, "windows": 0},
+                    {"name": "top 320", "bytes": 9_447.0, "error": 0.031, "windows": 8},
+                    {"name": "top 20", "bytes": 1_994.0, "error": 0.53, "windows": 8}]}}
     assert sin["measured_bytes_per_s"] is None  # one sample says no rate yet
 
     [query] = snapshot["queries"]
@@ -215,10 +228,20 @@ def test_a_heartbeat_carries_the_raw_input_and_the_links_levels(
         running: GlobalController) -> None:
     servicer = GlobalControllerServicer(running, 1.0)
     servicer.Heartbeat(pb.HeartbeatRequest(site="sfo", input_bytes=123, query_links=[
-        pb.LinkReport(query=QUERY, level="top 20", level_index=1, pinned=True, sent_bytes=77)]),
+        pb.LinkReport(query=QUERY, level="top 20", level_index=1, pinned=True, sent_bytes=77,
+                      profile=[pb.LevelProfile(level=f.name, bytes=f.bytes, error=f.error,
+                                               windows=f.windows) for f in PROFILE])]),
         context=SimpleNamespace(auth_context=dict))  # a plaintext call's: nobody checked
     assert running.sites["sfo"].input_bytes == 123
-    assert running.sites["sfo"].links == {QUERY: LinkReport("top 20", 1, True, 77)}
+    assert running.sites["sfo"].links == {QUERY: LinkReport("top 20", 1, True, 77, PROFILE)}
+    # jetstream status shows the level and the profile of each query's link.
+    status = render_status(status_to_proto(running.view()))
+    shown = Console(width=200, record=True)
+    shown.print(status)
+    text = shown.export_text()
+    assert "sfo -> ams" in text and "top 20 (pinned)" in text
+    assert "* top 20: 1,994 B, error 0.53 (8 windows)" in text
+    assert "  top 320: 9,447 B, error 0.031 (8 windows)" in text
 
 
 def test_a_site_counts_every_log_file_that_landed_once(tmp_path: Path) -> None:
@@ -280,6 +303,7 @@ class TopK(HTMLParser):
         super().__init__()
         self.tables: dict[str, tuple[int, list[list[str]]]] = {}
         self.revisions: dict[str, int] = {}
+        self.profiles: dict[str, list[str]] = {}  # query -> "link level" of its profile rows
         self.polls = 0
         self._query = ""
         self._row: list[str] | None = None
@@ -294,6 +318,9 @@ class TopK(HTMLParser):
         elif tag == "table" and a.get("class") == "topk":
             self.tables[self._query] = (int(a["data-window-start"] or 0), [])
             self.revisions[self._query] = int(a["data-revision"] or 0)
+        elif tag == "tr" and a.get("class") == "level":
+            self.profiles.setdefault(self._query, []).append(
+                f"{a.get('data-link')} {a.get('data-level')}")
         elif tag == "tr" and a.get("class") == "row":
             self._row = []
         elif tag == "td" and self._row is not None:
@@ -330,7 +357,9 @@ def test_the_page_draws_the_top_k_and_follows_new_windows(served: Dashboard,
                                                           running: GlobalController) -> None:
     url = f"http://127.0.0.1:{served.port}/"
     running.publish(QUERY, [window(0, ("a.com", 50), ("b.com", 20))], False)
+    beat(running, "sin", 500, level=1)
     first = dump(url)
+    assert first.profiles[QUERY] == ["sin->ams top 320", "sin->ams top 20"]  # the measured
     start, rows = first.tables[QUERY]
     assert start == 0
     assert [(r[0], r[1]) for r in rows] == [("a.com", "50"), ("b.com", "20")]

@@ -8,7 +8,8 @@ import math
 
 from jetstream.aggtree.planner import Fragment
 from jetstream.aggtree.topology import Server
-from jetstream.control.state import ControllerView, Piece
+from jetstream.approx.profile import LevelFigures
+from jetstream.control.state import ControllerView, LinkReport, Piece
 from jetstream.dataplane.options import Assignment
 from jetstream.errors import ControlPlaneError, DataError
 from jetstream.planwire import query_from_bytes, record_from_proto, record_to_proto
@@ -71,6 +72,20 @@ def server_from_proto(msg: pb.Server) -> Server:
     return Server(msg.name, msg.cores, msg.memory_gb)
 
 
+def link_report_to_proto(query: str, report: LinkReport) -> pb.LinkReport:
+    return pb.LinkReport(query=query, level=report.level, level_index=report.level_index,
+                         pinned=report.pinned, sent_bytes=report.sent_bytes,
+                         profile=[pb.LevelProfile(level=f.name, bytes=f.bytes, error=f.error,
+                                                  windows=f.windows) for f in report.profile])
+
+
+def link_report_from_proto(msg: pb.LinkReport) -> LinkReport:
+    """A heartbeat's report of one query's link (its figures as sent: a level's are >= 0)."""
+    return LinkReport(msg.level, msg.level_index, msg.pinned, msg.sent_bytes,
+                      tuple(LevelFigures(f.level, max(f.bytes, 0.0), max(f.error, 0.0),
+                                         max(f.windows, 0)) for f in msg.profile))
+
+
 def status_to_proto(view: ControllerView) -> pb.StatusResponse:
     """The controller's view: sites, queries with their trees, and planned link load."""
     sites = [pb.SiteStatus(
@@ -78,7 +93,8 @@ def status_to_proto(view: ControllerView) -> pb.StatusResponse:
         seconds_since_heartbeat=-1.0 if s.seconds_since_heartbeat is None
         else s.seconds_since_heartbeat,
         placements=[pb.Placement(query=p.query, piece=p.piece, server=p.server, pid=p.pid,
-                                 address=p.address, state=p.state) for p in s.placements])
+                                 address=p.address, state=p.state) for p in s.placements],
+        links=[link_report_to_proto(query, s.links[query]) for query in sorted(s.links)])
         for s in view.sites]
     queries = [pb.QueryStatus(
         name=q.name, state=q.state, detail=q.detail, replans=q.replans,

@@ -21,6 +21,7 @@ from jetstream.aggtree.planner import Fragment
 from jetstream.aggtree.topology import Server, Topology
 from jetstream.control.codec import (
     fragment_to_proto,
+    link_report_to_proto,
     placement_to_proto,
     result_to_proto,
     server_from_proto,
@@ -31,7 +32,7 @@ from jetstream.control.server import start_server
 from jetstream.control.servicers import GlobalControllerServicer, SiteControllerServicer
 from jetstream.control.site_calls import SiteCalls, beat_spacing
 from jetstream.control.site_controller import SiteController
-from jetstream.control.state import QueryState
+from jetstream.control.state import LinkReport, QueryState
 from jetstream.control.workers import WorkerPool
 from jetstream.dataplane.options import LinkState, SiteOptions
 from jetstream.dataplane.site import SiteRuntime
@@ -290,9 +291,9 @@ class _InputMeter:
 
 
 def link_reports(links: dict[str, LinkState]) -> list[pb.LinkReport]:
-    """What a heartbeat says of each query's link: its level and the bytes sent."""
-    return [pb.LinkReport(query=query, level=link.level, level_index=link.level_index,
-                          pinned=link.pinned, sent_bytes=link.sent_bytes)
+    """What a heartbeat says of each query's link: its level, the bytes sent, its profile."""
+    return [link_report_to_proto(query, LinkReport(link.level, link.level_index, link.pinned,
+                                                   link.sent_bytes, link.profile))
             for query, link in sorted(links.items())]
 
 

@@ -10,6 +10,7 @@ plain HTTP: bind it to a trusted address (``--dashboard-host``), and with a toke
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -130,7 +131,8 @@ class DashboardState:
                 "measured_bytes_per_s": measured,
                 "measured_utilisation": None if measured is None else measured * 8 / capacity,
                 "levels": {query: {"level": r.level, "index": r.level_index,
-                                   "pinned": r.pinned}
+                                   "pinned": r.pinned,
+                                   "profile": [dataclasses.asdict(f) for f in r.profile]}
                            for (site, query), r in sorted(reports.items())
                            if site == child and view.parent(query, site) == parent},
             })

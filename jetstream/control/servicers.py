@@ -9,6 +9,7 @@ import grpc
 
 from jetstream.control.codec import (
     assignment_from_proto,
+    link_report_from_proto,
     placement_to_proto,
     result_from_proto,
     result_to_proto,
@@ -18,7 +19,7 @@ from jetstream.control.codec import (
 from jetstream.control.global_controller import GlobalController
 from jetstream.control.site_calls import heartbeat_spacing
 from jetstream.control.site_controller import SiteController
-from jetstream.control.state import LinkReport, Placement
+from jetstream.control.state import Placement
 from jetstream.dataplane.history import ReadCubes
 from jetstream.errors import ControlPlaneError, JetstreamError, PlacementError, PlanError
 from jetstream.security import peer_identity
@@ -152,8 +153,7 @@ class GlobalControllerServicer(rpc.GlobalControllerServicer):
             queries = self.controller.heartbeat(
                 request.site, {m.peer: m.bandwidth_bps for m in request.links},
                 input_bytes=request.input_bytes,
-                reports={r.query: LinkReport(r.level, r.level_index, r.pinned, r.sent_bytes)
-                         for r in request.query_links},
+                reports={r.query: link_report_from_proto(r) for r in request.query_links},
                 # What the site lists is what runs there, none included: a list left
                 # stale here would show a stopped query's pieces as running for good.
                 placements=[Placement(p.query, p.piece, p.server, p.pid, p.address, p.state)

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 from jetstream.aggtree.planner import PhysicalPlan
 from jetstream.aggtree.topology import Link, Topology
+from jetstream.approx.profile import LevelFigures
 from jetstream.control.results_hub import write_atomically
 from jetstream.dsl import Query
 from jetstream.errors import ControlPlaneError
@@ -30,6 +31,7 @@ class LinkReport:
     level_index: int  # 0 exact, higher coarser
     pinned: bool
     sent_bytes: int  # by the site's current sender: starts again at 0 when it is replaced
+    profile: tuple[LevelFigures, ...] = ()  # each level as measured (jetstream.approx.profile)
 
 
 @dataclass(frozen=True)

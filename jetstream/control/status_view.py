@@ -60,6 +60,26 @@ def _process(placement: pb.Placement) -> str:
     return f" (pid {placement.pid}, {placement.address}{state})"
 
 
+def _profiles(status: pb.StatusResponse) -> list[RenderableType]:
+    """Each running query's links to parents: the level now, and every level as its profile
+    measured it on the query's own windows (bytes a window, the error of its result)."""
+    parents = {q.name: dict(q.parents) for q in status.queries}
+    table = Table(title="query links (each level as measured on the query's own windows: "
+                        "bytes a window, error of its result; * the level now)")
+    for column in ("query", "link", "level", "profile"):
+        table.add_column(column)
+    for site in status.sites:
+        for report in site.links:
+            parent = parents.get(report.query, {}).get(site.name) or "?"
+            profile = "\n".join(
+                f"{'* ' if p.level == report.level else '  '}{p.level}: {p.bytes:,.0f} B, "
+                f"error {p.error:.3g} ({p.windows} windows)" for p in report.profile if p.windows)
+            table.add_row(report.query, f"{site.name} -> {parent}",
+                          report.level + (" (pinned)" if report.pinned else ""),
+                          profile or "[dim]not measured yet[/dim]")
+    return [table] if table.row_count else []
+
+
 def render_status(status: pb.StatusResponse) -> Group:
     parts: list[RenderableType] = []
     sites = Table(title=f"sites of {status.topology} (root {status.root})")
@@ -86,6 +106,7 @@ def render_status(status: pb.StatusResponse) -> Group:
         queries.add_row(q.name, f"[{colour}]{q.state}[/{colour}]", str(q.replans), tree or "-",
                         q.detail or "-")
     parts.append(queries if status.queries else Text("no queries"))
+    parts += _profiles(status)
 
     links = Table(title="links (planned load of running queries)")
     for column in ("link", "bandwidth", "planned", "utilisation"):

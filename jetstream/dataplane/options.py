@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from jetstream.aggtree.planner import Fragment
+from jetstream.approx.profile import LevelFigures
 from jetstream.dataplane.cubes import DEFAULT_RETENTION
 from jetstream.dataplane.transport import Connect
 from jetstream.stage.archive import ReadFiles
@@ -107,6 +108,9 @@ class LinkState:
     sent_bytes: int  # sent for the query, resends included
     throughput: float | None  # bytes/s, the policy's recent throughput (None: none lately)
     rate_bps: float | None = None  # what the link carries, as its acks time it (None: unknown)
+    #: Each level's measured figures, exact first (jetstream.approx.profile); empty on a
+    #: link that has no profile.
+    profile: tuple[LevelFigures, ...] = ()
 
     @property
     def saturated(self) -> bool:

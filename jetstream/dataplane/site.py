@@ -200,7 +200,8 @@ class SiteRuntime:
             run.policy.level.name if run.policy else "exact",
             run.policy.level.index if run.policy else 0,
             bool(run.policy and run.policy.pinned), run.uplink.bytes_sent,
-            run.policy.recent_throughput if run.policy else None, run.uplink.rate_bps)
+            run.policy.recent_throughput if run.policy else None, run.uplink.rate_bps,
+            run.uplink.profile.figures() if run.uplink.profile else ())
             for run in runs if run.uplink is not None}
 
     def session(self) -> Any:

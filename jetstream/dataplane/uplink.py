@@ -27,8 +27,9 @@ from typing import Any
 import grpc
 
 from jetstream import metrics
-from jetstream.approx.levels import Ranking, heaviest, ladder
+from jetstream.approx.levels import DegradationLevel, Ranking, heaviest, ladder
 from jetstream.approx.policy import LinkPolicy
+from jetstream.approx.profile import Profile
 from jetstream.dataplane.asks import ROUND_REVISIONS, Answerer
 from jetstream.dataplane.codec import ask_from_proto, decode_batch, encode_batch
 from jetstream.dataplane.cubes import CubeStore
@@ -113,6 +114,9 @@ class Uplink:
                                      window_s=window.spec.every_ms / 1000, lead_s=lead_s,
                                      min_interval_s=options.level_interval_s,
                                      start=start_level)
+        # What each level would send and lose, measured on this link's own windows.
+        self.profile = Profile(self.ladder, partial, skip={0} if rounds and ranking else ()) \
+            if self.policy is not None and len(self.ladder.levels) > 1 else None
         if self.policy is not None and self.policy.level.index:
             log.info("%s at %s: link to %s starts at level %r, as planned (too thin for exact "
                      "partials within the SLO)", self.name, site, parent, self.policy.level.name)
@@ -182,6 +186,7 @@ class Uplink:
             omitted=merged.omitted, cut=merged.cut,
             complete_rows=merged.complete_rows, warnings=self._warnings(merged),
             early=merged.early)
+        exact = batch
         if self.answerer is not None:  # its answers count revisions apart: so does all
             batch = dataclasses.replace(batch, revision=self.revision_base
                                         + merged.revision * ROUND_REVISIONS)
@@ -195,7 +200,24 @@ class Uplink:
             batch = self._degraded(batch, merged)
         with self._lock:
             self._push(batch)
+        if self.profile is not None and merged.slack is None:
+            self._measure(exact, merged)
         return len(batch.rows)
+
+    def _measure(self, exact: PartialBatch, merged: MergedWindow) -> None:
+        """Measure each level on this window (one in ``PROFILE_EVERY``), and have the policy
+        plan by what the profile says."""
+        assert self.profile is not None and self.policy is not None
+        spent = self.profile.cpu_s
+        if not self.profile.offer(merged.bounded, lambda summary, index: encode_batch(
+                summarised(exact, summary, index), self.partial).ByteSize()):
+            return
+        self.metrics.profile(self.profile.cpu_s - spent, self.profile.figures())
+        with self._measuring:
+            before = self.policy.level
+            after = self.policy.learn(self.profile.measured())
+            self._link_metrics()
+        self._said(before, after)
 
     def resend(self, batches: Sequence[PartialBatch]) -> None:
         """Send ``batches`` (sent before, to another parent) as they were."""
@@ -489,7 +511,11 @@ class Uplink:
             before = self.policy.level
             after = self.policy.observe(size, max(seconds, 1e-6), backlog, level=level)
             self._link_metrics()
-        if after != before:
+        self._said(before, after)
+
+    def _said(self, before: DegradationLevel, after: DegradationLevel) -> None:
+        """Log a change of the link's level, and why."""
+        if after != before and self.policy is not None:
             log.info("%s at %s: link to %s now at level %r (%s)", self.name, self.site,
                      self.parent, after.name,
                      self.policy.history[-1].reason if self.policy.history else "")

@@ -43,20 +43,22 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class SiteStatus(_message.Message):
-    __slots__ = ("name", "kind", "address", "alive", "seconds_since_heartbeat", "placements")
+    __slots__ = ("name", "kind", "address", "alive", "seconds_since_heartbeat", "placements", "links")
     NAME_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     ALIVE_FIELD_NUMBER: _ClassVar[int]
     SECONDS_SINCE_HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     PLACEMENTS_FIELD_NUMBER: _ClassVar[int]
+    LINKS_FIELD_NUMBER: _ClassVar[int]
     name: str
     kind: str
     address: str
     alive: bool
     seconds_since_heartbeat: float
     placements: _containers.RepeatedCompositeFieldContainer[Placement]
-    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., address: _Optional[str] = ..., alive: _Optional[bool] = ..., seconds_since_heartbeat: _Optional[float] = ..., placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ...) -> None: ...
+    links: _containers.RepeatedCompositeFieldContainer[LinkReport]
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., address: _Optional[str] = ..., alive: _Optional[bool] = ..., seconds_since_heartbeat: _Optional[float] = ..., placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ..., links: _Optional[_Iterable[_Union[LinkReport, _Mapping]]] = ...) -> None: ...
 
 class Placement(_message.Message):
     __slots__ = ("query", "piece", "server", "pid", "address", "state")
@@ -214,18 +216,32 @@ class LinkMeasurement(_message.Message):
     def __init__(self, peer: _Optional[str] = ..., bandwidth_bps: _Optional[float] = ...) -> None: ...
 
 class LinkReport(_message.Message):
-    __slots__ = ("query", "level", "level_index", "pinned", "sent_bytes")
+    __slots__ = ("query", "level", "level_index", "pinned", "sent_bytes", "profile")
     QUERY_FIELD_NUMBER: _ClassVar[int]
     LEVEL_FIELD_NUMBER: _ClassVar[int]
     LEVEL_INDEX_FIELD_NUMBER: _ClassVar[int]
     PINNED_FIELD_NUMBER: _ClassVar[int]
     SENT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
     query: str
     level: str
     level_index: int
     pinned: bool
     sent_bytes: int
-    def __init__(self, query: _Optional[str] = ..., level: _Optional[str] = ..., level_index: _Optional[int] = ..., pinned: _Optional[bool] = ..., sent_bytes: _Optional[int] = ...) -> None: ...
+    profile: _containers.RepeatedCompositeFieldContainer[LevelProfile]
+    def __init__(self, query: _Optional[str] = ..., level: _Optional[str] = ..., level_index: _Optional[int] = ..., pinned: _Optional[bool] = ..., sent_bytes: _Optional[int] = ..., profile: _Optional[_Iterable[_Union[LevelProfile, _Mapping]]] = ...) -> None: ...
+
+class LevelProfile(_message.Message):
+    __slots__ = ("level", "bytes", "error", "windows")
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    level: str
+    bytes: float
+    error: float
+    windows: int
+    def __init__(self, level: _Optional[str] = ..., bytes: _Optional[float] = ..., error: _Optional[float] = ..., windows: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("site", "links", "running", "input_bytes", "query_links", "placements", "failures", "leaving", "interval_s")

@@ -1,0 +1,146 @@
+"""A link's profile: what each level of its ladder would cost and lose on the query's own windows.
+
+The ladder's figures (:mod:`jetstream.approx.levels`) are guesses made before any data: how
+much a level weighs against the others, and a nominal error. A :class:`Profile` replaces them
+with measurements. Every ``every``-th exact window a sender is about to ship, it encodes the
+window at every level as that level would send it, and notes each level's bytes (the encoded
+batch, compressed as it goes over the wire) and the error bound a result of it would carry.
+The figures of a level are over the last ``keep`` windows it measured: the mean bytes, and
+the largest error. The link's policy (:class:`jetstream.approx.policy.LinkPolicy`) then plans
+with the bytes, and takes a level only if its measured error fits the SLO's ``max_error``.
+
+The error a level is measured at is this sender's own part of the result's bound:
+
+- Without a top-k (a count or a sum by key, :func:`jetstream.approx.levels.heaviest`): the
+  share of the window's total the level leaves out, ``cut / (sum of lb + cut)``
+  (:func:`jetstream.approx.truncate.missing_share`). The result's ``error_bound`` is that
+  share over the merged partial, and a merge's share is at most its inputs' largest (the
+  cuts and the lower bounds add up), so a sender's measurement bounds the result's part of
+  it that this link adds.
+- With a top-k: what this input can add to the width ``ub - lb`` of a row of the result (its
+  largest ``omitted`` or row slack), over its own ``k``-th largest value: an estimate of the
+  result's ``(ub - lb) / lb``, whose rows are at least that heavy where the sites' traffic
+  is alike.
+- A level that sketches distinct counts or quantiles has at least its sketches' a-priori
+  error, which is what results report for them.
+
+Measuring costs a sender an encoding of each level of a sampled window (a few milliseconds
+for a thousand keys); :attr:`Profile.cpu_s` adds it up, so it can be reported beside the load.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from fractions import Fraction
+
+from jetstream.approx.items import ItemsSketch, from_items
+from jetstream.approx.levels import Ladder
+from jetstream.approx.truncate import BoundedPartial, bounds, missing_share, round_up
+from jetstream.errors import DataError
+from jetstream.operators import WindowAggregate
+
+__all__ = ["PROFILE_EVERY", "PROFILE_WINDOWS", "LevelFigures", "Profile", "level_error"]
+
+#: A sender measures one exact window in this many.
+PROFILE_EVERY = 3
+#: A level's figures are over this many of its latest measured windows.
+PROFILE_WINDOWS = 8
+
+#: What a level made of a window, in the wire's bytes: ``(summary, level index) -> bytes``.
+Encode = Callable[[BoundedPartial | ItemsSketch, int], int]
+
+
+@dataclass(frozen=True)
+class LevelFigures:
+    """One level as measured: ``bytes`` a window weighed on average, the largest ``error``
+    bound a window's result would have had, over ``windows`` windows."""
+
+    name: str
+    bytes: float
+    error: float
+    windows: int
+
+
+class Profile:
+    """The measured figures of every level of ``ladder`` on one link (see the module docstring).
+
+    ``every`` and ``keep`` as :data:`PROFILE_EVERY` and :data:`PROFILE_WINDOWS`; ``skip``:
+    levels not to measure (on a link that runs TPUT's rounds, its exact level ships what the
+    parent asks for, which no encoding of the window says).
+    """
+
+    def __init__(self, ladder: Ladder, aggregate: WindowAggregate, *,
+                 every: int = PROFILE_EVERY, keep: int = PROFILE_WINDOWS,
+                 skip: Collection[int] = (),
+                 clock: Callable[[], float] = time.thread_time) -> None:
+        self.ladder, self.aggregate = ladder, aggregate
+        self.every, self._skip, self._clock = every, frozenset(skip), clock
+        self._samples: list[deque[tuple[int, float]]] = [deque(maxlen=keep)
+                                                          for _ in ladder.levels]
+        self._seen = 0
+        self.cpu_s = 0.0  # spent measuring, on the calling thread's CPU clock
+        self.windows = 0  # measured
+
+    def offer(self, window: BoundedPartial, encode: Encode) -> bool:
+        """Measure ``window`` (an exact partial about to be sent) if it is the ``every``-th
+        offered, ``encode`` weighing a level's summary of it as the link would send it;
+        whether it was. A window a level cannot summarise (a negative value in a sum it ranks
+        by) teaches nothing."""
+        self._seen += 1
+        if len(self.ladder.levels) < 2 or self._seen % self.every:
+            return False
+        started = self._clock()
+        try:
+            measured = [(level.index, self._measure(window, level.index, encode))
+                        for level in self.ladder.levels if level.index not in self._skip]
+        except DataError:
+            return False
+        finally:
+            self.cpu_s += self._clock() - started
+        for index, sample in measured:
+            self._samples[index].append(sample)
+        self.windows += 1
+        return True
+
+    def figures(self) -> tuple[LevelFigures, ...]:
+        """Each level's figures, most accurate first (``windows`` 0: not measured yet)."""
+        return tuple(
+            LevelFigures(level.name, sum(b for b, _ in samples) / len(samples),
+                         max(e for _, e in samples), len(samples)) if samples
+            else LevelFigures(level.name, 0.0, 0.0, 0)
+            for level, samples in zip(self.ladder.levels, self._samples, strict=True))
+
+    def measured(self) -> list[tuple[float, float] | None]:
+        """Each level's ``(bytes, error)`` as :meth:`LinkPolicy.learn
+        <jetstream.approx.policy.LinkPolicy.learn>` takes them (None: not measured yet)."""
+        return [(f.bytes, f.error) if f.windows else None for f in self.figures()]
+
+    def _measure(self, window: BoundedPartial, index: int, encode: Encode
+                 ) -> tuple[int, float]:
+        level = self.ladder.levels[index]
+        summary = self.ladder.degrade(window, self.aggregate, level)
+        return encode(summary, index), level_error(self.ladder, index, summary,
+                                                         self.aggregate, window)
+
+
+def level_error(ladder: Ladder, index: int, summary: BoundedPartial | ItemsSketch,
+                aggregate: WindowAggregate, window: BoundedPartial) -> float:
+    """The error bound level ``index`` of ``ladder`` adds to a result, measured on one
+    sender's ``summary`` of its exact partial ``window`` (see the module docstring)."""
+    if index == 0:
+        return 0.0
+    level = ladder.levels[index]
+    floor = level.error_bound if ladder.encodings[index].sketch is not None else 0.0
+    bounded = summary if isinstance(summary, BoundedPartial) else from_items(
+        summary.serialize(), summary.extra, aggregate, summary.rank)
+    if ladder.rank is not None:
+        values = sorted(bounds(window, aggregate, ladder.rank.by).lb, reverse=True)
+        kth = values[min(ladder.rank.k, len(values)) - 1] if values else 0
+        spread = max([bounded.omitted, *bounded.slack])
+        return max(floor, round_up(Fraction(spread) / max(Fraction(kth), Fraction(1))))
+    if ladder.heaviest is not None:
+        return max(floor, missing_share(bounded, aggregate, ladder.heaviest.by))
+    return floor
