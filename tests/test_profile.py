@@ -7,6 +7,7 @@ import random
 from fractions import Fraction
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -128,7 +129,7 @@ def test_the_policy_steps_down_only_to_levels_whose_measured_error_fits() -> Non
     # much: the policy goes to 'coarse', by the measured bytes.
     for _ in range(3):
         clock.now += 1.0
-        policy.observe(10_000, 5.0, 0)
+        policy.observe(10_000, 5.0, 0, level=0)  # exact windows, sent before the change
     assert policy.level.name == "coarse", policy.history
     assert policy.send_time_s(3) == 600.0 / 2_000
     # 'coarse' turns out to lose too much as well: the link goes to the nearest finer level
@@ -142,9 +143,17 @@ def test_the_policy_steps_down_only_to_levels_whose_measured_error_fits() -> Non
 def test_without_max_error_the_profile_only_sharpens_the_bytes() -> None:
     clock = Clock()
     policy = LinkPolicy(LEVELS, window_s=1.0, clock=clock, min_interval_s=0.0)
-    policy.learn([None, (4_000.0, 0.5), (1_500.0, 0.9), None])
+    policy.learn([(10_000.0, 0.0), (4_000.0, 0.5), (1_500.0, 0.9), None])
     clock.now += 1.0
     policy.observe(10_000, 5.0, 0)
     assert policy.level.name == "mid"  # the most accurate that fits: 1,500 B at 2,000 B/s
-    # An unmeasured level is predicted from its guess, scaled by what windows weighed.
-    assert policy.send_time_s(3) == 10_000 / 100 * 5 / 2_000
+    # An unmeasured level is predicted from its guess, scaled to bytes by the measured ones.
+    assert policy.send_time_s(3) == pytest.approx(5 * 15_500 / 170 / 2_000)
+    # What crosses the link is learnt against the measured bytes: a key dictionary that
+    # halves a window brings every level's predicted time down, smoothly.
+    assert policy.send_time_s(1) == pytest.approx(2.0)
+    clock.now += 1.0
+    policy.observe(750, 0.375, 0)  # a 'mid' window: 750 B at 2,000 B/s
+    clock.now += 1.0
+    policy.observe(750, 0.375, 0)
+    assert policy.send_time_s(1) == pytest.approx(2.0 * (0.7 * 0.7 + (1 - 0.7 * 0.7) / 2))

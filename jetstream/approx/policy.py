@@ -242,7 +242,7 @@ class LinkPolicy:
         self._changed_at: float | None = None
         self._throughput = _RobustAverage()
         self._sampled_at: float | None = None  # when the newest throughput sample came
-        self._volume = _RobustAverage()  # window bytes per unit of bytes_per_window
+        self._volume = _RobustAverage()  # wire bytes of a window per unit of its weight
         self._round_trips: deque[float] = deque(maxlen=ROUND_TRIPS)
         self._last_backlog: int | None = None
         self._last_was_evidence = False
@@ -336,7 +336,9 @@ class LinkPolicy:
     def learn(self, figures: Sequence[tuple[float, float] | None]) -> DegradationLevel:
         """Take each level's measured ``(bytes per window, error)`` (None: not measured), as
         a link's profile has them (:mod:`jetstream.approx.profile`): from now on a level's
-        measured bytes stand for its guess, and its measured error for its nominal one when
+        measured bytes stand for its guess (what the link carries of a window is learnt
+        against them: the stream's key dictionary makes it less), and its measured error for
+        its nominal one when
         the SLO's ``max_error`` decides whether it may be chosen. If the current level's error
         no longer fits, the link goes to the nearest finer level whose does (not while
         pinned). Returns the level now in force.
@@ -355,6 +357,8 @@ class LinkPolicy:
                                               for v in entry):
                 msg = f"link policy: a level's bytes and error must be >= 0, not {entry!r}"
                 raise DataError(msg)
+        if not any(self._measured):  # the volume was learnt against guesses: learn it again
+            self._volume = _RobustAverage()
         self._measured = [None if e is None else (float(e[0]), float(e[1])) for e in figures]
         self._coarsest = max(i for i in range(len(self._levels)) if self._allowed(i))
         if not self._pinned and not self._allowed(self._current):
@@ -419,7 +423,7 @@ class LinkPolicy:
         if window_bytes > 0:
             self._throughput.add(window_bytes / max(send_s - self.base_s, MIN_LINK_S))
             self._sampled_at = now
-            self._volume.add(window_bytes / self._levels[encoded].bytes_per_window)
+            self._volume.add(window_bytes / self._weight(encoded))
 
         # Only a window at the current level or coarser says the current level is too heavy.
         evidence = encoded >= self._current
@@ -534,14 +538,24 @@ class LinkPolicy:
     def _send_time(self, index: int, rate: float | None) -> float | None:
         # Whatever of the round trip the baseline does not hold is folded into the throughput:
         # a finer level is predicted a little slower than it will be, which only makes step
-        # ups more careful. A level's measured bytes stand for its guess.
-        measured, volume = self._measured[index], self._volume.value
-        if rate is None or (measured is None and volume is None):
+        # ups more careful.
+        volume = self._volume.value
+        if rate is None or volume is None:
             return None
+        return volume * self._weight(index) / rate
+
+    def _weight(self, index: int) -> float:
+        """What a window at the level weighs, in the units the volume is learnt in: its
+        measured bytes, else its guess (scaled to bytes by the measured levels, if any). The
+        volume then turns them into what crosses the link (after the stream's key
+        dictionary, which a profile's measurement does not see)."""
+        measured = self._measured[index]
         if measured is not None:
-            return measured[0] / rate
-        assert volume is not None
-        return volume * self._levels[index].bytes_per_window / rate
+            return max(measured[0], 1.0)
+        known = [(m[0], lv.bytes_per_window) for m, lv in zip(self._measured, self._levels,
+                                                               strict=True) if m is not None]
+        scale = sum(b for b, _ in known) / sum(g for _, g in known) if known else 1.0
+        return self._levels[index].bytes_per_window * max(scale, 1e-9)
 
     def _error(self, index: int) -> float:
         """The level's error: as measured, else its nominal one."""

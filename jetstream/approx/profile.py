@@ -4,7 +4,9 @@ The ladder's figures (:mod:`jetstream.approx.levels`) are guesses made before an
 much a level weighs against the others, and a nominal error. A :class:`Profile` replaces them
 with measurements. Every ``every``-th exact window a sender is about to ship, it encodes the
 window at every level as that level would send it, and notes each level's bytes (the encoded
-batch, compressed as it goes over the wire) and the error bound a result of it would carry.
+batch, compressed as it goes over the wire, but before the stream's key dictionary, whose
+saving depends on what went before: the policy learns it from the acks) and the error bound a
+result of it would carry.
 The figures of a level are over the last ``keep`` windows it measured: the mean bytes, and
 the largest error. The link's policy (:class:`jetstream.approx.policy.LinkPolicy`) then plans
 with the bytes, and takes a level only if its measured error fits the SLO's ``max_error``.
