@@ -22,8 +22,15 @@ import jetstream as js
 from jetstream.aggtree.loader import load_topology, parse_topology
 from jetstream.aggtree.planner import Fragment
 from jetstream.aggtree.topology import Server, Topology
+from jetstream.approx.profile import LevelFigures
 from jetstream.control.client import ControllerClient
-from jetstream.control.daemons import heartbeat_interval, link_measurements, link_reports
+from jetstream.control.daemons import (
+    PROFILE_REPORT_S,
+    ProfileReports,
+    heartbeat_interval,
+    link_measurements,
+    link_reports,
+)
 from jetstream.control.global_controller import GlobalController
 from jetstream.control.launch import free_port
 from jetstream.control.links import REPLAN_BANDWIDTH_CHANGE
@@ -441,6 +448,25 @@ def test_a_site_beats_less_often_where_its_senders_time_its_links_thin() -> None
     # By the fastest: the controller is reached by the best way out.
     assert heartbeat_interval(1.0, {"a": link(20_000), "b": link(40_000)}) == pytest.approx(2.4)
     assert heartbeat_interval(30.0, {"a": link(20_000)}) == 30.0  # never shorter than given
+    # A link whose policy's throughput is lower (a window slow to be acked capped it) is
+    # as thin as that, whatever its last acks of small parts said.
+    capped = LinkState("ams", "heaviest 256", 2, False, 100, 2_500.0, 1e9)
+    assert heartbeat_interval(1.0, {"a": capped}) == pytest.approx(4.8)
+
+
+def test_a_link_s_profile_goes_in_a_heartbeat_when_it_changed_at_most_every_30_s() -> None:
+    clock = FakeClock()
+    reports = ProfileReports(clock=clock)
+    figures = (LevelFigures("exact", 9_000.0, 0.0, 3), LevelFigures("top 20", 900.0, 0.4, 3))
+    link = LinkState("ams", "exact", 0, False, 100, None, None, figures)
+    assert reports({"q": link})["q"].profile == figures  # the first
+    clock.now += 5.0
+    assert reports({"q": link})["q"].profile == ()  # unchanged
+    changed = dataclasses.replace(link, profile=figures[:1])
+    assert reports({"q": changed})["q"].profile == ()  # changed, but too soon
+    clock.now += PROFILE_REPORT_S
+    assert reports({"q": changed})["q"].profile == figures[:1]
+    assert reports({"q": dataclasses.replace(link, profile=())})["q"].profile == ()
 
 
 def test_the_root_dying_degrades_the_query_instead_of_raising(

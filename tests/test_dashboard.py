@@ -234,6 +234,16 @@ def test_a_heartbeat_carries_the_raw_input_and_the_links_levels(
         context=SimpleNamespace(auth_context=dict))  # a plaintext call's: nobody checked
     assert running.sites["sfo"].input_bytes == 123
     assert running.sites["sfo"].links == {QUERY: LinkReport("top 20", 1, True, 77, PROFILE)}
+    # A heartbeat without the profile (not changed, or too soon) keeps the last one.
+    servicer.Heartbeat(pb.HeartbeatRequest(site="sfo", query_links=[
+        pb.LinkReport(query=QUERY, level="exact", level_index=0, sent_bytes=99)]),
+        context=SimpleNamespace(auth_context=dict))
+    assert running.sites["sfo"].links == {QUERY: LinkReport("exact", 0, False, 99, PROFILE)}
+    servicer.Heartbeat(pb.HeartbeatRequest(site="sfo", query_links=[
+        pb.LinkReport(query=QUERY, level="top 20", level_index=1, pinned=True, sent_bytes=77,
+                      profile=[pb.LevelProfile(level=f.name, bytes=f.bytes, error=f.error,
+                                               windows=f.windows) for f in PROFILE])]),
+        context=SimpleNamespace(auth_context=dict))
     # jetstream status shows the level and the profile of each query's link.
     status = render_status(status_to_proto(running.view()))
     shown = Console(width=200, record=True)

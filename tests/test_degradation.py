@@ -106,9 +106,9 @@ def through_thin_link(source: str, events: list[list[dict[str, Any]]], thin: ran
                       thin_s: float = 2.0) -> tuple[list[WindowResult], list[int], LinkPolicy]:
     """Send each window's events from an edge site to the root, one window a second, over a
     link on which an exact window takes 0.1 s, and ``thin_s`` for the windows in ``thin``:
-    the results, and the level the edge chose after each window. ``pin``: an operator holds the link at that level. ``measured``
-    gets, after each window, the link's rate in bit/s and what the edge's heartbeat would
-    say it measured (None: nothing)."""
+    the results, and the level the edge chose after each window. ``pin``: an operator holds
+    the link at that level. ``measured`` gets, after each window, the link's rate in bit/s
+    and what the edge's heartbeat would say it measured (None: nothing)."""
     query = query_from_source(source, "<test>")
     _, site_query, partial = split(query)
     batches = [site_batches(site_query, partial, "pop", e)[0] for e in events]
@@ -351,7 +351,7 @@ def test_the_profile_lets_the_policy_choose_a_level_by_its_measured_error() -> N
 
     history = [(c.from_level.name, c.to_level.name, c.reason[:60]) for c in policy.history]
     assert policy.levels[3].name == "heaviest 64" and policy.levels[3].error_bound > 0.25
-    bytes_64, error_64 = policy.measured(3) or (None, None)
+    _, error_64 = policy.measured(3) or (None, None)
     assert error_64 is not None and 0.1 < error_64 <= 0.25, policy.measured(3)
     assert 3 in levels, (levels, history)
     for result in results:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -151,3 +152,115 @@ def test_a_site_on_a_4_kbit_link_stays_alive_while_its_partials_degrade() -> Non
     assert re.search(r"link to ams (now|starts) at level '(?!exact)",
                      (logs / "sin.log").read_text())
     assert "complete window" in out
+
+
+#: A count by domain (no top-k) with a few more aggregates a row, in 2 s windows, and the SLO
+#: the test holds it to.
+BY_DOMAIN = """
+import jetstream as js
+from jetstream import col
+
+logs = js.source("cdn_logs", schema=js.CDN_LOG_SCHEMA)
+by_domain = (logs.window(js.tumbling("2s"), watermark="2s").group_by("domain")
+             .agg(requests=js.count(), kb=js.sum(col("bytes") / 1024), peak=js.max("bytes"),
+                  mean=js.avg("bytes")))
+query = js.Query("by-domain", by_domain, slo=js.SLO(max_latency="{latency_s}s",
+                                                     max_error={max_error}))
+"""
+#: The test's phases (seconds): sfo's link fast while the profile learns each level, shaped
+#: to 20 kbit/s, fast again.
+FAST_S, THIN_S, RECOVERED_S = 30.0, 150.0, 60.0
+#: How long the link's policy may take to leave the exact windows it sent before it heard
+#: of the drop (each takes 5x its window to cross) and the backlog they left; and to probe
+#: its way back up to exact, a level at a time, once the link is fast again.
+REACTION_S, RECOVERY_S = 90.0, 30.0
+SLO_LATENCY_S, SLO_ERROR = 6.0, 0.4
+THIN = "20kbit"
+
+
+@needs_root
+@pytest.mark.slow
+def test_a_count_by_domain_on_a_20_kbit_link_degrades_within_its_slo_and_recovers(
+        tmp_path: Path) -> None:
+    """Real sites in namespaces, sfo writing 3,000 log lines a second over 20,000 domains:
+    its exact partials need over 100 kbit/s. With sfo's link to the root shaped to 20 kbit/s,
+    its policy steps down to a level its profile measured within max_error; the results keep
+    arriving within the SLO, marked inexact with an error_bound within max_error, and are
+    exact again once the link is fast again."""
+    import time
+
+    from jetstream.control.launch import LocalCluster
+    from jetstream.lab.loggen import LogSpec, write_live
+    from jetstream.queryfile import query_from_source
+    from jetstream.results import WindowResult
+
+    query = query_from_source(BY_DOMAIN.format(latency_s=SLO_LATENCY_S, max_error=SLO_ERROR),
+                              "<test>")
+    area = WideArea(LOCAL, state_file=tmp_path / "state.json")
+    arrived: list[tuple[float, WindowResult]] = []
+    inputs = tmp_path / "input"
+    for site in (s.name for s in LOCAL.sites):
+        (inputs / site).mkdir(parents=True)
+    area.up()
+    try:
+        with LocalCluster(ROOT / "topologies" / "local-3dc.yaml", inputs, idle_timeout_s=30,
+                          logs=tmp_path / "logs", host=HOST_ADDRESS,
+                          site_host=lambda s: area.sites[s].address,
+                          site_prefix=area.prefix) as cluster:
+            name = cluster.client.submit(query).query
+            cluster.wait_for_stages(name)
+
+            def collect() -> None:
+                with contextlib.suppress(ControlPlaneError):
+                    for result in cluster.client.results(name):
+                        arrived.append((time.time(), result))
+
+            threading.Thread(target=collect, daemon=True).start()
+            stop = threading.Event()
+            writers = [threading.Thread(target=write_live, args=(inputs, sites), daemon=True,
+                                        kwargs={"rate": rate, "spec": LogSpec(domains=20_000),
+                                                "seed": 3, "chunk_s": 1.03, "stop": stop})
+                       for sites, rate in ((["sfo"], 3000.0), (["ams", "sin"], 100.0))]
+            started = time.time()
+            for writer in writers:
+                writer.start()
+            time.sleep(FAST_S)
+            thin_at = time.time()
+            area.set_link("sfo", "ams", THIN)
+            time.sleep(THIN_S)
+            fast_at = time.time()
+            area.set_link("sfo", "ams", "1gbit")
+            time.sleep(RECOVERED_S)
+            stop.set()
+            ended = time.time()
+            for writer in writers:
+                writer.join(timeout=10)
+            time.sleep(10)
+            sfo_log = (tmp_path / "logs" / "sfo.log").read_text()
+    finally:
+        area.down()
+
+    # The newest revision of each window that every site reported, by its end (ms).
+    latest: dict[int, tuple[float, WindowResult]] = {}
+    for at, result in arrived:
+        if result.sites_reporting == result.sites_expected:
+            latest[result.window_end] = (at, result)
+    ends = sorted(latest)
+    assert ends, sfo_log[-3000:]
+    summary = [(round(e / 1000 - started), round(latest[e][1].latency_s or 0, 1),
+                latest[e][1].exact, round(latest[e][1].error_bound or 0, 3)) for e in ends]
+
+    # Exact partials need over five times the thin link: measured on the fast link after.
+    print("window end (s from start), latency, exact, error_bound:", summary)
+    recovered = [latest[e][1] for e in ends if fast_at + RECOVERY_S < e / 1000 < ended - 5]
+    assert recovered and all(r.exact for r in recovered), summary
+    exact_bps = [8 * (r.wan_bytes or 0) / 2.0 for r in recovered]
+    assert min(exact_bps) > 5 * 20_000, (exact_bps, summary)
+
+    # While thin, once the policy has reacted: inexact, within max_error and max_latency.
+    settled = [latest[e][1] for e in ends if thin_at + REACTION_S < e / 1000 < fast_at]
+    assert len(settled) >= (THIN_S - REACTION_S) / 2 - 3, summary
+    assert all(not r.exact for r in settled), summary
+    assert all((r.error_bound or 0) <= SLO_ERROR for r in settled), summary
+    assert all((r.latency_s or 0) <= SLO_LATENCY_S for r in settled), summary
+    assert re.search(r"link to ams now at level 'heaviest", sfo_log), sfo_log[-3000:]

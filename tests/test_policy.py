@@ -202,6 +202,29 @@ def test_one_outlier_moves_neither_the_estimate_nor_the_level() -> None:
     assert policy.history == [] and policy.level.index == 0
 
 
+def test_a_window_the_link_has_been_on_too_long_steps_down_before_its_ack() -> None:
+    policy, clock = make_policy()
+    feed(policy, clock, 1e6, 0.25, times=10)  # 4 MB/s: exact fits
+    # The link dropped: the window sent last has been on it 0.5 s, under the 0.8 s at which
+    # a window is too slow: that says nothing yet.
+    assert policy.observe_unacked(1e6, 0.5, 0).index == 0
+    assert policy.throughput == pytest.approx(4e6)
+    # At 5 s, the link has carried at most 200 kB/s: the policy steps down to what fits
+    # that, while the window is still on its way.
+    clock.now += WINDOW_S
+    level = policy.observe_unacked(1e6, 5.0, 2)
+    assert policy.throughput == pytest.approx(2e5)
+    assert level.name == "kll-64" and fits(level, 2e5) and not fits(LADDER[1], 2e5)
+    assert policy.history[-1].reason.startswith("backlog") or \
+        policy.history[-1].reason.startswith("too slow"), policy.history
+    # Its ack, later still, teaches the rest as any ack does.
+    clock.now += WINDOW_S
+    policy.observe(1e6, 8.0, 3, level=0)
+    assert policy.throughput is not None and policy.throughput <= 2e5
+    with pytest.raises(js.DataError, match="unacked window"):
+        policy.observe_unacked(-1, 1.0, 0)
+
+
 def test_a_throughput_no_ack_confirms_for_three_windows_is_not_recent() -> None:
     policy, clock = make_policy()
     assert policy.recent_throughput is None  # nothing acknowledged yet

@@ -59,6 +59,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 from jetstream.approx.levels import DegradationLevel, checked_levels
+from jetstream.approx.robust import RobustAverage
 from jetstream.errors import DataError, PlanError
 
 if TYPE_CHECKING:
@@ -66,10 +67,6 @@ if TYPE_CHECKING:
 
 __all__ = ["LevelChange", "LinkPolicy", "LinkSLO"]
 
-#: Weight of a new sample in the throughput and volume averages.
-SMOOTHING = 0.3
-#: A sample this many times above or below the average is an outlier until the next confirms it.
-OUTLIER_FACTOR = 2.0
 #: A throughput no acknowledged window has confirmed for this many windows is stale.
 STALE_WINDOWS = 3
 #: How many near-empty round trips the baseline is taken from.
@@ -119,31 +116,6 @@ class LevelChange(NamedTuple):
     from_level: DegradationLevel
     to_level: DegradationLevel
     reason: str
-
-
-class _RobustAverage:
-    """An EWMA that ignores one outlier: a sample more than OUTLIER_FACTOR off the average waits
-    for the next sample; if that one is off the same way, the average jumps to the pair's mean
-    (the level shifted), otherwise the outlier is forgotten."""
-
-    def __init__(self) -> None:
-        self.value: float | None = None
-        self.latest: float | None = None
-        self._suspect: float | None = None
-
-    def add(self, sample: float) -> None:
-        self.latest = sample
-        if self.value is None:
-            self.value = sample
-            return
-        if self.value / OUTLIER_FACTOR <= sample <= self.value * OUTLIER_FACTOR:
-            self.value += SMOOTHING * (sample - self.value)
-            self._suspect = None
-        elif self._suspect is not None and (self._suspect > self.value) == (sample > self.value):
-            self.value = (self._suspect + sample) / 2
-            self._suspect = None
-        else:
-            self._suspect = sample
 
 
 class LinkPolicy:
@@ -240,11 +212,12 @@ class LinkPolicy:
 
         self._current = min(max(start, 0), self._coarsest)
         self._changed_at: float | None = None
-        self._throughput = _RobustAverage()
+        self._throughput = RobustAverage()
         self._sampled_at: float | None = None  # when the newest throughput sample came
-        self._volume = _RobustAverage()  # wire bytes of a window per unit of its weight
+        self._volume = RobustAverage()  # wire bytes of a window per unit of its weight
         self._round_trips: deque[float] = deque(maxlen=ROUND_TRIPS)
         self._last_backlog: int | None = None
+        self._waiting: int | None = None  # the backlog behind the last unacked window seen
         self._last_was_evidence = False
         self._backlog_since: tuple[float, int] | None = None  # (time, backlog) it went over
         self._history: list[LevelChange] = []
@@ -358,7 +331,7 @@ class LinkPolicy:
                 msg = f"link policy: a level's bytes and error must be >= 0, not {entry!r}"
                 raise DataError(msg)
         if not any(self._measured):  # the volume was learnt against guesses: learn it again
-            self._volume = _RobustAverage()
+            self._volume = RobustAverage()
         self._measured = [None if e is None else (float(e[0]), float(e[1])) for e in figures]
         self._coarsest = max(i for i in range(len(self._levels)) if self._allowed(i))
         if not self._pinned and not self._allowed(self._current):
@@ -440,6 +413,40 @@ class LinkPolicy:
 
         if self._throughput.value is not None and not self._pinned:
             self._decide(now, backlog_windows, previous_backlog, over, grew, evidence)
+        self._violation = self._check_violation()
+        return self.level
+
+    def observe_unacked(self, window_bytes: float, waited_s: float,
+                        backlog_windows: int) -> DegradationLevel:
+        """Account for a window the link has been on for ``waited_s`` with no ack yet (timed
+        as :meth:`observe` times one), and return the level for the next windows. Once that
+        is past the step-down threshold beyond :attr:`base_s`, the link carries at most
+        ``window_bytes`` in that time: the throughput is capped there at once (an ack may
+        take longer still, and teach the rest), and the policy decides as after an ack. So a
+        link that drops tenfold is stepped down while the first slow window is still on its
+        way, not after it arrives, and fewer windows set out at a level it cannot carry.
+
+        Raises
+        ------
+        DataError
+            If a number is negative or not finite.
+        """
+        if not (_is_number(window_bytes) and 0 <= window_bytes < math.inf
+                and _is_number(waited_s) and 0 <= waited_s < math.inf):
+            msg = (f"link policy: an unacked window needs bytes and seconds >= 0, not "
+                   f"{window_bytes!r} and {waited_s!r}")
+            raise DataError(msg)
+        link_s = waited_s - self.base_s
+        previous, self._waiting = self._waiting, backlog_windows
+        if window_bytes <= 0 or link_s <= self.down_fraction * self.budget_s:
+            return self.level
+        now = self._clock()
+        self._throughput.cap(window_bytes / link_s)
+        self._sampled_at = now
+        if self._volume.value is not None and not self._pinned:
+            grew = previous is not None and backlog_windows > previous
+            self._decide(now, backlog_windows, previous,
+                         backlog_windows > self.max_backlog_windows, grew, True)
         self._violation = self._check_violation()
         return self.level
 

@@ -4,6 +4,7 @@ worker``."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import queue
@@ -19,6 +20,7 @@ import grpc
 
 from jetstream.aggtree.planner import Fragment
 from jetstream.aggtree.topology import Server, Topology
+from jetstream.approx.profile import LevelFigures
 from jetstream.control.codec import (
     fragment_to_proto,
     link_report_to_proto,
@@ -290,6 +292,33 @@ class _InputMeter:
         return sum(self._sizes.values())
 
 
+#: The least time between two heartbeats that carry a link's profile (when it changed).
+PROFILE_REPORT_S = 30.0
+
+
+class ProfileReports:
+    """Which heartbeats carry a link's profile: one that changed since it was last sent, at
+    most every ``PROFILE_REPORT_S`` (the controller keeps the last one meanwhile), so that a
+    thin link's heartbeats stay small."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._sent: dict[str, tuple[tuple[LevelFigures, ...], float]] = {}
+        self._clock = clock
+
+    def __call__(self, links: dict[str, LinkState]) -> dict[str, LinkState]:
+        """``links``, the profiles not due left out."""
+        now, out = self._clock(), {}
+        for query, link in links.items():
+            last = self._sent.get(query)
+            if link.profile and (last is None or (last[0] != link.profile
+                                                  and now - last[1] >= PROFILE_REPORT_S)):
+                self._sent[query] = (link.profile, now)
+                out[query] = link
+            else:
+                out[query] = dataclasses.replace(link, profile=())
+        return out
+
+
 def link_reports(links: dict[str, LinkState]) -> list[pb.LinkReport]:
     """What a heartbeat says of each query's link: its level, the bytes sent, its profile."""
     return [link_report_to_proto(query, LinkReport(link.level, link.level_index, link.pinned,
@@ -318,8 +347,16 @@ def heartbeat_interval(given_s: float, links: dict[str, LinkState]) -> float:
     its senders time its links to their parents thinner than that allows (see
     :func:`beat_spacing`): a heartbeat that meets a window's partial on a thin link holds it
     up."""
-    rates = [link.rate_bps for link in links.values() if link.rate_bps]
+    rates = [rate for rate in map(_carries_bps, links.values()) if rate]
     return max(given_s, beat_spacing(max(rates, default=None)))
+
+
+def _carries_bps(link: LinkState) -> float | None:
+    """What a link carries as its sender sees it: the lower of the rate its acks time and
+    its policy's throughput (which a window slow to be acked caps before its ack comes)."""
+    known = [rate for rate in (link.rate_bps,
+                               None if link.throughput is None else link.throughput * 8) if rate]
+    return min(known) if known else None
 
 
 def _dialable(host: str) -> str:
@@ -400,6 +437,7 @@ def run_site(name: str, controller_address: str, *, security: Security, port: in
     input_bytes = _InputMeter(options.input_dir)
     stop_here = _Stops(name)
     beats = _Beats()
+    profiles = ProfileReports()
     runtime.on_failure = lambda: beats.ask(CALL_TIMEOUT_S)
 
     def beat() -> None:
@@ -421,7 +459,7 @@ def run_site(name: str, controller_address: str, *, security: Security, port: in
                     logged = interval
                 response = controller.Heartbeat(pb.HeartbeatRequest(
                     site=name, running=running, input_bytes=input_bytes(),
-                    links=link_measurements(links), query_links=link_reports(links),
+                    links=link_measurements(links), query_links=link_reports(profiles(links)),
                     placements=[placement_to_proto(p) for p in local.pieces()] if local
                     else [], failures=[pb.StageFailure(query=q, error=e)
                                        for q, e in runtime.failures().items()],

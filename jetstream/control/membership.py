@@ -79,7 +79,12 @@ class Membership:
         site.last_seen = self.clock()
         # At most the longest a site may wait; what is not a positive number is ignored.
         site.interval_s = min(interval_s, MAX_HEARTBEAT_SPACING_S) if interval_s > 0 else 0.0
-        site.input_bytes, site.links = input_bytes, dict(reports)
+        # A report without a profile keeps the last one sent: sites send it only when it
+        # changed, and at most every PROFILE_REPORT_S (it costs a thin link's heartbeats).
+        site.input_bytes, site.links = input_bytes, {
+            query: report if report.profile or query not in site.links
+            else dataclasses.replace(report, profile=site.links[query].profile)
+            for query, report in reports.items()}
         if placements is not None:
             site.placements = placements
         changed = [peer for peer, bps in links.items() if self.links.record(name, peer, bps)]

@@ -266,6 +266,23 @@ class PartialSender:
         with self._lock:
             return [m.batch for m in self._unacked.values() if m.HasField("batch")]
 
+    def in_flight(self) -> tuple[int, float, int] | None:
+        """The batch the connection is on now: its bytes as it crosses, how long the
+        connection has spent on it so far (timed as its ack would time it), and how many
+        batches wait unacknowledged behind it; None when no batch is handed over unacked."""
+        now = time.monotonic()
+        with self._lock:
+            handed = [(at, key) for key, at in self._handed.items()
+                      if key in self._unacked and self._unacked[key].HasField("batch")]
+            if not handed:
+                return None
+            at, key = min(handed)
+            batch = self._wire.get(key) or self._unacked[key].batch
+            behind = sum(m.HasField("batch") for m in self._unacked.values()) - 1
+        free_at = self._free_at
+        started = at if free_at is None else max(at, free_at)
+        return batch.ByteSize(), max(now - started, 0.0), behind
+
     @property
     def unacked(self) -> int:
         with self._lock:

@@ -172,6 +172,7 @@ class Uplink:
 
     def send(self, merged: MergedWindow) -> int:
         """Send a merged window at the link's level; the rows sent."""
+        self._check_in_flight()
         rows = merged.rows
         if self._top_k is not None and merged.slack is None:
             try:
@@ -510,6 +511,21 @@ class Uplink:
         with self._measuring:  # the parent's sender and the router's both call this
             before = self.policy.level
             after = self.policy.observe(size, max(seconds, 1e-6), backlog, level=level)
+            self._link_metrics()
+        self._said(before, after)
+
+    def _check_in_flight(self) -> None:
+        """Before a window is encoded: tell the policy how long the link has been on the
+        batch it carries now, so that a link that dropped is stepped down before its slow
+        ack comes back (with a router, the workers' links are timed by their acks alone)."""
+        if self.policy is None or self.router is not None:
+            return
+        flight = self.sender.in_flight()
+        if flight is None:
+            return
+        with self._measuring:
+            before = self.policy.level
+            after = self.policy.observe_unacked(*flight)
             self._link_metrics()
         self._said(before, after)
 
