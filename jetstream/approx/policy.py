@@ -46,6 +46,13 @@ are closer than ``min_interval_s``, with one exception, a step down because the 
 happen every window, even right after a probe. A backlog of heavier windows sent before a step
 down is not blamed on the new level. And a probe lands on a level predicted at under 0.5 of the
 budget, so the 0.8 step-down threshold is reached again only if the link itself got slower.
+
+Two more inputs. A window the link has been on past the step-down threshold with no ack yet
+caps the throughput at what it says (:meth:`LinkPolicy.observe_unacked`): a drop is met when
+the next window is encoded, not after the slow ack. And a link's profile
+(:mod:`jetstream.approx.profile`, :meth:`LinkPolicy.learn`) replaces the levels' guessed
+bytes and nominal errors with what they measured on the query's own windows: the policy then
+takes only levels whose measured error fits ``max_error``.
 """
 
 from __future__ import annotations
@@ -311,10 +318,9 @@ class LinkPolicy:
         a link's profile has them (:mod:`jetstream.approx.profile`): from now on a level's
         measured bytes stand for its guess (what the link carries of a window is learnt
         against them: the stream's key dictionary makes it less), and its measured error for
-        its nominal one when
-        the SLO's ``max_error`` decides whether it may be chosen. If the current level's error
-        no longer fits, the link goes to the nearest finer level whose does (not while
-        pinned). Returns the level now in force.
+        its nominal one when the SLO's ``max_error`` decides whether it may be chosen. If the
+        current level's error no longer fits, the link goes to the nearest finer level whose
+        does (not while pinned). Returns the level now in force.
 
         Raises
         ------
