@@ -26,8 +26,9 @@ The error a level is measured at is this sender's own part of the result's bound
 - A level that sketches distinct counts or quantiles has at least its sketches' a-priori
   error, which is what results report for them.
 
-Measuring costs a sender an encoding of each level of a sampled window (a few milliseconds
-for a thousand keys); :attr:`Profile.cpu_s` adds it up, so it can be reported beside the load.
+Measuring costs a sender an encoding of each level of a sampled window (about 90 ms of CPU
+for 1,300 keys and four levels: ``scripts/bench_level_errors.py``); :attr:`Profile.cpu_s`
+adds it up, so it can be reported beside the load.
 """
 
 from __future__ import annotations
