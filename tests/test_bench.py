@@ -109,6 +109,18 @@ def test_latency_percentiles_split_at_the_drop_and_count_missing_windows() -> No
     assert summary["windows_not_given"] == 1 and summary["min_recall"] == 0.8
 
 
+def test_links_that_come_back_split_the_windows_a_third_time() -> None:
+    phase = LatencyPhase("fixed", drop_at_s=30, recover_at_s=60, windows=[
+        window(10, 0.5), window(30, 4.0), window(50, 9.0), window(60, 0.8)])
+    summary = phase.summary()
+    # Split where each window closed (6 s after its end): 16 | 36, 56 | 66.
+    assert (summary["windows_before_drop"], summary["windows_after_drop"],
+            summary["windows_after_recovery"]) == (1, 2, 1)
+    assert summary["after_close"]["after_recovery"]["p50_s"] == 0.8
+    assert summary["max_error_bound_all"] is None  # no result stated one
+    assert "windows_after_recovery" not in LatencyPhase("jetstream", drop_at_s=30).summary()
+
+
 def test_the_results_own_latency_is_summarised_beside_the_measured_one() -> None:
     phase = LatencyPhase("jetstream", drop_at_s=100, windows=[
         window(10, 0.6, reported_s=0.5), window(20, 0.8, reported_s=0.7),
@@ -139,9 +151,9 @@ def test_a_window_closes_when_the_last_site_receives_the_record_past_its_end() -
 def test_a_latency_run_of_one_system_is_refused_without_emulate_or_of_an_unknown_one(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--quick", "--only", "jetstream", "--out", str(tmp_path)]) == 1
-    assert "--only jetstream picks a system for the latency part" in capsys.readouterr().err
+    assert "--only and --recover shape the latency part" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())  # refused before anything ran
     with pytest.raises(PlanError, match="no system named spark; choose from jetstream, "
-                       "backhaul"):
+                       "fixed, backhaul"):
         run_latency(ROOT / "topologies" / "local-3dc.yaml", load_query(EXAMPLE), tmp_path,
                     phase_s=1, rate=1, link="200kbit", seed=0, say=print, systems=["spark"])

@@ -165,6 +165,21 @@ def test_a_results_table_column_reads_alike() -> None:
         assert cell in screen, screen
 
 
+def test_a_degraded_rows_aggregate_bounds_read_as_intervals() -> None:
+    from rich.console import Console
+
+    from jetstream.control.results_view import render_window
+    from jetstream.results import WindowResult
+
+    rows = [{"domain": "a.com", "ms": 30.25, "lb": 10, "ub": 14, "complete": False,
+             "bounds": [{"aggregate": "ms", "lb": 12.1, "ub": 480.0},
+                        {"aggregate": "slowest", "lb": 2500}]}]
+    console = Console(record=True, width=160, force_terminal=False)
+    console.print(render_window(WindowResult("q", 0, 10_000, rows, exact=False,
+                                             error_bound=0.2)))
+    assert "ms [12.1, 480]; slowest [2,500, ?]" in console.export_text()
+
+
 def test_results_table_shows_the_newest_windows_and_how_complete_they_are() -> None:
     from rich.console import Console
 

@@ -71,7 +71,9 @@ class WallClock:
 
 def window(start_s: int, *domains: tuple[str, int], revision: int = 0) -> WindowResult:
     rows = [{"domain": d, "requests": n, "kb": n * 1.5, "lb": n - 2, "ub": n,
-             "guaranteed": i == 0, "complete": False} for i, (d, n) in enumerate(domains)]
+             "guaranteed": i == 0, "complete": False,
+             "bounds": [{"aggregate": "slowest", "lb": 900, "ub": None}] if i == 0 else []}
+            for i, (d, n) in enumerate(domains)]
     return WindowResult(QUERY, start_s * 1000, (start_s + 10) * 1000, rows, exact=False,
                         error_bound=0.004, sites_reporting=3, sites_expected=3,
                         latency_s=1.25, wan_bytes=2_000, revision=revision)
@@ -373,7 +375,8 @@ def test_the_page_draws_the_top_k_and_follows_new_windows(served: Dashboard,
     start, rows = first.tables[QUERY]
     assert start == 0
     assert [(r[0], r[1]) for r in rows] == [("a.com", "50"), ("b.com", "20")]
-    assert rows[0][-2:] == ["[48, 50]", "certain"] and rows[1][-1] == "likely"
+    assert rows[0][-2:] == ["[48, 50]; slowest [900, ?]", "certain"]
+    assert rows[1][-2:] == ["[18, 20]", "likely"]
     running.publish(QUERY, [window(10, ("<b>c.com</b>", 70))], False)
     second = dump(url)
     assert second.tables[QUERY][0] == 10_000

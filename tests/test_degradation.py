@@ -4,6 +4,7 @@ windows, every degraded result's bounds must hold, and the level must climb back
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 import time
@@ -119,7 +120,9 @@ def through_thin_link(source: str, events: list[list[dict[str, Any]]], thin: ran
     link = ThrottledLink(root.servicer, rate=exact_bytes / 0.1)
     server, port = start_server([(rpc.add_DataPlaneServicer_to_server, link,
                                   "jetstream.v1.DataPlane")], 0)
-    edge = SiteRuntime("edge", SiteOptions(deadline_s=30, level_interval_s=1.5),
+    # (A profile on one window in three, not one in 30 s: the windows come a second apart.)
+    edge = SiteRuntime("edge", SiteOptions(deadline_s=30, level_interval_s=1.5,
+                                           profile_interval_s=0),
                        lambda *_: None)
     edge.deploy(Assignment(Fragment("thin", "edge", children=("pop",), parent="dc"),
                            spec_of(source),
@@ -314,15 +317,26 @@ query = js.Query('thin', logs.window(js.tumbling('1s'), watermark='0s').group_by
 """
 
 
+COUNTS_AND_LATENCIES = COUNTS.replace(
+    "kb=js.sum('bytes')))", "kb=js.sum('bytes'), ms=js.avg('latency_ms'), "
+    "fastest=js.min('latency_ms'), slowest=js.max('latency_ms')))")
+
+
 def test_a_count_without_a_top_k_held_at_its_heaviest_keys_bounds_rows_and_what_is_left_out(
         ) -> None:
     """A count by domain (no top-k) over real gRPC, the link held at its heaviest 64
     keys of some 600 a window: every result says it is inexact, each row's count lies in
     its [lb, ub], and the error bound covers the share of the window's requests that the
-    domains left out hold."""
+    domains left out hold. The row's average, min and max latency lie in bounds of their
+    own."""
+    assert COUNTS_AND_LATENCIES != COUNTS
     rnd = random.Random(8)
     events = [window_events(w, rnd) for w in range(3)]
-    results, levels, policy = through_thin_link(COUNTS, events, range(0), pin="heaviest 64")
+    for window in events:
+        for event in window:
+            event["latency_ms"] = round(rnd.lognormvariate(3, 1), 1)
+    results, levels, policy = through_thin_link(COUNTS_AND_LATENCIES, events, range(0),
+                                                pin="heaviest 64")
     assert policy.pinned and set(levels) == {3}
     assert sorted(r.window_start for r in results) == [0, 1000, 2000]
     for result in results:
@@ -335,6 +349,19 @@ def test_a_count_without_a_top_k_held_at_its_heaviest_keys_bounds_rows_and_what_
             assert row["lb"] <= counts[row["domain"]] <= row["ub"], row
         left_out = sum(n for domain, n in counts.items() if domain not in shown)
         assert 0 < left_out / len(window) <= result.error_bound
+        latencies: dict[str, list[float]] = {}
+        for event in window:
+            latencies.setdefault(event["domain"], []).append(event["latency_ms"])
+        for row in result.rows:
+            ms = latencies[row["domain"]]
+            true = {"ms": math.fsum(ms) / len(ms), "fastest": min(ms), "slowest": max(ms)}
+            assert {b["aggregate"] for b in row["bounds"]} == set(true)
+            for bound in row["bounds"]:
+                value = true[bound["aggregate"]]
+                assert bound["lb"] <= value <= bound["ub"], (row, bound, value)
+                if row["complete"]:  # (one sender: each row it kept is whole)
+                    assert bound["lb"] == bound["ub"] == row[bound["aggregate"]] or (
+                        bound["aggregate"] == "ms")
 
 
 def test_the_profile_lets_the_policy_choose_a_level_by_its_measured_error() -> None:

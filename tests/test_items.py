@@ -37,7 +37,8 @@ def test_a_sketch_that_holds_every_key_is_exact_in_its_ranking() -> None:
                                            "c": (1, 1, False)}
     assert back.omitted == 0 and back.truncated
     # Only the ranking survives: the other aggregates are empty, and the rows say so.
-    assert values(back.rows)["a"] == {"requests": 7, "kb": None, "hi": None, "mean": None}
+    assert values(back.rows)["a"] == {"requests": 7, "kb": None, "hi": None, "mean": None,
+                                      "lo": None}
 
 
 def test_a_small_sketch_bounds_what_it_forgets() -> None:

@@ -176,6 +176,17 @@ def test_a_truncated_batch_carries_its_bounds_and_bad_bounds_are_refused() -> No
         message = encode_batch(dataclasses.replace(sent, **bad), PARTIAL)
         with pytest.raises(DataError, match="bounds"):
             decode_batch(message, PARTIAL)
+    # The ranges of its mins and averages over what it left out go with it; unknown ones
+    # stay unknown.
+    assert received.ranges is None
+    ranged = dataclasses.replace(sent, ranges={"mean": (2.5, 40.0), "lo": (200, 404)})
+    assert decode_batch(encode_batch(ranged, PARTIAL), PARTIAL).ranges == {
+        "mean": (2.5, 40.0), "lo": (200, 404)}
+    for ranges in [{"n": (1, 2)}, {"mean": (3.0, 2.0)}, {"lo": (1, "a")}, {"lo": (None, 2)},
+                   {"mean": ([1], [2])}]:
+        message = encode_batch(dataclasses.replace(sent, ranges=ranges), PARTIAL)
+        with pytest.raises(DataError, match="ranges are not"):
+            decode_batch(message, PARTIAL)
 
 
 def test_a_sketch_level_batch_carries_a_frequent_items_sketch() -> None:

@@ -54,6 +54,18 @@ def wire_bytes(aggregate: WindowAggregate):  # type: ignore[no-untyped-def]
                                                aggregate).ByteSize()
 
 
+def test_a_profile_picks_one_window_in_every_and_none_within_its_interval() -> None:
+    now = [0.0]
+    profile = Profile(ladder(None, COUNTS_AGG, heaviest(COUNTS_SPLIT)), COUNTS_AGG, every=3,
+                      min_interval_s=30.0, wall=lambda: now[0])
+    picked = []
+    for second in range(0, 120, 10):  # a window every 10 s
+        now[0] = float(second)
+        picked.append(profile.due())
+    # The third window (at 20 s), then the first due 30 s on (50 s), and so on.
+    assert [s for s, p in zip(range(0, 120, 10), picked, strict=True) if p] == [20, 50, 80, 110]
+
+
 def test_a_profile_measures_every_level_of_a_sampled_window() -> None:
     steps = ladder(None, COUNTS_AGG, heaviest(COUNTS_SPLIT))
     profile = Profile(steps, COUNTS_AGG, every=2)

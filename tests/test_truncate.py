@@ -20,6 +20,7 @@ from jetstream.approx.truncate import (
     merge_bounded,
     top_k_bounds,
     truncate,
+    value_bounds,
 )
 from jetstream.dataplane.finish import with_row_bounds
 from jetstream.operators import WindowAggregate
@@ -30,7 +31,7 @@ from tests.test_merger import LOGS, split
 QUERY = js.Query("cdn-topk", LOGS.window(js.tumbling("10s"), watermark="1m")
                  .group_by("domain")
                  .agg(requests=js.count(), kb=js.sum("bytes"), hi=js.max("bytes"),
-                      mean=js.avg("bytes"))
+                      mean=js.avg("bytes"), lo=js.min("bytes"))
                  .top_k(3, by="requests"))
 OPTIMIZED, SITE_QUERY, AGG = split(QUERY)
 AGGS = dict(AGG.aggregates)
@@ -276,6 +277,17 @@ def test_bounds_hold_through_truncations_and_merges(
             assert mine["requests"] <= real["requests"]
             assert true_rank(mine["kb"]) <= true_rank(real["kb"])
             assert mine["hi"] <= real["hi"]
+    # A min, a max and an average each lie in bounds of their own.
+    for row, whole, of in zip(root.rows, root.complete, value_bounds(root, AGG), strict=True):
+        real = truth[row["domain"]]
+        for name in ("hi", "lo", "mean"):
+            lb, ub = of[name]
+            if real[name] is None:  # no value (NULL bytes only): bounds on one if it had
+                assert not whole or lb is ub is None
+                continue
+            assert lb <= real[name] <= ub, (name, row, of[name], real[name])
+            if whole or everything:
+                assert lb == ub == real[name] or name == "mean", (name, of[name], real[name])
     for domain, real in truth.items():
         if domain not in got:
             assert true_rank(real[rank]) <= ranked.omitted

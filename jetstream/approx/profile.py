@@ -28,11 +28,16 @@ The error a level is measured at is this sender's own part of the result's bound
 
 Measuring costs a sender an encoding of each level of a sampled window (about 90 ms of CPU
 for 1,300 keys and four levels: ``scripts/bench_level_errors.py``); :attr:`Profile.cpu_s`
-adds it up, so it can be reported beside the load.
+adds it up, so it can be reported beside the load. A link measures on a thread of its own,
+after the window went (:mod:`jetstream.dataplane.uplink`), and skips a window while it is
+still on the last: done on the way, the micro-batch that handed the window on waited for it
+(at 3,000 records/s a site, a second more latency after close: ``docs/benchmarks.md``).
 """
 
 from __future__ import annotations
 
+import heapq
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Collection
@@ -77,62 +82,93 @@ class Profile:
 
     def __init__(self, ladder: Ladder, aggregate: WindowAggregate, *,
                  every: int = PROFILE_EVERY, keep: int = PROFILE_WINDOWS,
-                 skip: Collection[int] = (),
-                 clock: Callable[[], float] = time.thread_time) -> None:
+                 skip: Collection[int] = (), min_interval_s: float = 0.0,
+                 clock: Callable[[], float] = time.thread_time,
+                 wall: Callable[[], float] = time.monotonic) -> None:
         self.ladder, self.aggregate = ladder, aggregate
         self.every, self._skip, self._clock = every, frozenset(skip), clock
+        self.min_interval_s, self._wall = min_interval_s, wall
+        self._last: float | None = None  # when the last window to measure was picked
         self._samples: list[deque[tuple[int, float]]] = [deque(maxlen=keep)
                                                           for _ in ladder.levels]
         self._seen = 0
+        self._lock = threading.Lock()
         self.cpu_s = 0.0  # spent measuring, on the calling thread's CPU clock
         self.windows = 0  # measured
 
     def offer(self, window: BoundedPartial, encode: Encode) -> bool:
         """Measure ``window`` (an exact partial about to be sent) if it is the ``every``-th
-        offered, ``encode`` weighing a level's summary of it as the link would send it;
-        whether it was. A window a level cannot summarise (a negative value in a sum it ranks
-        by) teaches nothing."""
+        offered (:meth:`due`), as :meth:`measure` does; whether it was."""
+        return self.due() and self.measure(window, encode)
+
+    def due(self) -> bool:
+        """Whether the window now offered is one to measure: one in ``every``, and not
+        within ``min_interval_s`` of the last one picked."""
         self._seen += 1
         if len(self.ladder.levels) < 2 or self._seen % self.every:
             return False
+        now = self._wall()
+        if self._last is not None and now - self._last < self.min_interval_s:
+            self._seen -= 1  # the next window is due instead
+            return False
+        self._last = now
+        return True
+
+    def measure(self, window: BoundedPartial, encode: Encode) -> bool:
+        """Measure every level on ``window``, ``encode`` weighing a level's summary of it as
+        the link would send it; whether it could. A window a level cannot summarise (a
+        negative value in a sum it ranks by) teaches nothing."""
         started = self._clock()
         try:
-            measured = [(level.index, self._measure(window, level.index, encode))
+            kth = kth_value(self.ladder, self.aggregate, window)
+            measured = [(level.index, self._measure(window, level.index, encode, kth))
                         for level in self.ladder.levels if level.index not in self._skip]
         except DataError:
             return False
         finally:
             self.cpu_s += self._clock() - started
-        for index, sample in measured:
-            self._samples[index].append(sample)
-        self.windows += 1
+        with self._lock:
+            for index, sample in measured:
+                self._samples[index].append(sample)
+            self.windows += 1
         return True
 
     def figures(self) -> tuple[LevelFigures, ...]:
         """Each level's figures, most accurate first (``windows`` 0: not measured yet)."""
-        return tuple(
-            LevelFigures(level.name, sum(b for b, _ in samples) / len(samples),
-                         max(e for _, e in samples), len(samples)) if samples
-            else LevelFigures(level.name, 0.0, 0.0, 0)
-            for level, samples in zip(self.ladder.levels, self._samples, strict=True))
+        with self._lock:  # (a heartbeat reads them while the sender's thread measures)
+            return tuple(
+                LevelFigures(level.name, sum(b for b, _ in samples) / len(samples),
+                             max(e for _, e in samples), len(samples)) if samples
+                else LevelFigures(level.name, 0.0, 0.0, 0)
+                for level, samples in zip(self.ladder.levels, self._samples, strict=True))
 
     def measured(self) -> list[tuple[float, float] | None]:
         """Each level's ``(bytes, error)`` as :meth:`LinkPolicy.learn
         <jetstream.approx.policy.LinkPolicy.learn>` takes them (None: not measured yet)."""
         return [(f.bytes, f.error) if f.windows else None for f in self.figures()]
 
-    def _measure(self, window: BoundedPartial, index: int, encode: Encode
-                 ) -> tuple[int, float]:
+    def _measure(self, window: BoundedPartial, index: int, encode: Encode,
+                 kth: float | None) -> tuple[int, float]:
         level = self.ladder.levels[index]
         summary = self.ladder.degrade(window, self.aggregate, level)
         return encode(summary, index), level_error(self.ladder, index, summary,
-                                                         self.aggregate, window)
+                                                   self.aggregate, window, kth)
+
+
+def kth_value(ladder: Ladder, aggregate: WindowAggregate, window: BoundedPartial) -> float | None:
+    """A top-k's ``k``-th largest ranking value in ``window`` (None without a top-k)."""
+    if ladder.rank is None:
+        return None
+    top = heapq.nlargest(ladder.rank.k, bounds(window, aggregate, ladder.rank.by).lb)
+    return top[-1] if top else 0
 
 
 def level_error(ladder: Ladder, index: int, summary: BoundedPartial | ItemsSketch,
-                aggregate: WindowAggregate, window: BoundedPartial) -> float:
+                aggregate: WindowAggregate, window: BoundedPartial,
+                kth: float | None = None) -> float:
     """The error bound level ``index`` of ``ladder`` adds to a result, measured on one
-    sender's ``summary`` of its exact partial ``window`` (see the module docstring)."""
+    sender's ``summary`` of its exact partial ``window`` (see the module docstring);
+    ``kth``: :func:`kth_value` of ``window``, if known."""
     if index == 0:
         return 0.0
     level = ladder.levels[index]
@@ -140,8 +176,9 @@ def level_error(ladder: Ladder, index: int, summary: BoundedPartial | ItemsSketc
     bounded = summary if isinstance(summary, BoundedPartial) else from_items(
         summary.serialize(), summary.extra, aggregate, summary.rank)
     if ladder.rank is not None:
-        values = sorted(bounds(window, aggregate, ladder.rank.by).lb, reverse=True)
-        kth = values[min(ladder.rank.k, len(values)) - 1] if values else 0
+        if kth is None:
+            kth = kth_value(ladder, aggregate, window)
+        assert kth is not None
         spread = max([bounded.omitted, *bounded.slack])
         return max(floor, round_up(Fraction(spread) / max(Fraction(kth), Fraction(1))))
     if ladder.heaviest is not None:

@@ -23,6 +23,19 @@ bound, a min an upper bound, and an average neither. ``complete`` is tracked apa
 ``slack`` because a dropped key may have a ranking value of 0 (a sum of zero bytes) and still
 carry other aggregates.
 
+A min, a max or an average gets bounds of its own from ``ranges``: for each, the smallest and
+the largest value it had in any row dropped on the way (truncations widen it by what they
+drop, merges take the union). What a row lacks is parts of dropped rows, so every min, max
+and mean of a missing part lies in the range, and (:func:`value_bounds`) a row's true
+
+* min lies in ``[min(v, lo), v]``, its max in ``[v, max(v, hi)]``;
+* average lies in ``[min(v, lo), max(v, hi)]``: a mean of its known part, ``v``, and of
+  missing parts, weighted by their counts, lies between the smallest and largest of them.
+
+(With ``v`` NULL, the known part has no value: the true one is NULL or in ``[lo, hi]``.)
+Ranges are known only where every summary on the way was a truncation: a frequent-items
+sketch or TPUT's held-back keys leave them unknown (None), and those bounds open.
+
 Bounds are computed exactly and rounded up to floats, so float sums never round a bound
 below the value it bounds.
 """
@@ -35,13 +48,15 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, NamedTuple
 
-from jetstream.aggregates import Aggregate, Count, Sum, check_positive
+from jetstream.aggregates import Aggregate, Avg, Count, Max, Min, Sum, check_positive
 from jetstream.errors import DataError, PlanError
 from jetstream.operators import WindowAggregate
 from jetstream.schema import value_order
 
 __all__ = [
+    "RANGED",
     "BoundedPartial",
+    "Ranges",
     "RankBounds",
     "TopKBounds",
     "bounds",
@@ -51,8 +66,16 @@ __all__ = [
     "round_up",
     "top_k_bounds",
     "truncate",
+    "union_ranges",
+    "value_bounds",
     "with_bounds",
 ]
+
+#: The aggregates a truncation bounds by the values it dropped (see ``ranges``).
+RANGED = (Min, Max, Avg)
+
+#: Per aggregate name, the smallest and largest value of it dropped (see the module docstring).
+Ranges = Mapping[str, tuple[Any, Any]]
 
 Row = dict[str, Any]
 Key = tuple[Any, ...]
@@ -78,6 +101,9 @@ class BoundedPartial:
         The keys without a row have ranking values that add up to at most this (>= 0).
         Truncations and merges keep it; a frequent-items sketch's rows
         (:mod:`jetstream.approx.items`, a top-k's only) do not bound it.
+    ranges
+        Per min, max or average (:data:`RANGED`) that any dropped row had a value of, the
+        smallest and largest such value; None when unknown (see the module docstring).
     """
 
     rows: tuple[Row, ...]
@@ -86,6 +112,7 @@ class BoundedPartial:
     complete: tuple[bool, ...]
     truncated: bool
     cut: float = 0.0
+    ranges: Ranges | None = None
 
     def __post_init__(self) -> None:
         if not len(self.rows) == len(self.slack) == len(self.complete):
@@ -106,11 +133,13 @@ class BoundedPartial:
 def exact_partial(rows: Iterable[Row]) -> BoundedPartial:
     """Rows that nothing was dropped from, as a bounded partial (slack 0, omitted 0)."""
     kept = tuple(dict(row) for row in rows)
-    return BoundedPartial(kept, (0.0,) * len(kept), 0.0, (True,) * len(kept), False)
+    return BoundedPartial(kept, (0.0,) * len(kept), 0.0, (True,) * len(kept), False,
+                          ranges={})
 
 
 def with_bounds(rows: Iterable[Mapping[str, Any]], slack: Sequence[float] | None, omitted: float,
-                complete: Sequence[bool] | None, cut: float = 0.0) -> BoundedPartial:
+                complete: Sequence[bool] | None, cut: float = 0.0,
+                ranges: Ranges | None = None) -> BoundedPartial:
     """Rows as they travel (a batch, a merged window) as a bounded partial: without
     ``slack``, exact; without completeness flags, a row without slack counts as complete."""
     kept = tuple(dict(row) for row in rows)
@@ -118,7 +147,7 @@ def with_bounds(rows: Iterable[Mapping[str, Any]], slack: Sequence[float] | None
         return exact_partial(kept)
     return BoundedPartial(kept, tuple(slack), omitted,
                           tuple(complete) if complete is not None else tuple(s == 0 for s in slack),
-                          True, cut)
+                          True, cut, ranges)
 
 
 def truncate(rows: Sequence[Row] | BoundedPartial, aggregate: WindowAggregate, rank: str,
@@ -172,7 +201,8 @@ def truncate(rows: Sequence[Row] | BoundedPartial, aggregate: WindowAggregate, r
         max([partial.omitted, *(ranked[i].ub for i in dropped)]),
         tuple(partial.complete[i] for i in kept),
         partial.truncated or bool(dropped),
-        round_up(sum((Fraction(ranked[i].ub) for i in dropped), Fraction(partial.cut))))
+        round_up(_exact_sum(ranked[i].ub for i in dropped) + Fraction(partial.cut)),
+        _widened(partial.ranges, (partial.rows[i] for i in dropped), aggregate))
 
 
 def merge_bounded(partials: Iterable[BoundedPartial],
@@ -236,7 +266,8 @@ def merge_bounded(partials: Iterable[BoundedPartial],
         round_up(all_omitted),
         tuple(complete[key] and held_by_truncated[key] == truncated for key in keys),
         truncated > 0,
-        round_up(sum((Fraction(p.cut) for p in inputs), Fraction(0))))
+        round_up(sum((Fraction(p.cut) for p in inputs), Fraction(0))),
+        union_ranges(p.ranges for p in inputs))
 
 
 @dataclass(frozen=True)
@@ -348,7 +379,90 @@ def top_k_bounds(partial: BoundedPartial, aggregate: WindowAggregate, rank: str,
                         default=0.0))
 
 
+def value_bounds(partial: BoundedPartial,
+                 aggregate: WindowAggregate) -> list[dict[str, tuple[Any, Any]]]:
+    """Per row, the bounds ``(lb, ub)`` of each of its mins, maxes and averages (see the
+    module docstring; None: that side is open, the ranges being unknown). A complete row's
+    are its own values."""
+    ranged = [(name, agg) for name, agg in aggregate.aggregates if type(agg) in RANGED]
+    out = []
+    for row, whole in zip(partial.rows, partial.complete, strict=True):
+        bounds_of: dict[str, tuple[Any, Any]] = {}
+        for name, agg in ranged:
+            value = agg.extract(row[name])
+            if whole or (partial.ranges is not None and name not in partial.ranges):
+                bounds_of[name] = (value, value)
+            elif partial.ranges is None:
+                bounds_of[name] = ((value, None) if type(agg) is Max else
+                                   (None, value) if type(agg) is Min else (None, None))
+            else:
+                bounds_of[name] = _bounded(agg, value, *partial.ranges[name])
+        out.append(bounds_of)
+    return out
+
+
+def union_ranges(ranges: Iterable[Ranges | None]) -> Ranges | None:
+    """The ranges of several partials' dropped rows together (None if any is unknown)."""
+    out: dict[str, tuple[Any, Any]] = {}
+    for each in ranges:
+        if each is None:
+            return None
+        for name, (lo, hi) in each.items():
+            was = out.get(name)
+            out[name] = (lo, hi) if was is None else (min(was[0], lo), max(was[1], hi))
+    return out
+
+
 # --- helpers ---------------------------------------------------------------------------------
+
+
+def _exact_sum(values: Iterable[int | float]) -> Fraction:
+    """The exact sum of ``values`` (integers added as integers: a count's are all)."""
+    ints, floats = 0, []
+    for value in values:
+        if isinstance(value, int):
+            ints += value
+        else:
+            floats.append(value)
+    return sum((Fraction(f) for f in floats), Fraction(ints))
+
+
+def _widened(ranges: Ranges | None, dropped: Iterable[Row],
+             aggregate: WindowAggregate) -> Ranges | None:
+    """``ranges`` with the values of the rows a truncation ``dropped``."""
+    if ranges is None:
+        return None
+    out = dict(ranges)
+    ranged = [(name, agg) for name, agg in aggregate.aggregates if type(agg) in RANGED]
+    for row in dropped:
+        for name, agg in ranged:
+            value = agg.extract(row[name])
+            if value is not None:
+                was = out.get(name)
+                out[name] = (value, value) if was is None else (min(was[0], value),
+                                                                 max(was[1], value))
+    return out
+
+
+def _bounded(agg: Aggregate, value: Any, lo: Any, hi: Any) -> tuple[Any, Any]:
+    """An incomplete row's bounds on ``agg``, its known part's ``value``, the dropped values
+    in ``[lo, hi]``."""
+    if value is None:
+        return lo, hi
+    if type(agg) is Min:
+        return min(value, lo), value
+    if type(agg) is Max:
+        return value, max(value, hi)
+    # An average: the true mean is the sum over the count rounded once, where each part's
+    # mean was rounded too: a few ulps of room.
+    return _ulps(min(value, lo), -math.inf), _ulps(max(value, hi), math.inf)
+
+
+def _ulps(value: float, toward: float, n: int = 4) -> float:
+    for _ in range(n):
+        value = math.nextafter(value, toward)
+    return value
+
 
 
 def _check_rank(aggregate: WindowAggregate, rank: str) -> Aggregate:
@@ -375,7 +489,8 @@ def _as_bounded(rows: Sequence[Row] | BoundedPartial, slack: Sequence[float] | N
         return rows
     slacks = tuple(slack) if slack is not None else (0.0,) * len(rows)
     return BoundedPartial(tuple(rows), slacks, omitted, tuple(s == 0 for s in slacks),
-                          omitted > 0 or any(s > 0 for s in slacks))
+                          omitted > 0 or any(s > 0 for s in slacks),
+                          ranges={} if slack is None and omitted == 0 else None)
 
 
 class _Ranked(NamedTuple):

@@ -10,6 +10,7 @@ from typing import Any
 
 from jetstream.aggtree.loader import load_topology
 from jetstream.aggtree.topology import spark_key_problem
+from jetstream.approx.profile import PROFILE_EVERY
 from jetstream.cli.common import (
     DEFAULT_TOPOLOGY,
     archive_retention,
@@ -94,7 +95,9 @@ def _site(args: argparse.Namespace) -> int:
                           read_files=ReadFiles(args.read_files, args.archive_retention,
                                                args.archive_max_bytes),
                           warm_up_s=args.warm_up, spark_conf=dict(args.spark_conf or ()),
-                          cubes=args.cubes, retention=parse_retention(args.retention))
+                          cubes=args.cubes, retention=parse_retention(args.retention),
+                          profile=not args.no_profile,
+                          profile_interval_s=args.profile_interval)
     if args.state_dir:
         options.state_dir = Path(args.state_dir)
     run_site(args.name, args.controller, security=security(args), port=args.port,
@@ -224,6 +227,16 @@ def register(commands: Any) -> None:
                                         "that its first windows do not wait for the JVM "
                                         "to compile; 0: off "
                                         f"(default: {SiteOptions.warm_up_s:g}s)")
+    site.add_argument("--no-profile", action="store_true",
+                      help="do not measure each degradation level on the links' own windows: "
+                           "their policies plan with the levels' nominal sizes and errors "
+                           "(for comparison; profiles are on by default)")
+    site.add_argument("--profile-interval", type=seconds_or_zero,
+                      default=SiteOptions.profile_interval_s, metavar="S",
+                      help="measure a link's profile on at most one window this often (each "
+                           "costs the site a tenth of a second to seconds of CPU); 0: one "
+                           f"window in {PROFILE_EVERY} (default: "
+                           f"{SiteOptions.profile_interval_s:g}s)")
     site.add_argument("--read-files", choices=READ_FILES, default=ReadFiles.mode,
                       help="what becomes of an --input file once every live query here has "
                            "read it: moved to STATE_DIR/<site>/archive/, deleted, or kept in "

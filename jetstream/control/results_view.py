@@ -40,9 +40,21 @@ def _cell(value: Any, places: int) -> str:
         return f"{value:,.{places}f}" if math.isfinite(value) else str(value)
     if isinstance(value, int) and not isinstance(value, bool):
         return f"{value:,}"
+    if isinstance(value, list) and value and all(
+            isinstance(b, dict) and set(b) <= {"aggregate", "lb", "ub"} for b in value):
+        # An aggregate's bounds (jetstream.dataplane.finish.aggregate_bounds): open sides ?.
+        return "; ".join(f"{b['aggregate']} [{_side(b.get('lb'))}, {_side(b.get('ub'))}]"
+                         for b in value)
     if isinstance(value, list):
         return json.dumps(value)[:60]
     return "" if value is None else str(value)
+
+
+def _side(value: Any) -> str:
+    """One side of a bound: ? when open, a float to at most 3 decimals."""
+    if isinstance(value, float) and math.isfinite(value):
+        return f"{value:,.3f}".rstrip("0").rstrip(".")
+    return "?" if value is None else _cell(value, 0)
 
 
 def render_window(result: WindowResult) -> Group:

@@ -24,6 +24,7 @@ from typing import Any
 from jetstream.aggregates import Sum
 from jetstream.approx.items import from_items
 from jetstream.approx.rounds import Ask
+from jetstream.approx.truncate import RANGED, Ranges
 from jetstream.dataplane.keydict import KeyDecoder
 from jetstream.dataplane.partials import PartialBatch
 from jetstream.errors import DataError
@@ -83,6 +84,8 @@ def _document(batch: PartialBatch, aggregate: WindowAggregate) -> bytes:
         complete = batch.complete_rows or tuple(s == 0 for s in batch.slack)
         document["bounds"] = {"slack": list(batch.slack), "omitted": batch.omitted,
                               "complete": list(complete), "cut": batch.cut}
+        if batch.ranges is not None:
+            document["bounds"]["ranges"] = {name: list(r) for name, r in batch.ranges.items()}
     return json.dumps(document, separators=(",", ":"), allow_nan=False).encode()
 
 
@@ -134,12 +137,14 @@ def decode_batch(message: pb.PartialBatch, aggregate: WindowAggregate,
         except DataError as e:
             raise DataError(f"{where}: {e}") from None
         rows, slack, omitted, complete = read.rows, read.slack, read.omitted, read.complete
-        cut = 0.0
+        cut, ranges = 0.0, None
     else:
         if isinstance(document, dict) and isinstance(document.get("partials"), dict):
             _unscaled(document, aggregate, where)
         rows = _rows(document, aggregate, where)
-        slack, omitted, complete, cut = _bounds(document.get("bounds"), len(rows), where)
+        bounds = document.get("bounds")
+        slack, omitted, complete, cut = _bounds(bounds, len(rows), where)
+        ranges = None if slack is None else _ranges(bounds.get("ranges"), aggregate, where)
     return PartialBatch(
         query=message.query, window=(message.window_start_ms, message.window_end_ms),
         origin=message.origin, rows=rows, partition=message.partition, attempt=message.attempt,
@@ -148,8 +153,8 @@ def decode_batch(message: pb.PartialBatch, aggregate: WindowAggregate,
         covers=frozenset(message.covers) or frozenset({message.origin}),
         wan_bytes=message.wan_bytes, closed_at_ms=message.closed_at_ms,
         revision=message.revision, slack=slack, omitted=omitted, complete_rows=complete, cut=cut,
-        warnings=tuple(message.warnings), rounds=message.rounds and slack is not None,
-        early=message.early)
+        ranges=ranges, warnings=tuple(message.warnings),
+        rounds=message.rounds and slack is not None, early=message.early)
 
 
 def _scaled_sums(column: list[Any]) -> tuple[int, list[Any]] | None:
@@ -284,7 +289,7 @@ def _bounds(bounds: Any, count: int, where: str
         return isinstance(x, int | float) and not isinstance(x, bool) and 0 <= x < math.inf
 
     if (not isinstance(bounds, dict) or not {"slack", "omitted", "complete"} <= set(bounds)
-            or not set(bounds) <= {"slack", "omitted", "complete", "cut"}
+            or not set(bounds) <= {"slack", "omitted", "complete", "cut", "ranges"}
             or not bound(bounds.get("cut", 0.0))
             or not isinstance(bounds["slack"], list) or len(bounds["slack"]) != count
             or not all(map(bound, bounds["slack"])) or not bound(bounds["omitted"])
@@ -295,6 +300,25 @@ def _bounds(bounds: Any, count: int, where: str
         raise DataError(msg)
     return (tuple(float(x) for x in bounds["slack"]), float(bounds["omitted"]),
             tuple(bounds["complete"]), float(bounds.get("cut", 0.0)))
+
+
+def _ranges(ranges: Any, aggregate: WindowAggregate, where: str) -> Ranges | None:
+    """A truncated batch's ranges of its mins, maxes and averages over the rows it left out
+    (None: unknown; a sender before ranges sends none)."""
+    if ranges is None:
+        return None
+    ranged = {name for name, agg in aggregate.aggregates if type(agg) in RANGED}
+    try:
+        if (isinstance(ranges, dict) and set(ranges) <= ranged and all(
+                isinstance(r, list) and len(r) == 2
+                and not any(isinstance(v, list | dict) or v is None for v in r)
+                and r[0] <= r[1] for r in ranges.values())):
+            return {name: (lo, hi) for name, (lo, hi) in ranges.items()}
+    except TypeError:  # values that do not compare
+        pass
+    msg = (f"{where}: its ranges are not a smallest and a largest value of some of its "
+           f"mins, maxes and averages ({', '.join(sorted(ranged)) or 'it has none'})")
+    raise DataError(msg)
 
 
 def ask_to_proto(window: Window, ask: Ask) -> pb.RoundAsk:

@@ -11,17 +11,24 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Collection
+from typing import Any
 
 from jetstream import metrics
 from jetstream.approx.levels import Ranking, heaviest
-from jetstream.approx.truncate import BoundedPartial, bounds, missing_share, top_k_bounds
+from jetstream.approx.truncate import (
+    BoundedPartial,
+    bounds,
+    missing_share,
+    top_k_bounds,
+    value_bounds,
+)
 from jetstream.dataplane.merger import MergedWindow
 from jetstream.dsl import Query
 from jetstream.local import finish_from_partials
 from jetstream.operators import WindowAggregate
 from jetstream.results import WindowResult
 
-__all__ = ["Publish", "RootResults", "with_row_bounds", "with_top_k_bounds"]
+__all__ = ["Publish", "RootResults", "aggregate_bounds", "with_row_bounds", "with_top_k_bounds"]
 
 #: Publishes a query's final results; ``finished``: there will be no more.
 Publish = Callable[[str, list[WindowResult], bool], None]
@@ -69,16 +76,19 @@ class RootResults:
 def with_top_k_bounds(result: WindowResult, bounded: BoundedPartial,
                       partial: WindowAggregate, ranking: Ranking) -> WindowResult:
     """Each top-k row of ``result`` (finished from ``bounded``, a window's merged partial
-    with truncation bounds) with its ranking value's ``lb``/``ub`` and whether it is certain."""
+    with truncation bounds) with its ranking value's ``lb``/``ub``, whether it is certain,
+    and its other aggregates' bounds (:func:`aggregate_bounds`)."""
     top = top_k_bounds(bounded, partial, ranking.by, ranking.k)
     keys = partial.keys
     known = {tuple(row[k] for k in keys): (lb, ub, sure, whole) for row, lb, ub, sure, whole
              in zip(top.rows, top.lb, top.ub, top.guaranteed, top.complete, strict=True)}
+    others = aggregate_bounds(bounded, partial)
     rows = []
     for row in result.rows:
-        lb, ub, sure, whole = known.get(tuple(row.get(k) for k in keys),
-                                        (None, None, False, False))
-        rows.append({**row, "lb": lb, "ub": ub, "guaranteed": sure, "complete": whole})
+        key = tuple(row.get(k) for k in keys)
+        lb, ub, sure, whole = known.get(key, (None, None, False, False))
+        rows.append({**row, "lb": lb, "ub": ub, "guaranteed": sure, "complete": whole,
+                     **others.get(key, {})})
     return dataclasses.replace(result, rows=rows, exact=False,
                                error_bound=max(result.error_bound or 0.0, top.error_bound))
 
@@ -95,10 +105,25 @@ def with_row_bounds(result: WindowResult, bounded: BoundedPartial, partial: Wind
     keys = partial.keys
     known = {tuple(row[k] for k in keys): (lb, ub, whole) for row, lb, ub, whole
              in zip(ranked.rows, ranked.lb, ranked.ub, ranked.complete, strict=True)}
+    others = aggregate_bounds(bounded, partial)
     rows = []
     for row in result.rows:
-        lb, ub, whole = known.get(tuple(row.get(k) for k in keys), (None, None, False))
-        rows.append({**row, "lb": lb, "ub": ub, "complete": whole})
+        key = tuple(row.get(k) for k in keys)
+        lb, ub, whole = known.get(key, (None, None, False))
+        rows.append({**row, "lb": lb, "ub": ub, "complete": whole, **others.get(key, {})})
     missing = missing_share(bounded, partial, measure.by)
     return dataclasses.replace(result, rows=rows, exact=False,
                                error_bound=max(result.error_bound or 0.0, missing))
+
+
+def aggregate_bounds(bounded: BoundedPartial,
+                     partial: WindowAggregate) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """Per group key of ``bounded``, ``{"bounds": [...]}``: a record ``{"aggregate", "lb",
+    "ub"}`` for each min, max and average of the query, the interval its true value lies in
+    (:func:`jetstream.approx.truncate.value_bounds`; a NULL side is open). Empty when the
+    query has none of them."""
+    per_row = value_bounds(bounded, partial)
+    return {tuple(row[k] for k in partial.keys): {"bounds": [
+        {"aggregate": name, "lb": lb, "ub": ub} for name, (lb, ub) in of.items()]}
+        for row, of in zip(bounded.rows, per_row, strict=True) if of}
+

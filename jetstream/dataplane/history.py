@@ -183,8 +183,11 @@ class HistoryPlan:
             # (A truncated window is read only with the stored keys: no two rows share one.)
             slack[key] = slack.get(key, 0.0) + row_slack
             complete[key] = complete.get(key, True) and whole
+        ranges = None if bounded.ranges is None else {
+            name: bounded.ranges[stored] for name, stored in self.aggregates
+            if stored in bounded.ranges}
         return BoundedPartial(tuple(rows.values()), tuple(slack.values()), bounded.omitted,
-                              tuple(complete.values()), bounded.truncated, bounded.cut)
+                              tuple(complete.values()), bounded.truncated, bounded.cut, ranges)
 
 
 @dataclass(frozen=True)

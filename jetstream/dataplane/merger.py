@@ -49,7 +49,13 @@ from typing import Any
 
 from jetstream.approx.levels import Ranking
 from jetstream.approx.rounds import Ask, exact_rows, next_asks, settled
-from jetstream.approx.truncate import BoundedPartial, merge_bounded, with_bounds
+from jetstream.approx.truncate import (
+    BoundedPartial,
+    Ranges,
+    merge_bounded,
+    union_ranges,
+    with_bounds,
+)
 from jetstream.dataplane.partials import ENDED, PartialBatch
 from jetstream.errors import DataError
 from jetstream.operators import WindowAggregate
@@ -90,11 +96,13 @@ class MergedWindow:
     complete_rows: tuple[bool, ...] | None = None  # per row, whether every input kept it
     warnings: tuple[str, ...] = ()  # the inputs' warnings, each once
     cut: float = 0.0  # the keys left out add up to at most this (jetstream.approx.truncate)
+    ranges: Ranges | None = None  # each min's, max's and mean's over the rows left out
 
     @property
     def bounded(self) -> BoundedPartial:
         """The rows with their truncation bounds (exact: zero slack)."""
-        return with_bounds(self.rows, self.slack, self.omitted, self.complete_rows, self.cut)
+        return with_bounds(self.rows, self.slack, self.omitted, self.complete_rows, self.cut,
+                           self.ranges)
 
     @property
     def complete(self) -> bool:
@@ -346,15 +354,16 @@ class WindowMerger:
         batches = list(pending.batches.values())
         pending.sent, pending.revision = self._versions(pending), pending.revision + 1
         slack: tuple[float, ...] | None = None
-        omitted, complete, cut = 0.0, None, 0.0
+        omitted, complete, cut, ranges = 0.0, None, 0.0, None
         if any(b.slack is not None for b in batches):
             bounded = [b.bounded for b in batches]
             merged = (_disjoint(bounded) if self.key_partitions
                       else merge_bounded(bounded, self.aggregate))
             rows, slack, omitted = merged.rows, merged.slack, merged.omitted
-            complete, cut = merged.complete, merged.cut
+            complete, cut, ranges = merged.complete, merged.cut, merged.ranges
             if self._in_rounds(pending) and self._exact(pending):
-                rows, slack, omitted, complete, cut = exact_rows(merged), None, 0.0, None, 0.0
+                rows, slack, omitted, complete, cut, ranges = (exact_rows(merged), None, 0.0,
+                                                               None, 0.0, None)
         else:
             rows = self._merge_rows(batches)
         covered = [b.covers or frozenset({b.origin}) for b in batches]
@@ -374,7 +383,7 @@ class WindowMerger:
                               else b.closed_at_ms for b in batches), default=0),
             revision=pending.revision, inputs_complete=all(b.complete for b in batches),
             early=self._early(window, pending),
-            slack=slack, omitted=omitted, complete_rows=complete, cut=cut,
+            slack=slack, omitted=omitted, complete_rows=complete, cut=cut, ranges=ranges,
             warnings=tuple(sorted({w for b in batches for w in b.warnings})))
 
     def _merge_rows(self, batches: list[PartialBatch]) -> tuple[dict[str, Any], ...]:
@@ -401,4 +410,5 @@ def _disjoint(parts: list[BoundedPartial]) -> BoundedPartial:
                           tuple(s for p in parts for s in p.slack),
                           max((p.omitted for p in parts), default=0.0),
                           tuple(c for p in parts for c in p.complete),
-                          any(p.truncated for p in parts), sum(p.cut for p in parts))
+                          any(p.truncated for p in parts), sum(p.cut for p in parts),
+                          union_ranges(p.ranges for p in parts))

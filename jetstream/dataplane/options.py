@@ -64,6 +64,13 @@ class SiteOptions:
     #: this long (:mod:`jetstream.stage.warm`); 0: not at all.
     warm_up_s: float = WARM_UP_S
     level_interval_s: float = 5.0  # a link's degradation level changes at most this often
+    #: Measure each level's bytes and error on the link's own windows (a profile,
+    #: :mod:`jetstream.approx.profile`); off, the policy plans with the ladder's nominal
+    #: weights and errors alone.
+    profile: bool = True
+    #: A link measures its profile on at most one window this often (each measurement
+    #: costs a tenth of a second to seconds of the site's CPU, with its interpreter held).
+    profile_interval_s: float = 30.0
     #: The local stage's Spark master; None: what the controller says (the topology's).
     #: Given up front, Spark starts before anything else (see ``SiteRuntime.session``).
     spark_master: str | None = None

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jetstream.approx.items import ItemsSketch
-from jetstream.approx.truncate import BoundedPartial, with_bounds
+from jetstream.approx.truncate import BoundedPartial, Ranges, with_bounds
 
 __all__ = ["ENDED", "PartialBatch", "summarised"]
 
@@ -60,11 +60,15 @@ class PartialBatch:
     #: Of a truncated batch: the keys it left out add up to at most this in the ranking
     #: value (see jetstream.approx.truncate).
     cut: float = 0.0
+    #: Of a truncated batch: the range of each min, max and average over the rows left out
+    #: (None: unknown; see jetstream.approx.truncate).
+    ranges: Ranges | None = None
 
     @property
     def bounded(self) -> BoundedPartial:
         """The rows with their truncation bounds (exact: zero slack)."""
-        return with_bounds(self.rows, self.slack, self.omitted, self.complete_rows, self.cut)
+        return with_bounds(self.rows, self.slack, self.omitted, self.complete_rows, self.cut,
+                           self.ranges)
 
     @property
     def identity(self) -> tuple[str, int, int, str, int, int]:
@@ -78,10 +82,11 @@ def summarised(batch: PartialBatch, summary: BoundedPartial | ItemsSketch,
     """``batch`` carrying ``summary`` (what a degradation level made of its rows) instead."""
     if isinstance(summary, ItemsSketch):
         return dataclasses.replace(batch, rows=(), slack=None, omitted=0.0, cut=0.0,
-                                   complete_rows=None,
+                                   complete_rows=None, ranges=None,
                                    items=summary, level=level)
     truncated = summary.truncated  # an exact partial goes as plain rows
     return dataclasses.replace(
         batch, rows=summary.rows, slack=summary.slack if truncated else None,
         omitted=summary.omitted, cut=summary.cut if truncated else 0.0,
-        complete_rows=summary.complete if truncated else None, items=None, level=level)
+        complete_rows=summary.complete if truncated else None,
+        ranges=summary.ranges if truncated else None, items=None, level=level)

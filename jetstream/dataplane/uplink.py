@@ -15,8 +15,10 @@ operator) steps it down, its windows go truncated or sketched like any link's.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import queue
 import threading
 import time
 from collections import deque
@@ -115,8 +117,10 @@ class Uplink:
                                      min_interval_s=options.level_interval_s,
                                      start=start_level)
         # What each level would send and lose, measured on this link's own windows.
-        self.profile = Profile(self.ladder, partial, skip={0} if rounds and ranking else ()) \
-            if self.policy is not None and len(self.ladder.levels) > 1 else None
+        self.profile = Profile(self.ladder, partial, skip={0} if rounds and ranking else (),
+                               min_interval_s=options.profile_interval_s) \
+            if (self.policy is not None and options.profile
+                and len(self.ladder.levels) > 1) else None
         if self.policy is not None and self.policy.level.index:
             log.info("%s at %s: link to %s starts at level %r, as planned (too thin for exact "
                      "partials within the SLO)", self.name, site, parent, self.policy.level.name)
@@ -144,6 +148,11 @@ class Uplink:
         self._lock = threading.Lock()  # the router against the route watcher's changes
         self._routers_bytes = 0  # what routers replaced since sent
         self._closed = threading.Event()
+        # The windows the profile measures, one at a time, on a thread of their own.
+        self._to_measure: queue.Queue[tuple[PartialBatch, MergedWindow]] = queue.Queue(1)
+        if self.profile is not None:
+            threading.Thread(target=self._measuring_loop, daemon=True,
+                             name=f"profile-{self.name}").start()
         # TPUT's rounds: the parent coordinates them itself, so its workers are never named.
         self.answerer = Answerer(partial, ranking, keep_s=keep_s) if rounds and ranking \
             else None
@@ -184,7 +193,7 @@ class Uplink:
             events=merged.events, error_bound=merged.error_bound, complete=merged.complete,
             covers=merged.covers, wan_bytes=merged.wan_bytes, closed_at_ms=merged.closed_at_ms,
             revision=merged.revision + self.revision_base, slack=merged.slack,
-            omitted=merged.omitted, cut=merged.cut,
+            omitted=merged.omitted, cut=merged.cut, ranges=merged.ranges,
             complete_rows=merged.complete_rows, warnings=self._warnings(merged),
             early=merged.early)
         exact = batch
@@ -201,16 +210,33 @@ class Uplink:
             batch = self._degraded(batch, merged)
         with self._lock:
             self._push(batch)
-        if self.profile is not None and merged.slack is None:
-            self._measure(exact, merged)
+        if (self.profile is not None and merged.slack is None and merged.revision == 0
+                and self.profile.due()):  # (a correction is the same window again)
+            with contextlib.suppress(queue.Full):  # still on the last one: skip this one
+                self._to_measure.put_nowait((exact, merged))
         return len(batch.rows)
 
+    def _measuring_loop(self) -> None:
+        """Measure the windows ``send`` picked, off the way windows go: a window's levels
+        cost a tenth of a second or more of CPU (seconds for tens of thousands of keys),
+        which the micro-batch that handed it on would otherwise wait for."""
+        while not self._closed.is_set():
+            try:
+                exact, merged = self._to_measure.get(timeout=1.0)
+            except queue.Empty:
+                continue
+            try:
+                self._measure(exact, merged)
+            except Exception:  # the link goes on with the profile it has
+                log.exception("%s at %s: measuring window %s's levels failed", self.name,
+                              self.site, merged.window)
+
     def _measure(self, exact: PartialBatch, merged: MergedWindow) -> None:
-        """Measure each level on this window (one in ``PROFILE_EVERY``), and have the policy
-        plan by what the profile says."""
+        """Measure each level on this window, and have the policy plan by what the
+        profile says."""
         assert self.profile is not None and self.policy is not None
         spent = self.profile.cpu_s
-        if not self.profile.offer(merged.bounded, lambda summary, index: encode_batch(
+        if not self.profile.measure(merged.bounded, lambda summary, index: encode_batch(
                 summarised(exact, summary, index), self.partial).ByteSize()):
             return
         self.metrics.profile(self.profile.cpu_s - spent, self.profile.figures())

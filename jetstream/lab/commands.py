@@ -221,9 +221,9 @@ def _bench(args: argparse.Namespace) -> int:
     say = progress("bench")
     if args.load:
         return _bench_load(args, say)
-    if args.only and not args.emulate:
-        msg = (f"bench: --only {args.only} picks a system for the latency part, which runs "
-               "only with --emulate; add --emulate, or drop --only")
+    if (args.only or args.recover) and not args.emulate:
+        msg = ("bench: --only and --recover shape the latency part, which runs only with "
+               "--emulate; add --emulate, or drop them")
         raise PlanError(msg)
     if args.emulate:
         from jetstream.lab.emulate import WideArea
@@ -237,13 +237,18 @@ def _bench(args: argparse.Namespace) -> int:
     report = run_bench(Path(args.topology), query, work,
                        duration_s=duration, rate=rate, seed=args.seed, say=say)
     if args.emulate:
-        from jetstream.lab.latency_bench import SYSTEMS, run_latency, seconds_text
+        from jetstream.lab.latency_bench import (
+            DEFAULT_SYSTEMS,
+            SYSTEMS,
+            run_latency,
+            seconds_text,
+        )
 
         report["latency"] = run_latency(
             Path(args.topology), query, work,
             phase_s=args.phase if args.phase is not None else duration / 2,
             rate=args.live_rate, link=args.link, seed=args.seed, say=say,
-            systems=[args.only] if args.only else list(SYSTEMS))
+            systems=args.only or DEFAULT_SYSTEMS, recover=args.recover)
         (work / "bench.json").write_text(json.dumps(report, indent=2))
     total = report["total"]
     say(f"wide-area bytes: JetStream-py {total['jetstream_bytes']:,}, backhaul (gzip) "
@@ -263,10 +268,11 @@ def _bench(args: argparse.Namespace) -> int:
     plots = "bytes.png"
     if args.emulate:
         latency = report["latency"]
+        back = f", then {latency['link']} again" if latency["recover_at_s"] else ""
         say(f"latency over {latency['link']} for {latency['phase_s']:g}s, then "
-            f"{latency['dropped_to']} for {latency['phase_s']:g}s (p50 / p95 / p99, windows "
-            "counted; a window closes when the last site receives the record that moves its "
-            "watermark past the window's end)")
+            f"{latency['dropped_to']} for {latency['phase_s']:g}s{back} (p50 / p95 / p99, "
+            "windows counted; a window closes when the last site receives the record that "
+            "moves its watermark past the window's end)")
         for system in (s for s in SYSTEMS if s in latency):
             figures = latency[system]
             for measure, what in (("after_close", "after close"),
@@ -278,12 +284,14 @@ def _bench(args: argparse.Namespace) -> int:
                     f"{part.replace('_', ' ')} " + " / ".join(
                         seconds_text(figures[measure][part][f"p{q}_s"]) for q in (50, 95, 99))
                     + f" ({figures[measure][part]['windows']})"
-                    for part in ("before_drop", "after_drop"))
+                    for part in figures[measure] if part != "all")
                 say(f"{system} {what}: {parts}")
             inexact = ("" if figures["windows_inexact"] is None
-                       else f", {figures['windows_inexact']} marked inexact")
+                       else f", {figures['windows_inexact']} marked inexact (largest error "
+                       f"stated {figures['max_error_bound_all']})")
             say(f"{system}: {figures['windows_not_given']} windows not given before the run "
-                f"ended{inexact}, top-10 recall at worst {figures['min_recall']}")
+                f"ended{inexact}, top-10 recall at worst {figures['min_recall']}, "
+                f"{figures['wan_bytes']:,} wide-area bytes")
         plots += ", latency.png"
     say(f"report: {work / 'bench.json'}, plots: {plots} in {work}")
     return 0
@@ -413,9 +421,14 @@ def register(commands: Any) -> None:
                        "after the drop; a window counts from 20 s in, so 640 gives at least "
                        "60 windows of 10 s on each side of the drop (default: half of "
                        "--duration)")
-    bench.add_argument("--only", choices=("jetstream", "backhaul"), default=None,
-                       help="with --emulate: measure the latency of this system alone (half "
-                       "the time; for traces), not both side by side")
+    bench.add_argument("--only", type=lambda t: t.split(","), default=None, metavar="S,S",
+                       help="with --emulate: measure the latency of these systems, one after "
+                       "the other: jetstream, fixed (JetStream-py with its sites' profiles "
+                       "off: the policy plans with the levels' nominal sizes and errors), "
+                       "backhaul (default: jetstream,backhaul)")
+    bench.add_argument("--recover", action="store_true",
+                       help="with --emulate: after the drop, the links come back to --link "
+                       "for another --phase")
     bench.add_argument("--live-rate", type=float, default=300.0, metavar="N",
                        help="with --emulate: live records per second at each site "
                        "(default: 300)")

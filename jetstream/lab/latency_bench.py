@@ -165,6 +165,7 @@ class WindowLatency:
     recall: float | None  # of the true top-10 (None: not given)
     reported_s: float | None = None  # the result's own latency_s (JetStream's; None: none)
     exact: bool | None = None  # the result says it is exact (None: not given, or not said)
+    error_bound: float | None = None  # the error the result states (None: none stated)
 
     @property
     def moment_s(self) -> float:
@@ -193,12 +194,19 @@ class LatencyPhase:
     drop_at_s: float
     wan_bytes: int = 0
     windows: list[WindowLatency] = field(default_factory=list)
+    recover_at_s: float | None = None  # when the links came back (None: they did not)
 
     def parts(self) -> dict[str, list[WindowLatency]]:
-        """Every counted window, those that closed before the links dropped, and the rest."""
-        return {"all": self.windows,
-                "before_drop": [w for w in self.windows if w.moment_s < self.drop_at_s],
-                "after_drop": [w for w in self.windows if w.moment_s >= self.drop_at_s]}
+        """Every counted window, those that closed before the links dropped, those while they
+        were down, and (if they came back) those after."""
+        back = math.inf if self.recover_at_s is None else self.recover_at_s
+        parts = {"all": self.windows,
+                 "before_drop": [w for w in self.windows if w.moment_s < self.drop_at_s],
+                 "after_drop": [w for w in self.windows
+                                if self.drop_at_s <= w.moment_s < back]}
+        if self.recover_at_s is not None:
+            parts["after_recovery"] = [w for w in self.windows if w.moment_s >= back]
+        return parts
 
     def summary(self) -> dict[str, Any]:
         """Per latency (after close, after window end, and the results' own when they carry
@@ -222,6 +230,9 @@ class LatencyPhase:
             "windows_inexact": (sum(w.exact is False for w in self.windows)
                                 if any(w.exact is not None for w in self.windows) else None),
             "min_recall": min(recalls, default=None), "wan_bytes": self.wan_bytes,
+            **{f"max_error_bound_{part}": max(
+                (w.error_bound for w in windows if w.error_bound is not None), default=None)
+               for part, windows in self.parts().items()},
         }
 
 
@@ -231,6 +242,7 @@ class _Arrival:
     rows: list[dict[str, Any]]
     reported_s: float | None
     exact: bool | None
+    error_bound: float | None = None
 
 
 class _Arrivals:
@@ -241,10 +253,11 @@ class _Arrivals:
         self.lock = threading.Lock()
 
     def __call__(self, window: Window, rows: list[dict[str, Any]],
-                 reported_s: float | None = None, exact: bool | None = None) -> None:
+                 reported_s: float | None = None, exact: bool | None = None,
+                 error_bound: float | None = None) -> None:
         at = time.time()
         with self.lock:
-            self.seen.setdefault(window, _Arrival(at, rows, reported_s, exact))
+            self.seen.setdefault(window, _Arrival(at, rows, reported_s, exact, error_bound))
 
 
 class Landings:
@@ -276,15 +289,20 @@ def _max_event_ms(path: Path) -> int:
 
 
 #: The systems the latency bench runs, in order, and their names on the plot.
-SYSTEMS = {"jetstream": "JetStream-py", "backhaul": "backhaul (gzip) + Spark job"}
+SYSTEMS = {"jetstream": "JetStream-py",
+           "fixed": "JetStream-py without profiles (nominal ladder)",
+           "backhaul": "backhaul (gzip) + Spark job"}
+#: What a run measures unless told: JetStream-py as it ships, and the backhaul.
+DEFAULT_SYSTEMS = ("jetstream", "backhaul")
 
 
 def run_latency(topology: Path, query: Query, work: Path, *, phase_s: float,
                 rate: float, link: str, seed: int, say: Say,
-                systems: Sequence[str] = tuple(SYSTEMS)) -> dict[str, Any]:
-    """Each of ``systems`` (both by default; see the module docstring), ``phase_s`` on
-    ``link`` then ``phase_s`` on a tenth of it; the report's ``latency`` part. Plots
-    ``work/latency.png``."""
+                systems: Sequence[str] = DEFAULT_SYSTEMS,
+                recover: bool = False) -> dict[str, Any]:
+    """Each of ``systems`` (see the module docstring and :data:`SYSTEMS`), ``phase_s`` on
+    ``link`` then ``phase_s`` on a tenth of it (and, with ``recover``, ``phase_s`` on
+    ``link`` again); the report's ``latency`` part. Plots ``work/latency.png``."""
     unknown = sorted(set(systems) - set(SYSTEMS))
     if unknown or not systems:
         msg = (f"latency bench: no system named {', '.join(unknown) or 'at all'}; "
@@ -294,7 +312,7 @@ def run_latency(topology: Path, query: Query, work: Path, *, phase_s: float,
     area = WideArea(layout)
     edges = [s for s in area.sites.values() if s.parent]
     shaped, dropped = link, format_bandwidth(parse_bandwidth(link, "--link") / 10)
-    duration_s = 2 * phase_s
+    duration_s = (3 if recover else 2) * phase_s
 
     def shape(bandwidth: str) -> None:
         for site in edges:
@@ -309,19 +327,23 @@ def run_latency(topology: Path, query: Query, work: Path, *, phase_s: float,
     master, spark_conf = _backhaul_spark(layout)
     phases = []
     say(f"latency: namespaces per site, edge links at {shaped} for {phase_s:g}s, then "
-        f"{dropped} for {phase_s:g}s, per system")
+        f"{dropped} for {phase_s:g}s{f', then {shaped} again' if recover else ''}, per system")
     area.up()
     try:
         backhaul = functools.partial(_backhaul, spark=(master, spark_conf))
-        runs: dict[str, Callable[..., float]] = {"jetstream": _jetstream, "backhaul": backhaul}
+        runs: dict[str, Callable[..., float]] = {
+            "jetstream": _jetstream, "backhaul": backhaul,
+            "fixed": functools.partial(_jetstream, site_flags=("--no-profile",))}
         for system, run_phase in ((s, runs[s]) for s in SYSTEMS if s in systems):
             shape(shaped)
             folder = work / f"latency-{system}"
-            phase = LatencyPhase(system, drop_at_s=phase_s)
+            phase = LatencyPhase(system, drop_at_s=phase_s,
+                                 recover_at_s=2 * phase_s if recover else None)
             arrivals, landings = _Arrivals(), Landings()
             say(f"latency, {system}: starting")
             started = run_phase(area, topology, query, folder, arrivals, landings, phase,
-                                lambda: _timeline(phase_s, shape, dropped, say),
+                                lambda: _timeline(phase_s, shape, dropped, say,
+                                                  shaped if recover else None),
                                 rate=rate, seed=seed, say=say)
             truth = {(r.window_start, r.window_end): r.rows
                      for r in run_local(query, folder / "input")}
@@ -337,7 +359,8 @@ def run_latency(topology: Path, query: Query, work: Path, *, phase_s: float,
         area.down()
     _plot(phases, shaped, dropped, work / "latency.png")
     return {"link": shaped, "dropped_to": dropped, "phase_s": phase_s, "drop_at_s": phase_s,
-            "duration_s": duration_s, "records_per_s_per_site": rate,
+            "recover_at_s": 2 * phase_s if recover else None, "duration_s": duration_s,
+            "records_per_s_per_site": rate,
             "watermark_s": window.watermark_ms / 1000,
             "backhaul_spark": {"master": master, "conf": spark_conf,
                                "trigger_s": SiteOptions.trigger_s},
@@ -352,12 +375,17 @@ def _backhaul_spark(layout: Topology) -> tuple[str, dict[str, str]]:
     return root.master, {**DEFAULT_SPARK_CONF, **dict(root.spark_conf)}
 
 
-def _timeline(phase_s: float, shape: Callable[[str], None], dropped: str, say: Say) -> None:
-    """Sleep through a run, dropping the links on time."""
+def _timeline(phase_s: float, shape: Callable[[str], None], dropped: str, say: Say,
+              back: str | None = None) -> None:
+    """Sleep through a run, dropping the links on time (and bringing them ``back``)."""
     time.sleep(phase_s)
     shape(dropped)
     say(f"  links dropped to {dropped}")
     time.sleep(phase_s)
+    if back is not None:
+        shape(back)
+        say(f"  links back at {back}")
+        time.sleep(phase_s)
 
 
 @contextlib.contextmanager
@@ -380,7 +408,8 @@ def _live_logs(inputs: Path, sites: list[str], rate: float, seed: int,
 
 def _jetstream(area: WideArea, topology: Path, query: Query, folder: Path,
                arrivals: _Arrivals, landings: Landings, phase: LatencyPhase,
-               timeline: Callable[[], None], *, rate: float, seed: int, say: Say) -> float:
+               timeline: Callable[[], None], *, rate: float, seed: int, say: Say,
+               site_flags: Sequence[str] = ()) -> float:
     sites = list(area.sites)
     for site in sites:  # a site without its folder at deploy time reads nothing
         (folder / "input" / site).mkdir(parents=True, exist_ok=True)
@@ -390,7 +419,8 @@ def _jetstream(area: WideArea, topology: Path, query: Query, folder: Path,
                       say=say, host=HOST_ADDRESS,
                       site_host=lambda s: area.sites[s].address,
                       site_prefix=area.prefix,
-                      site_args=lambda s: ["--warm-up", f"{SITE_WARM_UP_S:g}"]) as cluster:
+                      site_args=lambda s: ["--warm-up", f"{SITE_WARM_UP_S:g}",
+                                           *site_flags]) as cluster:
         name = cluster.client.submit(query).query
         waited = cluster.wait_for_stages(name)
         say(f"  the sites' local stages read their logs {waited:.0f}s after submitting")
@@ -402,7 +432,8 @@ def _jetstream(area: WideArea, topology: Path, query: Query, folder: Path,
                     window = (result.window_start, result.window_end)
                     latest[window] = result.wan_bytes or 0
                     if result.sites_reporting == result.sites_expected:
-                        arrivals(window, result.rows, result.latency_s, result.exact)
+                        arrivals(window, result.rows, result.latency_s, result.exact,
+                                 result.error_bound)
 
         threading.Thread(target=collect, daemon=True).start()
         with _live_logs(folder / "input", sites, rate, seed, landings) as started:
@@ -484,7 +515,8 @@ def _latencies(arrivals: _Arrivals, truth: dict[Window, list[dict[str, Any]]],
             None if close is None else at - close, arrival is not None,
             None if arrival is None else top_k_accuracy(truth[window], arrival.rows)[0],
             None if arrival is None else arrival.reported_s,
-            None if arrival is None else arrival.exact))
+            None if arrival is None else arrival.exact,
+            None if arrival is None else arrival.error_bound))
     return out
 
 
@@ -518,6 +550,9 @@ def _plot(phases: list[LatencyPhase], shaped: str, dropped: str, path: Path) -> 
                     label=f"{label}: not given yet (at least)")
     drop = phases[0].drop_at_s
     ax.axvline(drop, color="red", linestyle="--", label=f"links drop {shaped} -> {dropped}")
+    back = phases[0].recover_at_s
+    if back is not None:
+        ax.axvline(back, color="green", linestyle="--", label=f"links back at {shaped}")
     ax.set_ylim(bottom=0)
     ax.set_xlabel("when the window could close (s since the logs started)")
     ax.set_ylabel("result latency after the window could close (s)")

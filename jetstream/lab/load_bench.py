@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import math
 import os
 import subprocess
@@ -52,6 +53,7 @@ from jetstream.lab.latency_bench import (
 )
 from jetstream.lab.loggen import LogSpec, write_live
 from jetstream.local import run_local
+from jetstream.results import write_json_lines
 
 __all__ = ["QUERIES", "LoadRun", "run_load"]
 
@@ -96,6 +98,10 @@ def _queries() -> list[Query]:
 
 #: The queries a load run stands up, in the order they are added (``--queries N``: the first N).
 QUERIES: tuple[Query, ...] = tuple(_queries())
+#: Where a run's folder keeps each exact result unlike run_local's, beside run_local's rows.
+UNLIKE_FILE = "unlike.jsonl"
+#: Where a run's folder keeps every result JetStream-py gave, as it came.
+RESULTS_FILE = "results.jsonl"
 
 
 @dataclass
@@ -179,8 +185,8 @@ def run_load(topology: Path, work: Path, *, rates: Sequence[float],
                     topology, folder, QUERIES[:n], sites, run,
                     functools.partial(_live_logs, sites=sites, rate=rate, spec=spec,
                                       seed=seed, chunk_s=chunk_s, duration_s=duration_s))
-                _score(run, QUERIES[:n], folder / "input", arrivals, landings, sites,
-                       started, duration_s)
+                _score(run, QUERIES[:n], folder, arrivals, landings, sites, started,
+                       duration_s)
                 summary = run.summary()
                 reports.append(summary)
                 for name, figures in summary["per_query"].items():
@@ -189,6 +195,9 @@ def run_load(topology: Path, work: Path, *, rates: Sequence[float],
                         + f" over {figures['windows']} windows, {figures['not_given']} not "
                         f"given, {figures['unequal']} exact ones unlike run_local, "
                         f"{figures['inexact']} approximate")
+                    if figures["unequal"]:
+                        say(f"  the exact results unlike run_local, and its rows: "
+                            f"{folder / UNLIKE_FILE}")
                 say(f"  CPU {summary['cpu_s_per_million_records']} s per million records, "
                     f"peak memory {summary['peak_rss_mb']:,} MB")
     return reports
@@ -215,9 +224,14 @@ def _jetstream(topology: Path, folder: Path, queries: Sequence[Query], sites: li
         for query in queries:
             cluster.wait_for_stages(query.name)
 
+        received = (folder / RESULTS_FILE).open("a", encoding="utf-8")
+
         def collect(name: str) -> None:
             with contextlib.suppress(ControlPlaneError):
                 for result in cluster.client.results(name):
+                    with lock:
+                        if not received.closed:  # (the run over, its streams end)
+                            write_json_lines([result], received)
                     if result.sites_reporting == result.sites_expected:
                         window = (result.window_start, result.window_end)
                         with lock:
@@ -230,6 +244,8 @@ def _jetstream(topology: Path, folder: Path, queries: Sequence[Query], sites: li
         with _Usage(pids, run):
             started, landings = logs(inputs)
         _wait_for(arrived, lock, time.time())
+        with lock:
+            received.close()
     return arrived, started, landings.read()
 
 
@@ -380,10 +396,12 @@ def _wait_for(arrived: Arrived, lock: threading.Lock, stopped: float) -> None:
         time.sleep(1)
 
 
-def _score(run: LoadRun, queries: Sequence[Query], inputs: Path, arrived: Arrived,
+def _score(run: LoadRun, queries: Sequence[Query], folder: Path, arrived: Arrived,
            landings: list[Landing], sites: list[str], started: float,
            duration_s: float) -> None:
     ended = time.time()
+    inputs = folder / "input"
+    unlike = []
     run.records = sum(1 for site in sites for f in (inputs / site).glob("*.csv")
                       for _ in f.open()) - sum(1 for site in sites
                                                for _ in (inputs / site).glob("*.csv"))
@@ -409,12 +427,18 @@ def _score(run: LoadRun, queries: Sequence[Query], inputs: Path, arrived: Arrive
                     figures.after_close_s.append(ended - close)
                 continue
             at, given, exact = got
-            if exact:  # an approximate result is within its bound, not equal
-                figures.unequal += not _same_rows(given, rows)
-            else:
+            if not exact:  # an approximate result is within its bound, not equal
                 figures.inexact += 1
+            elif not _same_rows(given, rows):
+                figures.unequal += 1
+                unlike.append({"query": query.name, "window": list(window),
+                               "given": given, "run_local": rows})
             if close is not None:
                 figures.after_close_s.append(at - close)
+    if unlike:
+        with (folder / UNLIKE_FILE).open("w") as out:
+            for line in unlike:
+                out.write(json.dumps(line, default=str) + "\n")
 
 
 def _same_rows(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> bool:
