@@ -28,10 +28,12 @@ The error a level is measured at is this sender's own part of the result's bound
 
 Measuring costs a sender an encoding of each level of a sampled window (about 90 ms of CPU
 for 1,300 keys and four levels: ``scripts/bench_level_errors.py``); :attr:`Profile.cpu_s`
-adds it up, so it can be reported beside the load. A link measures on a thread of its own,
-after the window went (:mod:`jetstream.dataplane.uplink`), and skips a window while it is
-still on the last: done on the way, the micro-batch that handed the window on waited for it
-(at 3,000 records/s a site, a second more latency after close: ``docs/benchmarks.md``).
+adds it up, so it can be reported beside the load. It holds the site's interpreter while it
+runs: at one window in three it added about a second of latency after close at 3,000
+records/s a site (0.6-1 s of CPU a measurement on a CDN top-k window of 5,000 keys;
+``docs/benchmarks.md``), so a live link also waits ``min_interval_s`` (30 s) between the
+windows it measures. It measures on a thread of its own, after the window went
+(:mod:`jetstream.dataplane.uplink`), and skips a window while still on the last.
 """
 
 from __future__ import annotations
