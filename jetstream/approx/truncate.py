@@ -63,6 +63,7 @@ __all__ = [
     "exact_partial",
     "merge_bounded",
     "missing_share",
+    "ranged_aggregates",
     "round_up",
     "top_k_bounds",
     "truncate",
@@ -384,7 +385,9 @@ def value_bounds(partial: BoundedPartial,
     """Per row, the bounds ``(lb, ub)`` of each of its mins, maxes and averages (see the
     module docstring; None: that side is open, the ranges being unknown). A complete row's
     are its own values."""
-    ranged = [(name, agg) for name, agg in aggregate.aggregates if type(agg) in RANGED]
+    ranged = ranged_aggregates(aggregate)
+    if not ranged:
+        return [{} for _ in partial.rows]
     out = []
     for row, whole in zip(partial.rows, partial.complete, strict=True):
         bounds_of: dict[str, tuple[Any, Any]] = {}
@@ -408,9 +411,13 @@ def union_ranges(ranges: Iterable[Ranges | None]) -> Ranges | None:
         if each is None:
             return None
         for name, (lo, hi) in each.items():
-            was = out.get(name)
-            out[name] = (lo, hi) if was is None else (min(was[0], lo), max(was[1], hi))
+            _spread(out, name, lo, hi)
     return out
+
+
+def ranged_aggregates(aggregate: WindowAggregate) -> list[tuple[str, Aggregate]]:
+    """The mins, maxes and averages of ``aggregate`` (:data:`RANGED`), by name."""
+    return [(name, agg) for name, agg in aggregate.aggregates if type(agg) in RANGED]
 
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -433,15 +440,21 @@ def _widened(ranges: Ranges | None, dropped: Iterable[Row],
     if ranges is None:
         return None
     out = dict(ranges)
-    ranged = [(name, agg) for name, agg in aggregate.aggregates if type(agg) in RANGED]
+    ranged = ranged_aggregates(aggregate)
+    if not ranged:  # (a count or a sum alone: nothing to range)
+        return out
     for row in dropped:
         for name, agg in ranged:
             value = agg.extract(row[name])
             if value is not None:
-                was = out.get(name)
-                out[name] = (value, value) if was is None else (min(was[0], value),
-                                                                 max(was[1], value))
+                _spread(out, name, value, value)
     return out
+
+
+def _spread(ranges: dict[str, tuple[Any, Any]], name: str, lo: Any, hi: Any) -> None:
+    """Widen ``ranges[name]`` to take in ``[lo, hi]``."""
+    was = ranges.get(name)
+    ranges[name] = (lo, hi) if was is None else (min(was[0], lo), max(was[1], hi))
 
 
 def _bounded(agg: Aggregate, value: Any, lo: Any, hi: Any) -> tuple[Any, Any]:

@@ -24,7 +24,7 @@ from typing import Any
 from jetstream.aggregates import Sum
 from jetstream.approx.items import from_items
 from jetstream.approx.rounds import Ask
-from jetstream.approx.truncate import RANGED, Ranges
+from jetstream.approx.truncate import Ranges, ranged_aggregates
 from jetstream.dataplane.keydict import KeyDecoder
 from jetstream.dataplane.partials import PartialBatch
 from jetstream.errors import DataError
@@ -307,7 +307,7 @@ def _ranges(ranges: Any, aggregate: WindowAggregate, where: str) -> Ranges | Non
     (None: unknown; a sender before ranges sends none)."""
     if ranges is None:
         return None
-    ranged = {name for name, agg in aggregate.aggregates if type(agg) in RANGED}
+    ranged = {name for name, _ in ranged_aggregates(aggregate)}
     try:
         if (isinstance(ranges, dict) and set(ranges) <= ranged and all(
                 isinstance(r, list) and len(r) == 2
