@@ -230,8 +230,15 @@ class Stream:
         return self._then(Window(schema=self.schema, spec=spec, watermark_ms=watermark_ms,
                                  time_column=time, early_ms=early_ms))
 
-    def group_by(self, *keys: str) -> GroupedStream:
-        """Group each window's records by the values of ``keys``; follow with ``.agg(...)``."""
+    def group_by(self, *keys: str, rollup: Mapping[str, Expr] | None = None) -> GroupedStream:
+        """Group each window's records by the values of ``keys``; follow with ``.agg(...)``.
+
+        ``rollup`` declares coarser values a key may be reported at when a link cannot carry
+        its rows: ``group_by("url", rollup={"url": col("url").url_domain()})``. A degraded
+        window then goes with its rows rolled up to those values, and its result says so
+        (``rolled_up``). Each expression reads only its own key and keeps its type; the
+        query's rows must be the aggregate's (no top_k or step after it).
+        """
         for key in keys:
             if not isinstance(key, str):
                 raise _fail("group_by", f"keys are column names, not {key!r}; add the column "
@@ -243,7 +250,7 @@ class Stream:
                 raise _fail("group_by", f"column {key!r} is a list and cannot be a key")
         if len(set(keys)) != len(keys):
             raise _fail("group_by", "a key is listed twice")
-        return GroupedStream(self, tuple(keys))
+        return GroupedStream(self, tuple(keys), _rollup(keys, rollup or {}, self.schema))
 
     def agg(self, /, **aggregates: Aggregate) -> Stream:
         """Aggregate each whole window (no group key)."""
@@ -255,6 +262,10 @@ class Stream:
         aggregate = self.aggregate_op
         if aggregate is None:
             raise _fail(step, "needs an aggregated stream; call .group_by(...).agg(...) first")
+        if aggregate.rollup:
+            raise _fail(step, f"the aggregate may roll up {_keys(aggregate.rollup)}, and a "
+                              "rolled-up window would rank the coarser values instead of "
+                              "the rows; drop the top_k or the group_by's rollup")
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
             raise _fail(step, f"k must be a positive integer, not {k!r}")
         if by not in self.schema:
@@ -270,6 +281,7 @@ class Stream:
 class GroupedStream:
     stream: Stream
     keys: tuple[str, ...]
+    rollup: tuple[tuple[str, Expr], ...] = ()
 
     def agg(self, /, **aggregates: Aggregate) -> Stream:
         """Compute the named aggregates per window and key: ``.agg(n=js.count())``."""
@@ -294,8 +306,34 @@ class GroupedStream:
             except PlanError as e:
                 raise _fail(f"{step} {name}", str(e)) from None
         op = WindowAggregate(schema=Schema.of(fields), keys=self.keys,
-                             aggregates=tuple(aggregates.items()))
+                             aggregates=tuple(aggregates.items()), rollup=self.rollup)
         return stream._then(op)
+
+
+def _rollup(keys: tuple[str, ...], rollup: Mapping[str, Expr],
+            schema: Schema) -> tuple[tuple[str, Expr], ...]:
+    """``group_by``'s ``rollup``, checked: each an expression of its own key alone, of its
+    type."""
+    if not isinstance(rollup, Mapping):
+        raise _fail("group_by", f"rollup maps a key to its coarser value, e.g. "
+                                f"{{'url': col('url').url_domain()}}, not {rollup!r}")
+    for key, expr in rollup.items():
+        step = f"group_by rollup of {key!r}"
+        if key not in keys:
+            raise _fail(step, f"{key!r} is not a group key; roll up one of {', '.join(keys)}")
+        dtype = _typed(step, expr, schema)
+        if expr.columns() != {key}:
+            raise _fail(step, f"{expr} reads {', '.join(sorted(expr.columns())) or 'no column'}; "
+                              f"a roll-up maps {key}'s own value to a coarser one, so it "
+                              f"reads {key} alone")
+        if dtype is not schema.dtype(key):
+            raise _fail(step, f"{expr} is {dtype.value} but {key} is "
+                              f"{schema.dtype(key).value}; a rolled-up value replaces the key's")
+    return tuple(rollup.items())
+
+
+def _keys(rollup: tuple[tuple[str, Expr], ...]) -> str:
+    return ", ".join(key for key, _ in rollup)
 
 
 def _window_key(window: Window | None) -> tuple[Any, ...] | None:
@@ -364,9 +402,16 @@ class Query:
             raise _fail(f"query {self.name}", f"expected a Stream, not {self.stream!r}")
         if not isinstance(self.slo, SLO):
             raise _fail(f"query {self.name}", "slo must be a js.SLO(...)")
-        if self.stream.aggregate_op is None:
+        aggregate = self.stream.aggregate_op
+        if aggregate is None:
             raise _fail(f"query {self.name}", "the output is not aggregated; end the query "
                                               "with .window(...).group_by(...).agg(...)")
+        last = self.stream.plan.output
+        if aggregate.rollup and last is not aggregate:
+            raise _fail(f"query {self.name}",
+                        f"the aggregate may roll up {_keys(aggregate.rollup)}, so its rows "
+                        f"must be the result: a step after it ({last.describe()}) would see "
+                        "coarser rows; drop the step or the group_by's rollup")
 
     def plan(self) -> LogicalPlan:
         return self.stream.plan

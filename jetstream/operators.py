@@ -268,6 +268,9 @@ class WindowAggregate(Operator):
     keys: tuple[str, ...]
     aggregates: tuple[tuple[str, Aggregate], ...]
     phase: Phase = Phase.COMPLETE
+    #: Keys a degraded link may coarsen: each with an expression of that key alone giving
+    #: its coarser value (``url`` to ``url_domain(url)``), see jetstream.approx.rollup.
+    rollup: tuple[tuple[str, Expr], ...] = ()
     kind: ClassVar[str] = "aggregate"
     stateless: ClassVar[bool] = False
 
@@ -292,7 +295,8 @@ class WindowAggregate(Operator):
         aggs = ", ".join(f"{name}={agg}" for name, agg in self.aggregates)
         by = f" by {', '.join(self.keys)}" if self.keys else ""
         phase = "" if self.phase is Phase.COMPLETE else f"{self.phase.value} "
-        return f"{phase}aggregate{by}: {aggs}"
+        rollup = "".join(f"; {key} rolls up to {expr}" for key, expr in self.rollup)
+        return f"{phase}aggregate{by}: {aggs}{rollup}"
 
     def properties(self) -> list[str]:
         return [*super().properties(),

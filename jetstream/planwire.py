@@ -126,7 +126,8 @@ def _step_to_proto(op: Operator, query: str) -> pb.PlanStep:
                                                 early_ms=op.early_ms))
     if isinstance(op, WindowAggregate) and op.phase is Phase.COMPLETE:
         return pb.PlanStep(aggregate=pb.AggregateStep(
-            keys=op.keys, aggregates=[_aggregate_to_proto(n, a) for n, a in op.aggregates]))
+            keys=op.keys, aggregates=[_aggregate_to_proto(n, a) for n, a in op.aggregates],
+            rollup=[pb.NamedExpr(name=k, expr=expr_to_proto(e)) for k, e in op.rollup]))
     if isinstance(op, TopK) and not op.per_input:
         return pb.PlanStep(top_k=pb.TopKStep(k=op.k, by=op.by))
     if isinstance(op, Join):
@@ -349,7 +350,11 @@ def _apply(step: pb.PlanStep, inputs: list[Stream], tables: dict[str, Table],
         if len(aggregates) != len(step.aggregate.aggregates):
             msg = "agg: an aggregate is named twice"
             raise PlanError(msg)
-        return stream.group_by(*step.aggregate.keys).agg(**aggregates)
+        rollup = {r.name: expr_from_proto(r.expr) for r in step.aggregate.rollup}
+        if len(rollup) != len(step.aggregate.rollup):
+            msg = "group_by: a key's rollup is given twice"
+            raise PlanError(msg)
+        return stream.group_by(*step.aggregate.keys, rollup=rollup).agg(**aggregates)
     if kind == "top_k":
         return stream.top_k(step.top_k.k, step.top_k.by)
     if kind == "join":

@@ -26,6 +26,10 @@ class WindowResult:
     past its ``max_error``, say), and ``missing_sites``: the source sites whose data it does
     not hold yet (dead, cut off, or late; a later revision corrects it when their data
     comes). The reference executor leaves these None (the lists empty).
+
+    ``rolled_up`` names the keys a link coarsened (key -> the coarser value's expression, see
+    :mod:`jetstream.approx.rollup`): the rows are then at those coarser keys, exact there
+    unless ``error_bound`` says otherwise, and ``exact`` is False. Empty: the query's own keys.
     """
 
     query: str
@@ -43,6 +47,7 @@ class WindowResult:
     missing_sites: list[str] = field(default_factory=list)
     #: Answered from the sites' cubes (``jetstream history``), not by a live query.
     history: bool = False
+    rolled_up: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

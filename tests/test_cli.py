@@ -55,6 +55,21 @@ def test_explain_plans_a_thin_link_at_a_level_the_slo_allows_or_refuses_it(
         assert "link pop-dc is over capacity" in err and "max_error=0 allows none" in err
 
 
+def test_explain_starts_a_thin_link_at_a_declared_roll_up_without_max_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    topology = tmp_path / "thin.yaml"
+    topology.write_text(two_sites_yaml(distinct_keys=5_000, bandwidth="100kbit", latency="1s"))
+    path = tmp_path / "q.py"
+    path.write_text("import jetstream as js\n"
+                    "logs = js.source('cdn_logs', schema=js.CDN_LOG_SCHEMA)\n"
+                    "query = js.Query('q', logs.window(js.tumbling('10s')).group_by('url', "
+                    "rollup={'url': js.col('url').url_domain()}).agg(requests=js.count()))\n")
+    code = main(["explain", "--query", str(path), "--topology", str(topology)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "starts at level 'rolled up'" in out, out
+
+
 def test_optimized_example_gives_the_same_results(tmp_path: Path) -> None:
     query = load_query(EXAMPLE)
     optimized = js.optimize(query, partitions=3)
@@ -71,7 +86,8 @@ def test_local_runs_the_example_on_the_sample_logs(tmp_path: Path,
     for result in results:
         assert set(result) == {"query", "window_start", "window_end", "rows", "exact",
                                "error_bound", "sites_reporting", "sites_expected", "latency_s",
-                               "wan_bytes", "revision", "warnings", "missing_sites", "history"}
+                               "wan_bytes", "revision", "warnings", "missing_sites", "history",
+                               "rolled_up"}
         assert result["window_end"] - result["window_start"] == 10_000
         assert len(result["rows"]) <= 10
         requests = [row["requests"] for row in result["rows"]]
@@ -178,6 +194,18 @@ def test_a_degraded_rows_aggregate_bounds_read_as_intervals() -> None:
     console.print(render_window(WindowResult("q", 0, 10_000, rows, exact=False,
                                              error_bound=0.2)))
     assert "ms [12.1, 480]; slowest [2,500, ?]" in console.export_text()
+
+
+def test_a_rolled_up_window_says_to_what() -> None:
+    from rich.console import Console
+
+    from jetstream.control.results_view import render_window
+    from jetstream.results import WindowResult
+
+    console = Console(record=True, width=160, force_terminal=False)
+    console.print(render_window(WindowResult("q", 0, 10_000, [{"url": "a.com", "n": 3}],
+                                             exact=False, rolled_up={"url": "url_domain(url)"})))
+    assert "± 0.00%, rolled up: url to url_domain(url)" in console.export_text()
 
 
 def test_results_table_shows_the_newest_windows_and_how_complete_they_are() -> None:

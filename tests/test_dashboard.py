@@ -6,6 +6,7 @@ skipped without it): on fake sites, then on a real cluster running the CDN top-k
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import re
 import shutil
@@ -316,6 +317,7 @@ class TopK(HTMLParser):
         self.tables: dict[str, tuple[int, list[list[str]]]] = {}
         self.revisions: dict[str, int] = {}
         self.profiles: dict[str, list[str]] = {}  # query -> "link level" of its profile rows
+        self.facts: dict[str, list[str]] = {}  # query -> its lines of facts
         self.polls = 0
         self._query = ""
         self._row: list[str] | None = None
@@ -335,7 +337,7 @@ class TopK(HTMLParser):
                 f"{a.get('data-link')} {a.get('data-level')}")
         elif tag == "tr" and a.get("class") == "row":
             self._row = []
-        elif tag == "td" and self._row is not None:
+        elif (tag == "td" and self._row is not None) or (tag == "p" and a.get("class") == "facts"):
             self._cell = []
 
     def handle_data(self, data: str) -> None:
@@ -345,6 +347,9 @@ class TopK(HTMLParser):
     def handle_endtag(self, tag: str) -> None:
         if tag == "td" and self._row is not None and self._cell is not None:
             self._row.append("".join(self._cell))
+            self._cell = None
+        elif tag == "p" and self._row is None and self._cell is not None:
+            self.facts.setdefault(self._query, []).append("".join(self._cell))
             self._cell = None
         elif tag == "tr" and self._row is not None:
             self.tables[self._query][1].append(self._row)
@@ -377,10 +382,15 @@ def test_the_page_draws_the_top_k_and_follows_new_windows(served: Dashboard,
     assert [(r[0], r[1]) for r in rows] == [("a.com", "50"), ("b.com", "20")]
     assert rows[0][-2:] == ["[48, 50]; slowest [900, ?]", "certain"]
     assert rows[1][-2:] == ["[18, 20]", "likely"]
-    running.publish(QUERY, [window(10, ("<b>c.com</b>", 70))], False)
+    assert not any("rolled up" in line for line in first.facts[QUERY])
+    rolled = dataclasses.replace(window(10, ("<b>c.com</b>", 70)),
+                                 rolled_up={"domain": "domain.lower()"})
+    running.publish(QUERY, [rolled], False)
     second = dump(url)
     assert second.tables[QUERY][0] == 10_000
     assert second.tables[QUERY][1][0][0] == "<b>c.com</b>"  # text, never markup
+    assert any(line.startswith("window [") and line.endswith(
+        "· rolled up: domain to domain.lower()") for line in second.facts[QUERY])
 
 
 @needs_chromium

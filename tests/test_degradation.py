@@ -418,3 +418,39 @@ def test_pinning_refuses_what_the_link_does_not_have() -> None:
 
 def _true_count(events: list[dict[str, Any]], domain: str) -> int:
     return sum(e["domain"] == domain for e in events)
+
+
+ROLLED_UP = """
+import jetstream as js
+from jetstream import col
+logs = js.source('cdn_logs', schema=js.CDN_LOG_SCHEMA)
+query = js.Query('thin', logs.window(js.tumbling('1s'), watermark='0s')
+                 .group_by('url', rollup={'url': col('url').url_domain()})
+                 .agg(requests=js.count(), kb=js.sum('bytes'), slowest=js.max('latency_ms'),
+                      users=js.count_distinct('client_ip')))
+"""
+
+
+def test_a_link_held_at_its_roll_up_sends_each_domain_once_and_the_root_reports_it_exact(
+        ) -> None:
+    """A count by url whose group_by declares url -> its domain, over real gRPC, the link
+    pinned at 'rolled up': every result says it is rolled up (and so not exact), and its
+    rows equal what js.run_local gives for the query grouped by each url's domain."""
+    rnd = random.Random(11)
+    events = [window_events(w, rnd) for w in range(3)]
+    for window in events:
+        for event in window:
+            event["url"] = f"http://{event['domain']}/p{rnd.randrange(20)}.png"
+            event["client_ip"] = f"10.0.0.{rnd.randrange(50)}"
+            event["latency_ms"] = float(rnd.randrange(1, 900))
+    results, levels, policy = through_thin_link(ROLLED_UP, events, range(0), pin="rolled up")
+    assert policy.pinned and set(levels) == {1}
+    coarse = query_from_source(ROLLED_UP.replace(
+        "logs.window(", "logs.with_column('url', col('url').url_domain()).window("), "<test>")
+    want = {r.window_start: r.rows for r in js.run_local(coarse, [e for w in events for e in w])}
+    assert sorted(r.window_start for r in results) == sorted(want) == [0, 1000, 2000]
+    for result in results:
+        assert result.rolled_up == {"url": "url.url_domain()"} and not result.exact
+        assert result.error_bound == 0.0
+        assert sorted(result.rows, key=lambda r: r["url"]) == sorted(
+            want[result.window_start], key=lambda r: r["url"])

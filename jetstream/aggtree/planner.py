@@ -246,7 +246,9 @@ def plan_query(query: Query, topology: Topology, *, max_fan_in: int = 32) -> Phy
     if not feasible and (max((tree.in_degree(n) for n in tree), default=0) > max_fan_in
                          or any(u > 1.0 for *_, u in tree.edges(data="utilisation"))):
         _raise_infeasible(tree, topology, max_fan_in)
-    fragments = _fragments(query.name, tree, topology, sources, loads, every_s, split,
+    # (A roll-up's coarser keys would not stay in their key partitions: its merges run whole.)
+    fragments = _fragments(query.name, tree, topology, sources, loads, every_s,
+                           split and not aggregate.rollup,
                            ranked=any(isinstance(op, TopK) for op in ops))
     for child, level in levels.items():
         fragments[child] = dataclasses.replace(fragments[child], level=level.index)

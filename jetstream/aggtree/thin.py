@@ -5,9 +5,10 @@ A link over capacity at the declared load is not refused outright when the query
 degrade (:mod:`jetstream.approx.levels`) and its SLO allows it: the link gets the cheapest
 level whose nominal error is within the SLO's ``max_error`` (the user said that much error
 is fine, and the fewest bytes leave the most room), if that level fits the link; its sender's
-policy starts there and steps up as the link allows. A query without ``max_error``, or whose
-allowed levels do not fit, is refused, naming the link and the level (and the ``max_error``)
-that would fit.
+policy starts there and steps up as the link allows. A query's declared roll-up
+(:mod:`jetstream.approx.rollup`) has nominal error 0, so it is allowed with or without
+``max_error``. A query whose allowed levels do not fit is refused, naming the link and the
+level (and the ``max_error``) that would fit.
 
 A level's bytes at the declared load are estimated from the exact partial's: a truncation
 keeps ``factor * k`` of its rows, a frequent-items sketch weighs about as many rows as
@@ -24,7 +25,14 @@ import networkx as nx
 
 from jetstream.aggtree.cost import rate_text
 from jetstream.aggtree.topology import Topology
-from jetstream.approx.levels import DegradationLevel, Ladder, Ranking, heaviest, ladder
+from jetstream.approx.levels import (
+    ROLLUP_WEIGHT,
+    DegradationLevel,
+    Ladder,
+    Ranking,
+    heaviest,
+    ladder,
+)
 from jetstream.dsl import SLO, Query
 from jetstream.errors import PlacementError
 from jetstream.operators import WindowAggregate
@@ -67,7 +75,8 @@ def thin_links(query: Query, tree: nx.DiGraph, topology: Topology,
         shares = [_share(levels, level, rows) for level in levels.levels]
         fitting = [lv for lv, share in zip(levels.levels, shares, strict=True)
                    if budget.fits(exact * share)]
-        allowed = [lv for lv in fitting if max_error is not None and lv.error_bound <= max_error]
+        # (A declared roll-up's level, nominal error 0, needs no max_error.)
+        allowed = [lv for lv in fitting if lv.error_bound <= (max_error or 0.0)]
         if not allowed:
             raise PlacementError(f"{budget.why_not(exact)}; {_what_fits(fitting, max_error)}")
         level = allowed[-1]  # the cheapest the SLO allows
@@ -122,9 +131,10 @@ def _share(levels: Ladder, level: DegradationLevel, rows: float) -> float:
     if level.index == 0:
         return 1.0
     how = levels.encoding(level)
-    if how.keep is None and how.lg_max_k is None:  # distinct counts and quantiles sketched
+    if how.keep is None and how.lg_max_k is None:  # rolled up, or holistic values sketched
         return level.bytes_per_window / levels.levels[0].bytes_per_window
-    return min(1.0, level.bytes_per_window / rows) if rows else 1.0
+    kept = min(1.0, level.bytes_per_window / rows) if rows else 1.0
+    return min(kept, ROLLUP_WEIGHT) if how.rollup else kept
 
 
 def _what_fits(fitting: list[DegradationLevel], max_error: float | None) -> str:

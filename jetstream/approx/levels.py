@@ -15,7 +15,12 @@ keys left out may hold (``BoundedPartial.cut``).
 
 A query with exact distinct counts or quantiles steps down first to HLL and KLL sketches of
 them (:mod:`jetstream.approx.holistic`): two sizes without a top-k or a truncation, the finer
-one (and its truncations) with one. A query with none of these has only the exact level.
+one (and its truncations) with one.
+
+A query whose group_by declares a roll-up (:mod:`jetstream.approx.rollup`) steps down first to
+its rows rolled up to the coarser keys, exact there (its nominal error 0: the user chose that
+granularity); every level below rolls up too. A query with none of these has only the exact
+level.
 """
 
 from __future__ import annotations
@@ -23,11 +28,12 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from jetstream.aggregates import Avg, Count, Sum
 from jetstream.approx.holistic import SketchSize, holistic, sketched
 from jetstream.approx.items import MIN_LG_MAX_K, ItemsSketch, to_items
+from jetstream.approx.rollup import roll_up
 from jetstream.approx.truncate import BoundedPartial, truncate
 from jetstream.dsl import Query
 from jetstream.errors import PlanError
@@ -68,6 +74,9 @@ CUT_EXACT_ROWS = 4 * CUT_KEEPS[0]
 #: sketch's a-priori one, a fraction of the window's total.
 SKETCH_LEVELS = 2
 SKETCH_ITEM_WEIGHT = 0.5
+#: What a rolled-up window is taken to weigh against its exact partial (a guess, as the
+#: others: a link's profile measures it).
+ROLLUP_WEIGHT = 1 / 8
 
 
 @dataclass(frozen=True)
@@ -106,11 +115,13 @@ class Ranking:
 class Encoding:
     """How a window goes over the wire at one level: every row (``keep`` and ``lg_max_k``
     None), the top ``keep`` rows, or a frequent-items sketch of ``2**lg_max_k`` items; with
-    ``sketch``, the rows' exact distinct counts and quantiles as sketches of that size."""
+    ``sketch``, the rows' exact distinct counts and quantiles as sketches of that size; with
+    ``rollup``, its rows rolled up to the coarser keys first."""
 
     keep: int | None = None
     lg_max_k: int | None = None
     sketch: SketchSize | None = None
+    rollup: bool = False
 
 
 def ranking(query: Query) -> Ranking | None:
@@ -175,6 +186,8 @@ class Ladder:
         """A window's partial as ``level`` ships it: unchanged, its holistic aggregates
         sketched, truncated, or a frequent-items sketch of its keys."""
         how = self.encodings[level.index]
+        if how.rollup:
+            partial = roll_up(partial, aggregate)
         if how.lg_max_k is not None:
             assert self.rank is not None, "only a top-k has frequent-items levels"
             return to_items(partial, aggregate, self.rank.by, how.lg_max_k)
@@ -194,7 +207,8 @@ def ladder(rank: Ranking | None, aggregate: WindowAggregate | None = None,
     distinct counts and quantiles, if it has any; for a top-k, truncation to ``factor * k``
     keys for each factor (of sketched rows, if any), then, for an integer ranking, frequent-
     items sketches of shrinking size; without a top-k, with ``heaviest`` (see
-    :func:`heaviest`), truncation to each of ``CUT_KEEPS`` keys by it."""
+    :func:`heaviest`), truncation to each of ``CUT_KEEPS`` keys by it. Where ``aggregate``
+    declares a roll-up, the rolled-up rows come second, and every later level rolls up."""
     kinds = holistic(aggregate) if aggregate is not None else set()
     cuts = heaviest if rank is None else None
     exact = (float(max(EXACT_ROWS_GUESS * rank.k, TRUNCATION_FACTORS[0] * rank.k * 2))
@@ -222,6 +236,11 @@ def ladder(rank: Ranking | None, aggregate: WindowAggregate | None = None,
         steps += [(f"heaviest {n}{also}", n * row_weight, max(error, floor),
                    Encoding(keep=n, sketch=sketch))
                   for n, error in zip(CUT_KEEPS, CUT_ERRORS, strict=True)]
+    if aggregate is not None and aggregate.rollup:
+        rolled = exact * ROLLUP_WEIGHT
+        steps = [steps[0], ("rolled up", rolled, 0.0, Encoding(rollup=True)),
+                 *((f"rolled up, {name}", min(size, rolled), error, replace(how, rollup=True))
+                   for name, size, error, how in steps[1:])]
     return Ladder(rank, degradation_ladder((name, size, error) for name, size, error, _ in steps),
                   tuple(how for *_, how in steps), cuts)
 

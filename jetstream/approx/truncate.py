@@ -105,6 +105,8 @@ class BoundedPartial:
     ranges
         Per min, max or average (:data:`RANGED`) that any dropped row had a value of, the
         smallest and largest such value; None when unknown (see the module docstring).
+    rolled_up
+        Whether the rows' keys are the aggregate's coarser values (jetstream.approx.rollup).
     """
 
     rows: tuple[Row, ...]
@@ -114,6 +116,7 @@ class BoundedPartial:
     truncated: bool
     cut: float = 0.0
     ranges: Ranges | None = None
+    rolled_up: bool = False
 
     def __post_init__(self) -> None:
         if not len(self.rows) == len(self.slack) == len(self.complete):
@@ -131,24 +134,24 @@ class BoundedPartial:
         return not self.truncated
 
 
-def exact_partial(rows: Iterable[Row]) -> BoundedPartial:
+def exact_partial(rows: Iterable[Row], rolled_up: bool = False) -> BoundedPartial:
     """Rows that nothing was dropped from, as a bounded partial (slack 0, omitted 0)."""
     kept = tuple(dict(row) for row in rows)
     return BoundedPartial(kept, (0.0,) * len(kept), 0.0, (True,) * len(kept), False,
-                          ranges={})
+                          ranges={}, rolled_up=rolled_up)
 
 
 def with_bounds(rows: Iterable[Mapping[str, Any]], slack: Sequence[float] | None, omitted: float,
                 complete: Sequence[bool] | None, cut: float = 0.0,
-                ranges: Ranges | None = None) -> BoundedPartial:
+                ranges: Ranges | None = None, rolled_up: bool = False) -> BoundedPartial:
     """Rows as they travel (a batch, a merged window) as a bounded partial: without
     ``slack``, exact; without completeness flags, a row without slack counts as complete."""
     kept = tuple(dict(row) for row in rows)
     if slack is None:
-        return exact_partial(kept)
+        return exact_partial(kept, rolled_up)
     return BoundedPartial(kept, tuple(slack), omitted,
                           tuple(complete) if complete is not None else tuple(s == 0 for s in slack),
-                          True, cut, ranges)
+                          True, cut, ranges, rolled_up)
 
 
 def truncate(rows: Sequence[Row] | BoundedPartial, aggregate: WindowAggregate, rank: str,
@@ -203,7 +206,8 @@ def truncate(rows: Sequence[Row] | BoundedPartial, aggregate: WindowAggregate, r
         tuple(partial.complete[i] for i in kept),
         partial.truncated or bool(dropped),
         round_up(_exact_sum(ranked[i].ub for i in dropped) + Fraction(partial.cut)),
-        _widened(partial.ranges, (partial.rows[i] for i in dropped), aggregate))
+        _widened(partial.ranges, (partial.rows[i] for i in dropped), aggregate),
+        partial.rolled_up)
 
 
 def merge_bounded(partials: Iterable[BoundedPartial],
@@ -230,9 +234,14 @@ def merge_bounded(partials: Iterable[BoundedPartial],
     Raises
     ------
     DataError
-        If a group key appears twice in one input.
+        If a group key appears twice in one input, or some inputs are rolled up and others
+        not (:func:`jetstream.approx.rollup.merged` rolls them up first).
     """
     inputs = list(partials)
+    rolled_up = {p.rolled_up for p in inputs}
+    if len(rolled_up) > 1:
+        msg = "merge_bounded: some partials are rolled up and some not; roll them all up first"
+        raise DataError(msg)
     aggregates = aggregate.aggregates
     merged: dict[Key, Row] = {}
     # Per key: the exact sum of (slack - omitted) over the inputs holding it, so that adding
@@ -268,7 +277,7 @@ def merge_bounded(partials: Iterable[BoundedPartial],
         tuple(complete[key] and held_by_truncated[key] == truncated for key in keys),
         truncated > 0,
         round_up(sum((Fraction(p.cut) for p in inputs), Fraction(0))),
-        union_ranges(p.ranges for p in inputs))
+        union_ranges(p.ranges for p in inputs), True in rolled_up)
 
 
 @dataclass(frozen=True)

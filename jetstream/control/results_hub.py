@@ -171,7 +171,8 @@ def _said(result: WindowResult) -> str:
     """A digest of what a result says of its window, apart from when and at what cost it
     came."""
     text = json.dumps([result.rows, result.exact, result.error_bound, result.sites_reporting,
-                       result.sites_expected, result.missing_sites, result.warnings],
+                       result.sites_expected, result.missing_sites, result.warnings,
+                       *([result.rolled_up] if result.rolled_up else [])],
                       sort_keys=True, default=repr)
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 

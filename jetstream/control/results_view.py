@@ -69,6 +69,9 @@ def render_window(result: WindowResult) -> Group:
     if result.wan_bytes is not None:
         facts.append(f"{result.wan_bytes:,} B wide-area")
     facts.append("exact" if result.exact else f"± {result.error_bound or 0:.2%}")
+    if result.rolled_up:
+        facts.append("rolled up: " + ", ".join(f"{key} to {to}"
+                                               for key, to in result.rolled_up.items()))
     if result.revision:
         facts.append(f"correction {result.revision}")
     heading = Text(f"{result.query} [{_time(result.window_start)}, "

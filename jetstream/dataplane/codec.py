@@ -86,6 +86,8 @@ def _document(batch: PartialBatch, aggregate: WindowAggregate) -> bytes:
                               "complete": list(complete), "cut": batch.cut}
         if batch.ranges is not None:
             document["bounds"]["ranges"] = {name: list(r) for name, r in batch.ranges.items()}
+    if batch.rolled_up:
+        document["rolled_up"] = True
     return json.dumps(document, separators=(",", ":"), allow_nan=False).encode()
 
 
@@ -137,7 +139,7 @@ def decode_batch(message: pb.PartialBatch, aggregate: WindowAggregate,
         except DataError as e:
             raise DataError(f"{where}: {e}") from None
         rows, slack, omitted, complete = read.rows, read.slack, read.omitted, read.complete
-        cut, ranges = 0.0, None
+        cut, ranges, rolled_up = 0.0, None, False
     else:
         if isinstance(document, dict) and isinstance(document.get("partials"), dict):
             _unscaled(document, aggregate, where)
@@ -145,6 +147,11 @@ def decode_batch(message: pb.PartialBatch, aggregate: WindowAggregate,
         bounds = document.get("bounds")
         slack, omitted, complete, cut = _bounds(bounds, len(rows), where)
         ranges = None if slack is None else _ranges(bounds.get("ranges"), aggregate, where)
+        rolled_up = document.get("rolled_up", False)
+        if rolled_up is not False and not (rolled_up is True and aggregate.rollup):
+            msg = (f"{where}: rolled_up is {rolled_up!r}, but the query declares "
+                   f"{'a' if aggregate.rollup else 'no'} roll-up")
+            raise DataError(msg)
     return PartialBatch(
         query=message.query, window=(message.window_start_ms, message.window_end_ms),
         origin=message.origin, rows=rows, partition=message.partition, attempt=message.attempt,
@@ -153,7 +160,7 @@ def decode_batch(message: pb.PartialBatch, aggregate: WindowAggregate,
         covers=frozenset(message.covers) or frozenset({message.origin}),
         wan_bytes=message.wan_bytes, closed_at_ms=message.closed_at_ms,
         revision=message.revision, slack=slack, omitted=omitted, complete_rows=complete, cut=cut,
-        ranges=ranges, warnings=tuple(message.warnings),
+        ranges=ranges, rolled_up=rolled_up, warnings=tuple(message.warnings),
         rounds=message.rounds and slack is not None, early=message.early)
 
 
@@ -243,7 +250,7 @@ def _inflate(payload: bytes, where: str) -> bytes:
 def _rows(document: Any, aggregate: WindowAggregate, where: str) -> tuple[dict[str, Any], ...]:
     names = [name for name, _ in aggregate.aggregates]
     if (not isinstance(document, dict) or not {"keys", "partials"} <= set(document)
-            or not set(document) <= {"keys", "partials", "bounds"}
+            or not set(document) <= {"keys", "partials", "bounds", "rolled_up"}
             or not isinstance(document["keys"], dict)
             or sorted(document["keys"]) != sorted(aggregate.keys)
             or not isinstance(document["partials"], dict)

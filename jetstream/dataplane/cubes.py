@@ -356,7 +356,8 @@ class CubeStore:
             level=max(b.level for b in batches), covers=merged.covers,
             wan_bytes=merged.wan_bytes, closed_at_ms=merged.closed_at_ms, slack=merged.slack,
             omitted=merged.omitted, cut=merged.cut, complete_rows=merged.complete_rows,
-            warnings=merged.warnings), aggregate)
+            ranges=merged.ranges, rolled_up=merged.rolled_up, warnings=merged.warnings),
+            aggregate)
         if len(message.payload) > MAX_PAYLOAD_BYTES:
             log.warning("cube store: the %d ms rollup of %s at %d is too large to keep",
                         level, query, start)

@@ -15,6 +15,7 @@ from typing import Any
 
 from jetstream import metrics
 from jetstream.approx.levels import Ranking, heaviest
+from jetstream.approx.rollup import rollup_text
 from jetstream.approx.truncate import (
     BoundedPartial,
     bounds,
@@ -63,6 +64,9 @@ class RootResults:
                        for r in results]
         elif merged.slack is not None and self.heaviest is not None:
             results = [with_row_bounds(r, merged.bounded, self.partial, self.heaviest)
+                       for r in results]
+        if merged.rolled_up:
+            results = [dataclasses.replace(r, exact=False, rolled_up=rollup_text(self.partial))
                        for r in results]
         latency_s = (now_ms - merged.closed_at_ms) / 1000 if merged.closed_at_ms else 0.0
         if merged.closed_at_ms:

@@ -40,8 +40,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from jetstream.aggregates import Aggregate
+from jetstream.approx import rollup
 from jetstream.approx.levels import Ladder, ladder, ranking
-from jetstream.approx.truncate import BoundedPartial, merge_bounded
+from jetstream.approx.truncate import BoundedPartial
 from jetstream.dataplane.codec import decode_batch, encode_batch
 from jetstream.dataplane.cubes import DEFAULT_RETENTION
 from jetstream.dataplane.finish import with_top_k_bounds
@@ -107,6 +108,7 @@ class HistoryPlan:
         same_rank = (stored is not None and mine is not None and self.keys == tuple(
             partial_aggregate(self.stored).keys) and (mine.by, stored.by) in self.aggregates)
         allowed = [lv.index for lv in steps.levels if steps.encoding(lv).lg_max_k is None
+                   and not steps.encoding(lv).rollup
                    and (same_rank or steps.encoding(lv).keep is None)]
         return max(allowed)
 
@@ -130,7 +132,9 @@ class HistoryPlan:
         that came truncated (a site's answer stepped down on a thin link, see
         :func:`degraded_answer`) makes its history windows' rows carry top-k bounds."""
         answered = set(expected) - set(unanswered)
-        partial = partial_aggregate(self.query)
+        # What a stored window rolled up on its link holds of the history's keys.
+        partial = dataclasses.replace(partial_aggregate(self.query), rollup=tuple(
+            (k, e) for k, e in partial_aggregate(self.stored).rollup if k in self.keys))
         spec = self.window.spec
         wanted = set(self.windows())
         pieces: dict[Windows, list[BoundedPartial]] = {}
@@ -149,8 +153,11 @@ class HistoryPlan:
                     "missing" for site in missing]
         results = []
         for window in sorted(pieces):
-            merged = merge_bounded(pieces[window], partial)
+            merged = rollup.merged(pieces[window], partial)
             for result in finish_from_partials(self.query, {window: list(merged.rows)}):
+                if merged.rolled_up:
+                    result = dataclasses.replace(result, exact=False,
+                                                 rolled_up=rollup.rollup_text(partial))
                 if merged.truncated and rank is not None:
                     result = with_top_k_bounds(result, merged, partial, rank)
                 elif merged.truncated:  # (degraded_answer truncates only for a top-k)
@@ -187,7 +194,8 @@ class HistoryPlan:
             name: bounded.ranges[stored] for name, stored in self.aggregates
             if stored in bounded.ranges}
         return BoundedPartial(tuple(rows.values()), tuple(slack.values()), bounded.omitted,
-                              tuple(complete.values()), bounded.truncated, bounded.cut, ranges)
+                              tuple(complete.values()), bounded.truncated, bounded.cut, ranges,
+                              bounded.rolled_up and bool(partial.rollup))
 
 
 @dataclass(frozen=True)
@@ -331,6 +339,13 @@ def _derive(history: Query, stored: Query, since_ms: int, until_ms: int, now_ms:
                f"{', '.join(s_partial.keys) or 'none'})")
         raise PlanError(msg)
     where = _steps_match(h_chain, s_chain, s_partial.keys)
+    filtered = sorted({k for k, _ in s_partial.rollup} & set().union(
+        *(e.columns() for e in where)))
+    if filtered:
+        msg = (f"a thin link may roll up its windows' {', '.join(filtered)}, and its cubes "
+               f"keep them as sent, so they cannot answer a filter on {', '.join(filtered)}; "
+               "filter on another key")
+        raise PlanError(msg)
     aggregates = []
     for name, agg in h_partial.aggregates:
         same = next((s for s, other in s_partial.aggregates if _same(agg, other)), None)

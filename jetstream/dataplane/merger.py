@@ -47,6 +47,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from jetstream.approx import rollup
 from jetstream.approx.levels import Ranking
 from jetstream.approx.rounds import Ask, exact_rows, next_asks, settled
 from jetstream.approx.truncate import (
@@ -97,12 +98,13 @@ class MergedWindow:
     warnings: tuple[str, ...] = ()  # the inputs' warnings, each once
     cut: float = 0.0  # the keys left out add up to at most this (jetstream.approx.truncate)
     ranges: Ranges | None = None  # each min's, max's and mean's over the rows left out
+    rolled_up: bool = False  # its keys are the coarser values (jetstream.approx.rollup)
 
     @property
     def bounded(self) -> BoundedPartial:
         """The rows with their truncation bounds (exact: zero slack)."""
         return with_bounds(self.rows, self.slack, self.omitted, self.complete_rows, self.cut,
-                           self.ranges)
+                           self.ranges, self.rolled_up)
 
     @property
     def complete(self) -> bool:
@@ -354,13 +356,15 @@ class WindowMerger:
         batches = list(pending.batches.values())
         pending.sent, pending.revision = self._versions(pending), pending.revision + 1
         slack: tuple[float, ...] | None = None
-        omitted, complete, cut, ranges = 0.0, None, 0.0, None
-        if any(b.slack is not None for b in batches):
+        omitted, complete, cut, ranges, rolled_up = 0.0, None, 0.0, None, False
+        if any(b.slack is not None or b.rolled_up for b in batches):
             bounded = [b.bounded for b in batches]
             merged = (_disjoint(bounded) if self.key_partitions
-                      else merge_bounded(bounded, self.aggregate))
-            rows, slack, omitted = merged.rows, merged.slack, merged.omitted
-            complete, cut, ranges = merged.complete, merged.cut, merged.ranges
+                      else rollup.merged(bounded, self.aggregate))
+            rows, rolled_up = merged.rows, merged.rolled_up
+            if merged.truncated:
+                slack, omitted, complete = merged.slack, merged.omitted, merged.complete
+                cut, ranges = merged.cut, merged.ranges
             if self._in_rounds(pending) and self._exact(pending):
                 rows, slack, omitted, complete, cut, ranges = (exact_rows(merged), None, 0.0,
                                                                None, 0.0, None)
@@ -384,7 +388,7 @@ class WindowMerger:
             revision=pending.revision, inputs_complete=all(b.complete for b in batches),
             early=self._early(window, pending),
             slack=slack, omitted=omitted, complete_rows=complete, cut=cut, ranges=ranges,
-            warnings=tuple(sorted({w for b in batches for w in b.warnings})))
+            rolled_up=rolled_up, warnings=tuple(sorted({w for b in batches for w in b.warnings})))
 
     def _merge_rows(self, batches: list[PartialBatch]) -> tuple[dict[str, Any], ...]:
         aggregates = self.aggregate.aggregates

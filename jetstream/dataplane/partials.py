@@ -63,12 +63,14 @@ class PartialBatch:
     #: Of a truncated batch: the range of each min, max and average over the rows left out
     #: (None: unknown; see jetstream.approx.truncate).
     ranges: Ranges | None = None
+    #: Its rows' keys are the query's coarser values (see jetstream.approx.rollup).
+    rolled_up: bool = False
 
     @property
     def bounded(self) -> BoundedPartial:
         """The rows with their truncation bounds (exact: zero slack)."""
         return with_bounds(self.rows, self.slack, self.omitted, self.complete_rows, self.cut,
-                           self.ranges)
+                           self.ranges, self.rolled_up)
 
     @property
     def identity(self) -> tuple[str, int, int, str, int, int]:
@@ -89,4 +91,5 @@ def summarised(batch: PartialBatch, summary: BoundedPartial | ItemsSketch,
         batch, rows=summary.rows, slack=summary.slack if truncated else None,
         omitted=summary.omitted, cut=summary.cut if truncated else 0.0,
         complete_rows=summary.complete if truncated else None,
-        ranges=summary.ranges if truncated else None, items=None, level=level)
+        ranges=summary.ranges if truncated else None, items=None, level=level,
+        rolled_up=summary.rolled_up)

@@ -195,7 +195,7 @@ class Uplink:
             revision=merged.revision + self.revision_base, slack=merged.slack,
             omitted=merged.omitted, cut=merged.cut, ranges=merged.ranges,
             complete_rows=merged.complete_rows, warnings=self._warnings(merged),
-            early=merged.early)
+            early=merged.early, rolled_up=merged.rolled_up)
         exact = batch
         if self.answerer is not None:  # its answers count revisions apart: so does all
             batch = dataclasses.replace(batch, revision=self.revision_base
@@ -210,8 +210,8 @@ class Uplink:
             batch = self._degraded(batch, merged)
         with self._lock:
             self._push(batch)
-        if (self.profile is not None and merged.slack is None and merged.revision == 0
-                and self.profile.due()):  # (a correction is the same window again)
+        if (self.profile is not None and merged.slack is None and not merged.rolled_up
+                and merged.revision == 0 and self.profile.due()):  # (not a correction)
             with contextlib.suppress(queue.Full):  # still on the last one: skip this one
                 self._to_measure.put_nowait((exact, merged))
         return len(batch.rows)

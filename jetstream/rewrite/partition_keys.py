@@ -47,6 +47,10 @@ def partition_keys(plan: LogicalPlan, context: RewriteContext) -> LogicalPlan:
         if not aggregate.keys:
             context.declined(RULE, f"{text} has no group key to partition by")
             continue
+        if aggregate.rollup:
+            context.declined(RULE, f"{text} stays whole: a link may roll its rows up, and a "
+                                   "key's coarser value falls in another partition than it")
+            continue
         upstream = input_of(graph, node)
         if isinstance(op(graph, upstream), KeyPartition):
             continue  # already partitioned

@@ -188,12 +188,14 @@ class AggregateSpec(_message.Message):
     def __init__(self, output: _Optional[str] = ..., function: _Optional[str] = ..., input: _Optional[_Union[Expr, _Mapping]] = ..., params: _Optional[_Mapping[str, Value]] = ...) -> None: ...
 
 class AggregateStep(_message.Message):
-    __slots__ = ("keys", "aggregates")
+    __slots__ = ("keys", "aggregates", "rollup")
     KEYS_FIELD_NUMBER: _ClassVar[int]
     AGGREGATES_FIELD_NUMBER: _ClassVar[int]
+    ROLLUP_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[str]
     aggregates: _containers.RepeatedCompositeFieldContainer[AggregateSpec]
-    def __init__(self, keys: _Optional[_Iterable[str]] = ..., aggregates: _Optional[_Iterable[_Union[AggregateSpec, _Mapping]]] = ...) -> None: ...
+    rollup: _containers.RepeatedCompositeFieldContainer[NamedExpr]
+    def __init__(self, keys: _Optional[_Iterable[str]] = ..., aggregates: _Optional[_Iterable[_Union[AggregateSpec, _Mapping]]] = ..., rollup: _Optional[_Iterable[_Union[NamedExpr, _Mapping]]] = ...) -> None: ...
 
 class TopKStep(_message.Message):
     __slots__ = ("k", "by")
@@ -276,7 +278,14 @@ class CallExpr(_message.Message):
     def __init__(self, fn: _Optional[str] = ..., operand: _Optional[_Union[Expr, _Mapping]] = ...) -> None: ...
 
 class WindowResult(_message.Message):
-    __slots__ = ("query", "window_start_ms", "window_end_ms", "rows", "exact", "error_bound", "sites_reporting", "sites_expected", "latency_s", "wan_bytes", "revision", "warnings", "columns", "missing_sites", "history")
+    __slots__ = ("query", "window_start_ms", "window_end_ms", "rows", "exact", "error_bound", "sites_reporting", "sites_expected", "latency_s", "wan_bytes", "revision", "warnings", "columns", "missing_sites", "history", "rolled_up")
+    class RolledUpEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     QUERY_FIELD_NUMBER: _ClassVar[int]
     WINDOW_START_MS_FIELD_NUMBER: _ClassVar[int]
     WINDOW_END_MS_FIELD_NUMBER: _ClassVar[int]
@@ -292,6 +301,7 @@ class WindowResult(_message.Message):
     COLUMNS_FIELD_NUMBER: _ClassVar[int]
     MISSING_SITES_FIELD_NUMBER: _ClassVar[int]
     HISTORY_FIELD_NUMBER: _ClassVar[int]
+    ROLLED_UP_FIELD_NUMBER: _ClassVar[int]
     query: str
     window_start_ms: int
     window_end_ms: int
@@ -307,4 +317,5 @@ class WindowResult(_message.Message):
     columns: _containers.RepeatedScalarFieldContainer[str]
     missing_sites: _containers.RepeatedScalarFieldContainer[str]
     history: bool
-    def __init__(self, query: _Optional[str] = ..., window_start_ms: _Optional[int] = ..., window_end_ms: _Optional[int] = ..., rows: _Optional[_Iterable[_Union[Record, _Mapping]]] = ..., exact: _Optional[bool] = ..., error_bound: _Optional[float] = ..., sites_reporting: _Optional[int] = ..., sites_expected: _Optional[int] = ..., latency_s: _Optional[float] = ..., wan_bytes: _Optional[int] = ..., revision: _Optional[int] = ..., warnings: _Optional[_Iterable[str]] = ..., columns: _Optional[_Iterable[str]] = ..., missing_sites: _Optional[_Iterable[str]] = ..., history: _Optional[bool] = ...) -> None: ...
+    rolled_up: _containers.ScalarMap[str, str]
+    def __init__(self, query: _Optional[str] = ..., window_start_ms: _Optional[int] = ..., window_end_ms: _Optional[int] = ..., rows: _Optional[_Iterable[_Union[Record, _Mapping]]] = ..., exact: _Optional[bool] = ..., error_bound: _Optional[float] = ..., sites_reporting: _Optional[int] = ..., sites_expected: _Optional[int] = ..., latency_s: _Optional[float] = ..., wan_bytes: _Optional[int] = ..., revision: _Optional[int] = ..., warnings: _Optional[_Iterable[str]] = ..., columns: _Optional[_Iterable[str]] = ..., missing_sites: _Optional[_Iterable[str]] = ..., history: _Optional[bool] = ..., rolled_up: _Optional[_Mapping[str, str]] = ...) -> None: ...
