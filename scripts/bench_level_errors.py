@@ -17,6 +17,8 @@ stated ``error_bound``, against its realised error next to the reference executo
   bound against the truth), and the recall of the true top 10;
 - requests and kB by domain (no top-k): the share of the window's requests the result's rows
   leave out (its lower bounds against the total);
+- requests and kB by url, declared to roll up to the url's domain: the same share, at the
+  result's own keys (a rolled-up result's rows are domains, exact there);
 - distinct clients by domain: the largest relative error of a domain's distinct count;
 - the 95th percentile of latency by domain: the largest rank error of a domain's value
   (how far, as a share of the domain's values in the window, the value returned ranks from
@@ -66,6 +68,10 @@ QUERIES = {
         clients=js.count_distinct("client_ip"))),
     "p95 latency by domain": js.Query("p95", BY_DOMAIN.agg(
         p95=js.quantile("latency_ms", 0.95))),
+    "requests, kB by url, rolls up to its domain": js.Query(
+        "urls", LOGS.window(js.tumbling("10s"), watermark="5s")
+        .group_by("url", rollup={"url": col("url").url_domain()})
+        .agg(requests=js.count(), kb=js.sum(col("bytes") / 1024))),
 }
 
 
@@ -154,16 +160,17 @@ def _realised(name: str, got: WindowResult, want: WindowResult,
               counts: dict[str, int]) -> tuple[float, float]:
     """The realised error of ``got`` against ``want`` (see the module docstring; ``counts``:
     each domain's true requests in the window), and the recall of a top-k."""
-    truth = {row["domain"]: row for row in want.rows}
     if name == "top":
+        truth = {row["domain"]: row for row in want.rows}
         worst = max(abs(row.get("lb", row["requests"]) - counts[row["domain"]])
                     / counts[row["domain"]] for row in got.rows)
         recall = len({r["domain"] for r in got.rows} & set(truth)) / len(truth)
         return worst, recall
-    if name == "counts":
+    if name in ("counts", "urls"):  # (urls: at the result's own keys, rolled up or not)
         total = sum(row["requests"] for row in want.rows)
         held = sum(row.get("lb", row["requests"]) for row in got.rows)
         return (total - held) / total, 1.0
+    truth = {row["domain"]: row for row in want.rows}
     if name == "clients":
         return max(abs(row["clients"] - truth[row["domain"]]["clients"])
                    / truth[row["domain"]]["clients"] for row in got.rows), 1.0
