@@ -157,3 +157,48 @@ def test_a_latency_run_of_one_system_is_refused_without_emulate_or_of_an_unknown
                        "fixed, backhaul"):
         run_latency(ROOT / "topologies" / "local-3dc.yaml", load_query(EXAMPLE), tmp_path,
                     phase_s=1, rate=1, link="200kbit", seed=0, say=print, systems=["spark"])
+
+
+def test_the_load_bench_scores_each_window_and_keeps_the_exact_ones_unlike_run_local(
+        tmp_path: Path) -> None:
+    """Scoring a run against run_local: a window given right, one given exact but wrong
+    (kept in unlike.jsonl beside run_local's rows), one marked inexact, one never given."""
+    from jetstream.lab.load_bench import (
+        CLOSING_S,
+        QUERIES,
+        UNLIKE_FILE,
+        WARMUP_S,
+        LoadRun,
+        _score,
+    )
+    from jetstream.lab.loggen import LogSpec, write_logs
+    from jetstream.local import run_local
+
+    sites = ["ams", "sfo"]
+    write_logs(tmp_path / "input", sites, start_ms=0, duration_s=60, rate=20,
+               spec=LogSpec(domains=50), seed=3)
+    query = QUERIES[0]
+    truth = {(r.window_start, r.window_end): r.rows
+             for r in run_local(query, tmp_path / "input")}
+    # The logs start WARMUP_S after the run did: every window ending by 50 s is counted.
+    started, duration_s = -WARMUP_S, 60 + WARMUP_S
+    counted = sorted(w for w in truth if w[1] / 1000 <= started + duration_s - CLOSING_S)
+    assert len(counted) >= 4
+    right, wrong, inexact, missing = counted[:4]
+    altered = [dict(row) for row in truth[wrong]]
+    altered[0]["requests"] += 1
+    arrived = {query.name: {w: (0.0, truth[w], True) for w in counted if w != missing}}
+    arrived[query.name][wrong] = (0.0, altered, True)
+    arrived[query.name][inexact] = (0.0, altered, False)
+    run = LoadRun("jetstream", 20, 1)
+    _score(run, [query], tmp_path, arrived, [], sites, started, duration_s)
+    figures = run.figures[query.name]
+    assert (figures.windows, figures.unequal, figures.inexact, figures.not_given) == (
+        len(counted), 1, 1, 1)
+    assert run.records == sum(len(f.read_text().splitlines()) - 1  # (less the header)
+                              for f in (tmp_path / "input").glob("*/*.csv")) > 0
+    (line,) = (tmp_path / UNLIKE_FILE).read_text().splitlines()
+    kept = json.loads(line)
+    assert (kept["query"], kept["window"]) == (query.name, list(wrong))
+    assert kept["given"] == altered and kept["run_local"] == truth[wrong]
+    assert right not in (wrong, inexact, missing)

@@ -241,11 +241,13 @@ def _jetstream(topology: Path, folder: Path, queries: Sequence[Query], sites: li
         for query in queries:
             threading.Thread(target=collect, args=(query.name,), daemon=True).start()
         pids = lambda: [p.pid for p in cluster.processes.values()]  # noqa: E731
-        with _Usage(pids, run):
-            started, landings = logs(inputs)
-        _wait_for(arrived, lock, time.time())
-        with lock:
-            received.close()
+        try:
+            with _Usage(pids, run):
+                started, landings = logs(inputs)
+            _wait_for(arrived, lock, time.time())
+        finally:  # (a run that raises keeps what it was given, and the file is whole)
+            with lock:
+                received.close()
     return arrived, started, landings.read()
 
 
