@@ -827,18 +827,23 @@ def test_an_older_fragment_version_is_refused() -> None:
     assert [p.name for p in site.deploy(v1, 2)] == ["local stage"]  # the same version: again
 
 
-def test_a_site_measures_a_link_only_where_a_policy_stepped_down_on_its_own() -> None:
+def test_a_site_measures_a_link_only_where_the_link_paces_a_query() -> None:
+    def link(parent: str, level: str, index: int, sent: int, throughput: float | None,
+             saturated: bool) -> LinkState:
+        return LinkState(parent, level, index, False, sent, throughput, saturated=saturated)
+
     links = {
-        "a": LinkState("ams", "top 20", 1, False, 900, 1_000.0),  # saturated
-        "b": LinkState("ams", "sketch", 3, False, 500, 250.0),  # saturated too: they share
-        "c": LinkState("ams", "exact", 0, False, 100, 750.0),  # exact, on the same link
-        "d": LinkState("dc", "top 20", 1, True, 100, 50.0),  # pinned by an operator
-        "e": LinkState("dc", "top 20", 1, False, 0, None),  # nothing acked lately
-        "f": LinkState("dc", "exact", 0, False, 100, 9_000.0),  # carries all it has
+        "a": link("ams", "top 20", 1, 900, 1_000.0, True),  # stepped down
+        "b": link("ams", "sketch", 3, 500, 250.0, True),  # saturated too: they share
+        "c": link("ams", "exact", 0, 100, 750.0, False),  # exact, on the same link
+        "d": link("dc", "top 20", 1, 100, 50.0, False),  # held there, with room to spare
+        "e": link("dc", "top 20", 1, 0, None, True),  # nothing acked lately
+        "f": link("dc", "exact", 0, 100, 9_000.0, False),  # carries all it has
+        "g": link("lhr", "exact", 0, 100, 500.0, True),  # exact only, and the link too slow
     }
     # Every query on a saturated link counts: they share what it carries.
     assert [(m.peer, m.bandwidth_bps) for m in link_measurements(links)] == [
-        ("ams", 16_000.0)]
+        ("ams", 16_000.0), ("lhr", 4_000.0)]
     assert [(r.query, r.level_index, r.sent_bytes) for r in link_reports(links)][:2] == [
         ("a", 1, 900), ("b", 3, 500)]
 

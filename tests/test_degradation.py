@@ -207,6 +207,35 @@ query = js.Query('thin', logs.window(js.tumbling('1s'), watermark='0s')
 """
 
 
+def test_a_link_too_thin_for_a_query_that_may_not_degrade_is_measured_all_the_same() -> None:
+    """A query whose SLO allows exact results only cannot step down, so its windows queue up
+    on a thin link; the link is what paces them, and the site's heartbeat says what it
+    carries, as it does for a query that stepped down: the controller can plan the tree
+    around the link whatever the query. A link that carries everything is not measured."""
+    source = SOURCE.replace("top_k(5, by='requests'))",
+                            "top_k(5, by='requests'), slo=js.SLO(max_error=0))")
+    query = query_from_source(source, "<test>")
+    rnd = random.Random(7)
+    events = [window_events(w, rnd) for w in range(16)]
+    measured: list[tuple[float, float | None]] = []
+    results, levels, policy = through_thin_link(source, events, range(3, 8), measured=measured,
+                                                thin_s=1.5)
+
+    assert set(levels) == {0} and policy.history == []  # never degraded
+    fast_rate = measured[0][0]
+    assert all(bps is None for _, bps in measured[:3]), measured  # room to spare: unmeasured
+    thin_rate = min(rate for rate, _ in measured)
+    while_thin = [bps for rate, bps in measured[4:8] if rate == thin_rate and bps is not None]
+    assert while_thin, measured
+    assert all(thin_rate / 3 < bps <= thin_rate * 1.1 for bps in while_thin), measured
+    assert measured[-1] == (fast_rate, None), measured  # drained and fast again: unmeasured
+    latest = {r.window_start: r for r in results}
+    assert sorted(latest) == [w * 1000 for w in range(16)]
+    for result in latest.values():
+        assert result.exact
+        assert result.rows == js.run_local(query, events[result.window_start // 1000])[0].rows
+
+
 def test_a_thin_link_steps_distinct_counts_and_quantiles_down_to_sketches() -> None:
     """An exact distinct count and quantile carry every value; on a thin link they go as HLL
     and KLL sketches, and each result says so and keeps within its bound."""

@@ -375,6 +375,37 @@ def test_an_operator_pins_a_level_and_unpinning_hands_it_back_to_the_policy() ->
     assert policy.history[1].time - policy.history[0].time >= MIN_INTERVAL_S
 
 
+@pytest.mark.parametrize("held", ["one level", "max_error=0", "pinned"])
+def test_a_stream_that_cannot_step_down_says_when_the_link_sets_its_pace(held: str) -> None:
+    """What crosses a link measures it only when the link is what limits it: a stream whose
+    policy cannot step down (a query with one level, an SLO that allows exact only, a level
+    an operator holds) says so from its windows' times, as one that stepped down does."""
+    def policy_on(bandwidth: float) -> LinkPolicy:
+        policy, clock = make_policy(LADDER[:1] if held == "one level" else LADDER,
+                                    slo=LinkSLO(max_error=0.0) if held == "max_error=0" else None)
+        if held == "pinned":
+            policy.pin(0)
+        simulate(policy, clock, steps((0, bandwidth)), 20)
+        assert policy.level.index == 0
+        return policy
+
+    assert not policy_on(4e6).link_bound  # a window takes a quarter of a second: room left
+    thin = policy_on(4e5)  # 2.5 s a window, and nowhere to go
+    assert thin.link_bound
+    assert thin.recent_throughput == pytest.approx(4e5, rel=0.1)
+
+
+def test_a_policy_that_stepped_down_on_its_own_is_link_bound_and_a_pinned_one_is_not() -> None:
+    policy, clock = make_policy()
+    assert not policy.link_bound  # nothing acknowledged yet
+    simulate(policy, clock, steps((0, 4e5)), 30)
+    assert policy.level.index == 2 and policy.link_bound  # fits now, but the link decided
+    policy, clock = make_policy()
+    policy.pin(2)
+    simulate(policy, clock, steps((0, 4e6)), 30)
+    assert not policy.link_bound  # held coarse by an operator on a fast link
+
+
 def test_without_an_slo_the_window_length_is_the_bound() -> None:
     policy, clock = make_policy()
     simulate(policy, clock, steps((0, 1e4)), 40)

@@ -47,12 +47,11 @@ happen every window, even right after a probe. A backlog of heavier windows sent
 down is not blamed on the new level. And a probe lands on a level predicted at under 0.5 of the
 budget, so the 0.8 step-down threshold is reached again only if the link itself got slower.
 
-Two more inputs. A window the link has been on past the step-down threshold with no ack yet
-caps the throughput at what it says (:meth:`LinkPolicy.observe_unacked`): a drop is met when
-the next window is encoded, not after the slow ack. And a link's profile
-(:mod:`jetstream.approx.profile`, :meth:`LinkPolicy.learn`) replaces the levels' guessed
-bytes and nominal errors with what they measured on the query's own windows: the policy then
-takes only levels whose measured error fits ``max_error``.
+Two more inputs. A window on the link past the step-down threshold with no ack yet caps the
+throughput (:meth:`LinkPolicy.observe_unacked`): a drop is met at the next window, not after
+the slow ack. A link's profile (:meth:`LinkPolicy.learn`) replaces the levels' guessed bytes
+and errors with what they measured on the query's own windows. And :attr:`LinkPolicy.link_bound`
+says when the throughput measures the link, for the site to report it.
 """
 
 from __future__ import annotations
@@ -174,12 +173,10 @@ class LinkPolicy:
         if not (_is_number(window_s) and 0 < window_s < math.inf):
             msg = f"link policy: window_s must be a positive number of seconds, not {window_s!r}"
             raise PlanError(msg)
-        if not (_is_number(lead_s) and 0 <= lead_s < math.inf):
-            msg = f"link policy: lead_s must be >= 0 seconds, not {lead_s!r}"
-            raise PlanError(msg)
-        if not (_is_number(min_interval_s) and 0 <= min_interval_s < math.inf):
-            msg = f"link policy: min_interval_s must be >= 0 seconds, not {min_interval_s!r}"
-            raise PlanError(msg)
+        for name, value in (("lead_s", lead_s), ("min_interval_s", min_interval_s)):
+            if not (_is_number(value) and 0 <= value < math.inf):
+                msg = f"link policy: {name} must be >= 0 seconds, not {value!r}"
+                raise PlanError(msg)
         if not (_is_number(up_fraction) and _is_number(down_fraction)
                 and 0 < up_fraction < down_fraction <= 1):
             msg = (f"link policy: need 0 < up_fraction < down_fraction <= 1 (the gap keeps "
@@ -194,10 +191,8 @@ class LinkPolicy:
             msg = f"link policy: slo must be a LinkSLO or a jetstream.SLO, not {slo!r}"
             raise PlanError(msg)
         self._slo = slo if slo is None or isinstance(slo, LinkSLO) else LinkSLO.from_slo(slo)
-        self.window_s = float(window_s)
-        self.min_interval_s = float(min_interval_s)
-        self.down_fraction = float(down_fraction)
-        self.up_fraction = float(up_fraction)
+        self.window_s, self.min_interval_s = float(window_s), float(min_interval_s)
+        self.down_fraction, self.up_fraction = float(down_fraction), float(up_fraction)
         self.max_backlog_windows = max_backlog_windows
         self._clock = clock
 
@@ -276,6 +271,19 @@ class LinkPolicy:
                 or self._clock() - self._sampled_at > STALE_WINDOWS * self.window_s):
             return None
         return self._throughput.value
+
+    @property
+    def link_bound(self) -> bool:
+        """Whether the link paces the stream, so that :attr:`recent_throughput` measures the
+        link: the policy stepped down on its own, or a window at the level in force takes
+        over the step-down threshold (at the throughput before the SLO's cap) and no coarser
+        level is open (the coarsest ``max_error`` admits, a one-level stream, a pinned one)."""
+        if self.recent_throughput is None:
+            return False
+        if self._current > 0 and not self._pinned:
+            return True
+        t = self._send_time(self._current, self._throughput.value)
+        return t is not None and t > self.down_fraction * self.budget_s
 
     def send_time_s(self, level: DegradationLevel | int) -> float | None:
         """Predicted link time of a window at ``level``: seconds from starting to send it to

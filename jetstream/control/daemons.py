@@ -327,13 +327,15 @@ def link_reports(links: dict[str, LinkState]) -> list[pb.LinkReport]:
 
 
 def link_measurements(links: dict[str, LinkState]) -> list[pb.LinkMeasurement]:
-    """The bandwidth of each link to a parent that the site measured at capacity: where the
-    policy of some query stepped down on the link (it carried less than the query had to
-    send), the sum of the recent throughputs of every query on it, as they share it. A link
-    no query saturates is not measured: what its senders see is what they sent, not what it
-    could carry; the controller forgets a measurement no heartbeat repeats (see
+    """The bandwidth of each link to a parent that the site measured at capacity: where some
+    query's windows are paced by the link (:attr:`LinkState.saturated`: its policy stepped
+    down, or would and cannot -- one level, ``max_error=0``, a level held by an operator),
+    the sum of the recent throughputs of every query on it, as they share it. A link that
+    carries everything its queries send is not: what its senders see is what they sent;
+    the controller forgets a measurement no heartbeat repeats (see
     :meth:`GlobalController.expire_measurements`)."""
-    saturated = {link.parent for link in links.values() if link.saturated}
+    saturated = {link.parent for link in links.values()
+                 if link.saturated and link.throughput is not None}
     bps: dict[str, float] = {}
     for link in links.values():
         if link.parent in saturated and link.throughput is not None:

@@ -1,6 +1,6 @@
 """The wide-area links as the sites measure them: what a global controller plans with.
 
-A site reports a link's bandwidth in its heartbeats only while the link is saturated (see
+A site reports a link's bandwidth in its heartbeats only while the link paces some query (see
 :func:`jetstream.control.daemons.link_measurements`). :class:`LinkMeasurements` keeps the
 latest report of each link, says when one is far enough from what the plans were made with
 to plan again (``REPLAN_BANDWIDTH_CHANGE``), and forgets a report no heartbeat has repeated

@@ -118,9 +118,6 @@ class LinkState:
     #: Each level's measured figures, exact first (jetstream.approx.profile); empty on a
     #: link that has no profile.
     profile: tuple[LevelFigures, ...] = ()
-
-    @property
-    def saturated(self) -> bool:
-        """The policy stepped down on its own: the link could not carry the query's exact
-        windows in time, so what it measures is what the link can carry."""
-        return self.level_index > 0 and not self.pinned and self.throughput is not None
+    #: The link, not the query, sets what crosses it, so :attr:`throughput` measures the
+    #: link (see :attr:`jetstream.approx.policy.LinkPolicy.link_bound`).
+    saturated: bool = False

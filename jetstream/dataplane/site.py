@@ -201,7 +201,8 @@ class SiteRuntime:
             run.policy.level.index if run.policy else 0,
             bool(run.policy and run.policy.pinned), run.uplink.bytes_sent,
             run.policy.recent_throughput if run.policy else None, run.uplink.rate_bps,
-            run.uplink.profile.figures() if run.uplink.profile else ())
+            run.uplink.profile.figures() if run.uplink.profile else (),
+            bool(run.policy and run.policy.link_bound))
             for run in runs if run.uplink is not None}
 
     def session(self) -> Any:
