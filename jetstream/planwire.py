@@ -4,7 +4,7 @@ The user's side runs the query file once and sends its plan; the controller and 
 rebuild the query from it step by step through the DSL, which checks every step again, so a
 plan is refused exactly where a query file would be (schemas are derived, never trusted).
 Only a ``map`` function travels as code: pickled with its closure (cloudpickle), and unpickled
-only by a reader told ``allow_code`` (a controller started with ``--allow-code``).
+only by a reader told ``allow_code`` (a controller or a site started with ``--allow-code``).
 
 :data:`PLAN_VERSION` is the format's version; a reader refuses any other, saying which.
 
@@ -369,9 +369,9 @@ def _apply(step: pb.PlanStep, inputs: list[Stream], tables: dict[str, Table],
 
 def _map(stream: Stream, step: pb.MapStep, allow_code: bool) -> Stream:
     if not allow_code:
-        msg = (f"map {step.label}: the controller does not run code sent with a query; "
-               "start it with --allow-code to accept map functions (jetstream run and demo "
-               "do), or write the step with with_column and where")
+        msg = (f"map {step.label}: this process does not run code sent with a query; start "
+               "the controller and the sites with --allow-code to accept map functions "
+               "(jetstream run and demo do), or write the step with with_column and where")
         raise PlanError(msg)
     try:
         fn = pickle.loads(step.pickled)  # code: only where the controller allows it

@@ -46,7 +46,7 @@ from jetstream.control.site_calls import (
 from jetstream.control.site_controller import SiteController
 from jetstream.control.state import Piece, QueryState
 from jetstream.dataplane.options import Assignment, LinkState
-from jetstream.errors import ControlPlaneError, PlanError
+from jetstream.errors import ControlPlaneError, PlacementError, PlanError
 from jetstream.results import WindowResult
 from jetstream.security import Security
 from jetstream.v1 import control_pb2 as pb
@@ -219,10 +219,33 @@ def test_what_no_site_could_run_is_refused_at_submit_naming_the_step(
         controller.submit(_plan_of_query(union))
     mapped = js.Query("m", logs.map(lambda r: r, name="same").window(js.tumbling("10s"))
                       .agg(n=js.count()))
-    with pytest.raises(PlanError, match=r"map same: the controller does not run code sent "
-                                        r"with a query; start it with --allow-code"):
+    with pytest.raises(PlanError, match=r"map same: this process does not run code sent "
+                                        r"with a query; start the controller and the "
+                                        r"sites with --allow-code"):
         controller.submit(_plan_of_query(mapped))
     assert controller.queries == {} and sites.deploys == []
+
+
+def test_a_map_is_refused_at_submit_where_the_plan_sends_it_to_a_site_that_runs_no_code(
+        topology: Topology, sites: FakeSites) -> None:
+    controller = GlobalController(topology, sites.deploy, sites.stop, allow_code=True)
+    logs = js.source("cdn_logs", schema=js.CDN_LOG_SCHEMA)
+    mapped = _plan_of_query(js.Query("m", logs.map(lambda r: r, name="same")
+                                     .window(js.tumbling("10s")).agg(n=js.count())))
+    controller.register_site("ams", address("ams"), allows_code=True)
+    controller.register_site("sfo", address("sfo"), allows_code=False)
+    controller.register_site("sin", address("sin"), allows_code=False)
+    with pytest.raises(PlacementError, match=r"query m: map same travels as code, and the plan "
+                                             r"sends it to sites that run none \(started "
+                                             r"without --allow-code\): sfo, sin; start them"):
+        controller.submit(mapped)
+    assert controller.queries == {} and sites.deploys == []
+    controller.submit(plan_of(EXAMPLE))  # no map: the same sites run it
+    assert set(controller.queries) == {"cdn-topk"}
+    for site in ("sfo", "sin"):  # once they run code, so does the map
+        controller.register_site(site, address(site), allows_code=True)
+    controller.submit(mapped)
+    assert set(controller.queries) == {"cdn-topk", "m"}
 
 
 def test_a_stage_that_fails_at_a_site_reaches_status_and_results(

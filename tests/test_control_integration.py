@@ -4,6 +4,7 @@ query is cancelled. Every hop is mutual TLS with a token, from a development CA.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -66,6 +67,9 @@ class Cluster:
                                       f"{self.output()}")
         return done.stdout
 
+    def ok_status(self) -> Status:
+        return dict(json.loads(self.ok("status", "--json")))
+
     def status(self) -> Status | None:
         done = self.cli("status", "--json")
         return json.loads(done.stdout) if done.returncode == 0 else None
@@ -85,16 +89,22 @@ class Cluster:
                     f"{json.dumps(last, indent=2)}\n{self.output()}")
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    cluster = Cluster(f"127.0.0.1:{free_port()}", tmp_path)
+@contextlib.contextmanager
+def running(logs: Path, *, allow_code: tuple[str, ...] = ()) -> Iterator[Cluster]:
+    """A controller and the sites on loopback; ``allow_code``: the processes (the controller,
+    sites) started with --allow-code."""
+    cluster = Cluster(f"127.0.0.1:{free_port()}", logs)
+    code = {name: ("--allow-code",) if name in allow_code else () for name in
+            ("controller", *SITES)}
     try:
         cluster.start("controller", "controller", "--topology", str(TOPOLOGY),
                       "--port", cluster.address.rsplit(":", 1)[1],
-                      "--heartbeat-interval", "0.3", "--heartbeat-timeout", "1.5")
+                      "--heartbeat-interval", "0.3", "--heartbeat-timeout", "1.5",
+                      *code["controller"])
         cluster.wait_for("answer from the controller", lambda status: True)
         for site in SITES:
-            cluster.start(site, "site", "--name", site, "--controller", cluster.address)
+            cluster.start(site, "site", "--name", site, "--controller", cluster.address,
+                          *code[site])
         yield cluster
     finally:
         for process in cluster.processes.values():
@@ -102,6 +112,12 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
                 process.kill()
         for process in cluster.processes.values():
             process.wait(timeout=10)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    with running(tmp_path) as started:
+        yield started
 
 
 def sites(status: Status) -> dict[str, Status]:
@@ -190,6 +206,48 @@ def test_a_query_is_placed_planned_around_a_dead_site_and_cancelled(cluster: Clu
     said = (cluster.logs / "controller.log").read_text()
     assert "site sin is shutting down; re-planning without it" in said, said
     assert "site sin missed its heartbeats" not in said, said
+
+
+MAPPED = """
+import jetstream as js
+logs = js.source("cdn_logs", schema=js.CDN_LOG_SCHEMA)
+query = js.Query("mapped", logs.map(lambda r: r, name="same").window(js.tumbling("10s"))
+                 .group_by("domain").agg(n=js.count()))
+"""
+
+
+def test_a_map_goes_only_to_sites_started_with_allow_code(tmp_path: Path) -> None:
+    """A map's function is code: a site started without --allow-code says so when it
+    registers, so a plan that would send it one is refused at submit, naming it; and a site
+    that gets one anyway (it registered after the submit) refuses it, in the query's status."""
+    query_file = tmp_path / "mapped.py"
+    query_file.write_text(MAPPED)
+    with running(tmp_path, allow_code=("controller", "ams", "sfo")) as cluster:
+        cluster.wait_for("three live sites", lambda s: all(site["alive"] for site in s["sites"]))
+        refused = cluster.cli("submit", "--query", str(query_file))
+        assert refused.returncode != 0
+        assert ("map same travels as code, and the plan sends it to sites that run none "
+                "(started without --allow-code): sin; start them with jetstream site "
+                "--allow-code") in refused.stderr, refused.stderr
+        assert all(q["name"] != "mapped" for q in cluster.ok_status()["queries"])
+
+        cluster.processes["sin"].send_signal(signal.SIGKILL)
+        cluster.processes["sin"].wait(timeout=5)
+        cluster.wait_for("sin dead", lambda s: not sites(s)["sin"]["alive"])
+        cluster.ok("submit", "--query", str(query_file))  # planned around sin
+        cluster.start("sin", "site", "--name", "sin", "--controller", cluster.address)
+
+        def refused_at_sin(status: Status) -> bool:
+            [mapped] = [q for q in status["queries"] if q["name"] == "mapped"]
+            return "site sin refused its part" in mapped["detail"]
+
+        after = cluster.wait_for("sin refusing the map", refused_at_sin)
+        [mapped] = [q for q in after["queries"] if q["name"] == "mapped"]
+        assert "this process does not run code sent with a query" in mapped["detail"]
+        assert mapped["state"] == "degraded"
+        assert sites(after)["sin"]["alive"]
+        assert [p for p in sites(after)["sin"]["placements"] if p["query"] == "mapped"] == []
+        assert {p["query"] for p in sites(after)["sfo"]["placements"]} == {"mapped"}
 
 
 def test_the_cli_says_when_no_controller_answers() -> None:

@@ -122,7 +122,7 @@ def test_every_step_survives_the_trip(tmp_path: Path) -> None:
 def test_a_map_travels_only_to_a_reader_that_allows_code(tmp_path: Path) -> None:
     query = every_step(tmp_path)[0]
     data = query_to_bytes(query)
-    with pytest.raises(PlanError, match=r"map double: the controller does not run code .*"
+    with pytest.raises(PlanError, match=r"map double: this process does not run code .*"
                                         r"--allow-code"):
         query_from_bytes(data)
     plan = query_from_bytes(data, allow_code=True).plan()
@@ -204,10 +204,10 @@ def test_a_site_refuses_a_fragment_whose_plan_it_cannot_read() -> None:
     plan = query_to_proto(load_query(ROOT / "examples" / "cdn_topk.py"))
     fragment = control_pb2.Fragment(query="cdn-topk", sources=["cdn_logs"],
                                     spec=pb.QuerySpec(name="cdn-topk", plan=plan))
-    assert assignment_from_proto(fragment, "ams").fragment.query == "cdn-topk"
+    assert assignment_from_proto(fragment, "ams", allow_code=False).fragment.query == "cdn-topk"
     fragment.spec.plan.version = PLAN_VERSION + 1
     with pytest.raises(PlanError, match=f"format version {PLAN_VERSION + 1}, newer"):
-        assignment_from_proto(fragment, "ams")
+        assignment_from_proto(fragment, "ams", allow_code=False)
 
 
 def test_a_fragment_crosses_with_its_links_planned_level() -> None:
@@ -218,7 +218,7 @@ def test_a_fragment_crosses_with_its_links_planned_level() -> None:
     fragment = Fragment("cdn-topk", "sfo", sources=("cdn_logs",), parent="ams", level=3,
                         uplink_bps=1e5)
     message = fragment_to_proto(fragment, spec, version=2)
-    back = assignment_from_proto(message, "sfo").fragment
+    back = assignment_from_proto(message, "sfo", allow_code=False).fragment
     assert (back.level, back.uplink_bps, back.parent) == (3, 1e5, "ams")
     message.level = -1  # a peer's nonsense is no level below exact
-    assert assignment_from_proto(message, "sfo").fragment.level == 0
+    assert assignment_from_proto(message, "sfo", allow_code=False).fragment.level == 0

@@ -97,7 +97,8 @@ def _site(args: argparse.Namespace) -> int:
                           warm_up_s=args.warm_up, spark_conf=dict(args.spark_conf or ()),
                           cubes=args.cubes, retention=parse_retention(args.retention),
                           profile=not args.no_profile,
-                          profile_interval_s=args.profile_interval)
+                          profile_interval_s=args.profile_interval,
+                          allow_code=args.allow_code)
     if args.state_dir:
         options.state_dir = Path(args.state_dir)
     run_site(args.name, args.controller, security=security(args), port=args.port,
@@ -111,7 +112,7 @@ def _worker(args: argparse.Namespace) -> int:
           "Ctrl-C stops", file=sys.stderr)
     run_worker(args.site, args.server, args.register, security=security(args),
                host=args.host, port=args.port, parent_pid=args.parent_pid, epoch=args.epoch,
-               deadline_s=args.window_deadline)
+               deadline_s=args.window_deadline, allow_code=args.allow_code)
     return 0
 
 
@@ -250,6 +251,11 @@ def register(commands: Any) -> None:
                       default=ReadFiles.max_bytes,
                       help="the archive's bound: past it the oldest files are deleted, e.g. "
                            f"500M, 20G (default: {ReadFiles.max_bytes // 2**30}G)")
+    site.add_argument("--allow-code", action="store_true",
+                      help="run the map steps of the plans it is given: their Python "
+                           "functions travel pickled, so whoever can submit runs code on "
+                           "this site (default: off; such a plan is refused at submit, and "
+                           "by this site if it gets one; jetstream run and demo turn it on)")
     site.add_argument("--idle-timeout", type=float, default=5.0, metavar="S",
                       help="input without records this long is idle and holds no window "
                            "back (default: 5s)")
@@ -286,5 +292,8 @@ def register(commands: Any) -> None:
     worker.add_argument("--window-deadline", type=float, metavar="S",
                         help="its site's --window-deadline (default: the query's "
                              "max_latency, else 10s)")
+    worker.add_argument("--allow-code", action="store_true",
+                        help="run the map steps of the partitions it is given, as its site "
+                             "does (its site passes this when started with --allow-code)")
     security_options(worker)
     worker.set_defaults(run=_worker)

@@ -48,12 +48,12 @@ def fragment_from_proto(msg: pb.Fragment, site: str) -> Fragment:
                     rounds=msg.rounds, uplink_bps=msg.uplink_bps or None, level=max(msg.level, 0))
 
 
-def assignment_from_proto(msg: pb.Fragment, site: str) -> Assignment:
+def assignment_from_proto(msg: pb.Fragment, site: str, *, allow_code: bool) -> Assignment:
     """What a site is told to run; its plan is read now, so a site refuses a plan it cannot
-    read (another format version, say) when it is deployed, with a PlanError that says why.
-    A site runs the code a plan carries: its controller allowed it."""
+    read (another format version, say), or one with a ``map`` unless it ``allow_code``, when
+    it is deployed, with a PlanError that says why."""
     spec = msg.spec.plan.SerializeToString(deterministic=True)
-    query_from_bytes(spec, allow_code=True)
+    query_from_bytes(spec, allow_code=allow_code)
     return Assignment(fragment_from_proto(msg, site), spec, msg.version,
                       msg.parent_address, tuple(msg.covers), tuple(msg.expected),
                       resend_from_ms=msg.resend_from_ms)

@@ -38,7 +38,7 @@ from jetstream.control.state import LinkReport, QueryState
 from jetstream.control.workers import WorkerPool
 from jetstream.dataplane.options import LinkState, SiteOptions
 from jetstream.dataplane.site import SiteRuntime
-from jetstream.errors import ControlPlaneError
+from jetstream.errors import ControlPlaneError, PlanError
 from jetstream.metrics import serve_metrics
 from jetstream.results import WindowResult
 from jetstream.security import Security
@@ -82,7 +82,14 @@ class _SiteClients:
         request = pb.DeployFragmentRequest(fragment=fragment_to_proto(
             fragment, state.spec, state.version, parent, state.plan.covers(fragment.site),
             state.expected, state.resend_from_ms))
-        response = self._call(address, "DeployFragment", request, DEPLOY_TIMEOUT_S)
+        try:
+            response = self._call(address, "DeployFragment", request, DEPLOY_TIMEOUT_S)
+        except ControlPlaneError as e:
+            cause = e.__cause__
+            if isinstance(cause, grpc.RpcError) and \
+                    cause.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                raise PlanError(str(e)) from None  # the site refused the plan: not again
+            raise
         return [(p.piece, p.server) for p in response.placements]
 
     def stop(self, address: str, query: str) -> None:
@@ -103,7 +110,7 @@ class _SiteClients:
             return getattr(self._stub(address), method)(request, timeout=timeout_s)
         except grpc.RpcError as e:
             msg = f"site at {address}: {e.code().name}: {e.details()}"
-            raise ControlPlaneError(msg) from None
+            raise ControlPlaneError(msg) from e
 
 
 def _exporter(host: str, metrics_port: int, token: str | None) -> WSGIServer | None:
@@ -403,8 +410,9 @@ def run_site(name: str, controller_address: str, *, security: Security, port: in
         ready(bound)
 
     def register() -> float:
-        response = controller.RegisterSite(pb.RegisterSiteRequest(site=name, address=address),
-                                           timeout=CALL_TIMEOUT_S)
+        response = controller.RegisterSite(
+            pb.RegisterSiteRequest(site=name, address=address, allows_code=options.allow_code),
+            timeout=CALL_TIMEOUT_S)
         servers = [server_from_proto(s) for s in response.servers]
         if not given_master:
             options.spark_master = response.spark_master or None
@@ -414,7 +422,7 @@ def run_site(name: str, controller_address: str, *, security: Security, port: in
             # Workers only where a merge can be spread over servers: a site with several.
             workers = None if len(servers) < 2 else WorkerPool(
                 name, servers, listening, security=security, host=host,
-                deadline_s=options.deadline_s)
+                deadline_s=options.deadline_s, allow_code=options.allow_code)
             servicer.controller = SiteController(name, servers, runtime, workers=workers,
                                                  address=listening)
             if workers is not None:
@@ -542,16 +550,17 @@ REVISION_EPOCH = 1_000_000
 
 def run_worker(site: str, server: str, register_at: str, *, security: Security,
                host: str = "127.0.0.1", port: int = 0, parent_pid: int = 0, epoch: int = 0,
-               deadline_s: float | None = None, stop: threading.Event | None = None) -> None:
+               deadline_s: float | None = None, allow_code: bool = False,
+               stop: threading.Event | None = None) -> None:
     """Serve one worker of ``site`` on ``server``: register with the site at ``register_at``,
     then run the partitions it is given, until SIGINT/SIGTERM, ``stop``, or (given
     ``parent_pid``) the end of the site's process. ``epoch`` counts the worker's starts (its
     revisions replace those of the starts before); ``deadline_s`` is its site's window
-    deadline."""
+    deadline, ``allow_code`` its ``--allow-code``."""
     stop = stop or threading.Event()
     name = f"{site}/{server}"
     options = SiteOptions(worker=True, connect=security.channel, deadline_s=deadline_s,
-                          revision_base=epoch * REVISION_EPOCH)
+                          revision_base=epoch * REVISION_EPOCH, allow_code=allow_code)
     runtime = SiteRuntime(name, options, lambda *_: None)
     options.received = runtime.servicer.received  # its progress reports carry them home
     servicer = SiteControllerServicer()

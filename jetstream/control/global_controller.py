@@ -110,9 +110,9 @@ class GlobalController:
         return self.membership.timeout_of(site)
 
     # -- sites ----------------------------------------------------------------------------
-    def register_site(self, name: str, address: str) -> None:
+    def register_site(self, name: str, address: str, *, allows_code: bool = False) -> None:
         with self.lock:
-            came_back = self.membership.register(name, address)
+            came_back = self.membership.register(name, address, allows_code=allows_code)
             self.running.registered(name)  # a fresh site controller holds nothing yet
             self.running.replan_all(f"site {name} is back" if came_back else "")
             self._start_cubes()

@@ -84,9 +84,10 @@ class LocalCluster:
     ``metrics_port`` gives a process (``"controller"`` or a site's name) the port it serves
     Prometheus metrics on, at its listening address; 0, the default, is none.
     ``dashboard_port``: the controller serves its live dashboard there, at ``host``.
-    ``allow_code``: the controller accepts queries whose ``map`` functions travel as code
-    (``--allow-code``), as ``jetstream run`` and ``demo`` have it. ``read_files``: what a
-    live site does with the files it has read (``jetstream site --read-files``); kept by
+    ``allow_code``: the controller and the sites accept queries whose ``map`` functions
+    travel as code (``--allow-code``), as ``jetstream run`` and ``demo`` have it.
+    ``read_files``: what a live site does with the files it has read (``jetstream site
+    --read-files``); kept by
     default here, where results are checked against ``run_local`` over the inputs after.
     """
 
@@ -161,6 +162,8 @@ class LocalCluster:
                     *(f"--spark-conf={key}={value}" for key, value in self.spark_confs[site])]
             if self.input_dir is not None and site in self.readers:
                 args += ["--input", str(self.input_dir / site)]
+            if self.allow_code:
+                args.append("--allow-code")
             if self.replay:
                 args.append("--replay")
             else:

@@ -55,12 +55,13 @@ class Membership:
             raise ControlPlaneError(msg)
         return self.sites[name]
 
-    def register(self, name: str, address: str) -> bool:
-        """``name``'s controller registered at ``address``; whether the site was taken for
-        dead before."""
+    def register(self, name: str, address: str, *, allows_code: bool = False) -> bool:
+        """``name``'s controller registered at ``address`` (running the ``map`` functions
+        plans carry if it ``allows_code``); whether the site was taken for dead before."""
         site = self.site(name)
         came_back = site.address is not None and not site.alive
         site.address, site.last_seen, site.alive = address, self.clock(), True
+        site.allows_code = allows_code
         site.placements.clear()
         site.interval_s = 0.0  # the interval it was given, until its heartbeats say
         log.info("site %s registered at %s", name, address)

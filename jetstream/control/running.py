@@ -25,8 +25,8 @@ from jetstream.control.membership import Membership
 from jetstream.control.results_hub import ResultsHub, utc
 from jetstream.control.state import Placement, QueryState, SavedQueries
 from jetstream.dsl import Query
-from jetstream.errors import ControlPlaneError, JetstreamError, PlacementError
-from jetstream.operators import Source
+from jetstream.errors import ControlPlaneError, JetstreamError, PlacementError, PlanError
+from jetstream.operators import Map, Source
 from jetstream.planwire import query_from_bytes
 
 __all__ = ["Deployer", "Dispatch", "RunningQueries", "Stopper"]
@@ -122,9 +122,27 @@ class RunningQueries:
             raise ControlPlaneError(msg)
         self.membership.links.planning()
         plan = self.plan(query)  # refuse what cannot be placed
+        self.check_code(query, plan)
         state = self.queries[query.name] = QueryState(
             query.name, spec, query, plan, expected=tuple(sorted(self.source_sites(query))))
         return state
+
+    def check_code(self, query: Query, plan: PhysicalPlan) -> None:
+        """Refuse a plan that sends a ``map`` step's function (code) to a registered site
+        that said it runs none (started without ``--allow-code``): every site of the plan
+        reads the whole query. A site not registered yet refuses it itself when deployed."""
+        logical = query.plan()
+        maps = [op.label for op in map(logical.op, logical.topological()) if isinstance(op, Map)]
+        sites = self.membership.sites
+        refusing = sorted(name for name in plan.fragments
+                          if name in sites and sites[name].address is not None
+                          and not sites[name].allows_code)
+        if maps and refusing:
+            msg = (f"query {query.name}: map {maps[0]} travels as code, and the plan sends it "
+                   f"to sites that run none (started without --allow-code): "
+                   f"{', '.join(refusing)}; start them with jetstream site --allow-code, or "
+                   "write the step with with_column and where")
+            raise PlacementError(msg)
 
     def source_sites(self, query: Query) -> set[str]:
         """The sites that hold a source of ``query``."""
@@ -246,13 +264,18 @@ class RunningQueries:
         it runs unless the query moved on meanwhile (a newer version, or cancelled) or the
         site registered anew."""
         name = fragment.site
+        refused = None
         try:
             placements = self._deploy(address, fragment, asked)
         except ControlPlaneError as e:
             log.warning("deploying %s to %s failed: %s", state.name, name, e)
             placements = None
+        except PlanError as e:  # the site cannot run its fragment: the query's status says so
+            placements, refused = None, f"site {name} refused its part: {e}"
         with self._lock:
             self._deploying.discard((state.name, name, asked.version))
+            if refused is not None and state.active and state.version == asked.version:
+                self.stage_failed(state.name, name, refused)
             site = self.membership.sites[name]
             if (placements is None or not state.active or state.version != asked.version
                     or site.address != address):

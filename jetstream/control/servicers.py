@@ -132,7 +132,8 @@ class GlobalControllerServicer(rpc.GlobalControllerServicer):
                      context: grpc.ServicerContext) -> pb.RegisterSiteResponse:
         _as_site(context, request.site, "registering")
         try:
-            self.controller.register_site(request.site, request.address)
+            self.controller.register_site(request.site, request.address,
+                                          allows_code=request.allows_code)
             site = self.controller.topology.site(request.site)
         except JetstreamError as e:
             _abort(context, e)
@@ -227,7 +228,8 @@ class SiteControllerServicer(rpc.SiteControllerServicer):
                        context: grpc.ServicerContext) -> pb.DeployFragmentResponse:
         controller = self._from_controller(context, "deploying")
         try:
-            assignment = assignment_from_proto(request.fragment, controller.site)
+            assignment = assignment_from_proto(request.fragment, controller.site,
+                                               allow_code=controller.allow_code)
             pieces = controller.deploy(assignment.fragment, assignment.version, assignment)
         except JetstreamError as e:
             _abort(context, e)

@@ -83,6 +83,11 @@ class SiteController:
         self._changing = threading.Lock()
         self._deployments: dict[str, _Deployment] = {}
 
+    @property
+    def allow_code(self) -> bool:
+        """Whether this site runs the ``map`` functions plans carry (``--allow-code``)."""
+        return self.runtime is not None and self.runtime.options.allow_code
+
     def deploy(self, fragment: Fragment, version: int,
                assignment: Assignment | None = None) -> list[Piece]:
         """Place (or re-place, for a newer version) a fragment; the pieces and their servers.
@@ -218,7 +223,7 @@ class SiteController:
         if store is None:
             msg = f"site {self.site} keeps no cubes (it was started with --no-cubes)"
             raise ControlPlaneError(msg)
-        stored = distributed(query_from_proto(request.stored, allow_code=True))
+        stored = distributed(query_from_proto(request.stored, allow_code=self.allow_code))
         partial = partial_aggregate(stored)
         plan = stored.plan()
         window = plan.window_of(plan.partial_aggregates()[0])
@@ -255,7 +260,7 @@ class SiteController:
                 fragment.children or fragment.final):
             return dataclasses.replace(assignment, workers=())
         # The site's children and its local stages (one per input of a union held here).
-        query = distributed(query_from_bytes(assignment.spec, allow_code=True))
+        query = distributed(query_from_bytes(assignment.spec, allow_code=self.allow_code))
         inputs = tuple(merge_inputs(fragment, query))
         workers = []
         for i, server in enumerate(self.servers[:fragment.partitions]):

@@ -82,6 +82,7 @@ class SiteState:
     input_bytes: int = 0  # raw logs landed in its input folder, as its last heartbeat said
     links: dict[str, LinkReport] = field(default_factory=dict)  # query -> its link's report
     interval_s: float = 0.0  # until its next heartbeat, as its last one said (0: not said)
+    allows_code: bool = False  # runs a plan's map functions (jetstream site --allow-code)
 
 
 @dataclass

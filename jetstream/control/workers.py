@@ -71,9 +71,11 @@ class WorkerPool:
 
     def __init__(self, site: str, servers: list[Server], register_at: str, *,
                  security: Security, host: str = "127.0.0.1", deadline_s: float | None = None,
+                 allow_code: bool = False,
                  on_restart: Callable[[str], None] = lambda server: None) -> None:
         self.site, self.register_at, self.host = site, register_at, host
         self.deadline_s = deadline_s  # the site's --window-deadline, for its workers too
+        self.allow_code = allow_code  # and its --allow-code
         self._servers = {s.name for s in servers}
         self._security, self.on_restart = security, on_restart
         self._lock = threading.Lock()
@@ -146,6 +148,8 @@ class WorkerPool:
                    "--epoch", str(worker.restarts)]
         if self.deadline_s is not None:
             command += ["--window-deadline", str(self.deadline_s)]
+        if self.allow_code:
+            command.append("--allow-code")
         env = dict(os.environ)
         if self._security.insecure:
             command.append("--insecure")

@@ -101,6 +101,9 @@ class SiteOptions:
     #: rebuilt from what its site sends it again) must replace what it sent before, so each
     #: start counts from a higher base (``jetstream worker --epoch``).
     revision_base: int = 0
+    #: Whether a plan's ``map`` functions, which travel as code, may run here (``jetstream
+    #: site --allow-code``); without it a plan that carries one is refused when deployed.
+    allow_code: bool = False
 
 
 @dataclass(frozen=True)

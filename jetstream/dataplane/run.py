@@ -66,7 +66,8 @@ class QueryRun:
         #: Tells the controller of a failed stage now, before the stage's input ends.
         self.on_failure = on_failure
         self.site, self.assignment, self.options = site, assignment, options
-        self.query = distributed(query_from_bytes(assignment.spec, allow_code=True))
+        self.query = distributed(query_from_bytes(assignment.spec,
+                                                   allow_code=options.allow_code))
         self.partial = partial_aggregate(self.query)
         self._planned = frozenset(merge_inputs(fragment, self.query))  # whose batches it takes
         slo_deadline = (self.query.slo.max_latency_ms / 1000

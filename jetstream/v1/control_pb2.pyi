@@ -153,12 +153,14 @@ class StreamResultsRequest(_message.Message):
     def __init__(self, query: _Optional[str] = ...) -> None: ...
 
 class RegisterSiteRequest(_message.Message):
-    __slots__ = ("site", "address")
+    __slots__ = ("site", "address", "allows_code")
     SITE_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    ALLOWS_CODE_FIELD_NUMBER: _ClassVar[int]
     site: str
     address: str
-    def __init__(self, site: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
+    allows_code: bool
+    def __init__(self, site: _Optional[str] = ..., address: _Optional[str] = ..., allows_code: _Optional[bool] = ...) -> None: ...
 
 class Server(_message.Message):
     __slots__ = ("name", "cores", "memory_gb")
