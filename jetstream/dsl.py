@@ -15,6 +15,7 @@ from typing import Any
 from jetstream.aggregates import Aggregate
 from jetstream.errors import PlanError
 from jetstream.expr import Col, Expr, Lit
+from jetstream.formats import check_format
 from jetstream.operators import (
     Join,
     Map,
@@ -50,13 +51,18 @@ def _typed(step: str, expr: Expr, schema: Schema) -> DataType:
         raise _fail(step, str(e)) from None
 
 
-def source(name: str, schema: Schema) -> Stream:
-    """The stream of records named ``name`` (one per site once the query is distributed)."""
+def source(name: str, schema: Schema, format: str | None = None) -> Stream:
+    """The stream of records named ``name`` (one per site once the query is distributed).
+    ``format``: its files' -- ``"csv"`` (a header row), ``"json"`` (JSON lines) or
+    ``"parquet"``, gzip-compressed or not (``.gz``); None, as the sites declare the source
+    (CSV if they do not)."""
     if not isinstance(name, str) or not name:
         raise _fail("source", f"a source needs a non-empty name, not {name!r}")
     if not isinstance(schema, Schema):
         raise _fail(f"source {name}", "schema must be a js.Schema, e.g. js.CDN_LOG_SCHEMA")
-    return Stream(LogicalPlan.leaf(Source(name=name, schema=schema)))
+    if format is not None:
+        check_format(format, f"source {name}")
+    return Stream(LogicalPlan.leaf(Source(name=name, schema=schema, format=format)))
 
 
 @dataclass(frozen=True, eq=False)

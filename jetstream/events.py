@@ -1,22 +1,32 @@
-"""Reading input records: CDN-log CSV files or Python dicts, checked against a schema.
+"""Reading input records: log files of a source's format (:mod:`jetstream.formats`) or
+Python dicts, checked against a schema.
 
 A record that does not fit the schema is never a crash and never silently dropped: it is
-counted by reason and kept (up to a limit) in :class:`Rejects` for the user to inspect.
+counted by reason and kept (up to a limit) in :class:`Rejects` for the user to inspect. A
+file that cannot be read whole (a corrupt gzip stream, say) is counted and set aside whole,
+none of its records read: the Spark stage reads the same files so (see
+:mod:`jetstream.stage.batches`). A JSON value is read as its text -- a string's content, a
+number as written -- and parsed as a CSV cell is, so both formats read a value alike.
 """
 
 from __future__ import annotations
 
 import csv
+import gzip
+import io
+import json
 import os
+import zlib
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from jetstream.formats import DEFAULT_FORMAT, compressed, input_files
 from jetstream.schema import DataType, Schema
 
-__all__ = ["Rejected", "Rejects", "csv_files", "read_streams"]
+__all__ = ["Rejected", "Rejects", "read_streams"]
 
 #: How many rejected records to keep for inspection; the counts are always complete.
 KEEP_REJECTED = 1000
@@ -49,36 +59,41 @@ class Rejects:
             self.kept.append(Rejected(where, reason, record))
 
 
-def csv_files(path: str | os.PathLike[str]) -> list[Path]:
-    """The CSV files at ``path``: the file itself, or every ``*.csv`` below a directory."""
-    p = Path(path)
-    if p.is_dir():
-        return sorted(q for q in p.rglob("*.csv") if q.is_file())
-    if p.is_file():
-        return [p]
-    msg = f"no such file or directory: {p}"
-    raise FileNotFoundError(msg)
-
-
-def read_streams(events: EventInput, schema: Schema,
-                 rejects: Rejects) -> list[Iterator[dict[str, Any]]]:
+def read_streams(events: EventInput, schema: Schema, rejects: Rejects,
+                 format: str = DEFAULT_FORMAT) -> list[Iterator[dict[str, Any]]]:
     """The concurrent streams in ``events``, each an iterator of the records that fit ``schema``.
 
-    A directory holds one stream per folder of CSV files (``DIR/<site>/*.csv``: one per site),
-    the files of a folder read in name order; an iterable of dicts is one stream. Records that
-    do not fit go to ``rejects``.
+    A directory holds one stream per folder of files of ``format`` (``DIR/<site>/*.csv``: one
+    per site), the files of a folder read in name order; an iterable of dicts is one stream.
+    Records that do not fit go to ``rejects``.
     """
     if not isinstance(events, str | os.PathLike):
         return [_check_records(events, schema, rejects)]
     folders: dict[Path, list[Path]] = {}
-    for path in csv_files(events):
+    for path in input_files(events, format):
         folders.setdefault(path.parent, []).append(path)
-    return [_read_csvs(paths, schema, rejects) for _, paths in sorted(folders.items())]
+    read = _read_json if format == "json" else _read_csv
+    return [_read_files(paths, schema, rejects, read) for _, paths in sorted(folders.items())]
 
 
-def _read_csvs(paths: list[Path], schema: Schema, rejects: Rejects) -> Iterator[dict[str, Any]]:
+def _read_files(paths: list[Path], schema: Schema, rejects: Rejects,
+                read: Any) -> Iterator[dict[str, Any]]:
     for path in paths:
-        yield from _read_csv(path, schema, rejects)
+        text = _text(path, rejects)
+        if text is not None:
+            yield from read(path, text, schema, rejects)
+
+
+def _text(path: Path, rejects: Rejects) -> str | None:
+    """A file's whole text, or None (counted, set aside) if it cannot be read whole."""
+    try:
+        data = path.read_bytes()
+        if compressed(path.name):
+            data = gzip.decompress(data)
+        return data.decode("utf-8")
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as e:
+        rejects.add(str(path), f"unreadable file: {e}", None)
+        return None
 
 
 def _check_records(events: Iterable[Mapping[str, Any]], schema: Schema,
@@ -107,32 +122,70 @@ def _check_record(record: Any, schema: Schema) -> dict[str, Any] | str:
     return out
 
 
-def _read_csv(path: Path, schema: Schema, rejects: Rejects) -> Iterator[dict[str, Any]]:
+def _read_csv(path: Path, text: str, schema: Schema,
+              rejects: Rejects) -> Iterator[dict[str, Any]]:
     try:
-        with path.open(newline="", encoding="utf-8", errors="strict") as fh:
-            reader = csv.reader(fh)
-            header = next(reader, None)
-            if header is None:
-                return
-            missing = [n for n in schema.names if n not in header]
-            if missing:
-                rejects.add(str(path), f"bad header: missing {', '.join(missing)}", header)
-                return
-            index = [(f, header.index(f.name)) for f in schema]
-            for cells in reader:
-                where = f"{path}:{reader.line_num}"
-                if len(cells) != len(header):
-                    if cells:  # a blank line is not a record
-                        rejects.add(where, f"wrong field count: {len(cells)}, "
-                                           f"expected {len(header)}", cells)
-                    continue
-                parsed = _parse_cells(cells, index)
-                if isinstance(parsed, str):
-                    rejects.add(where, parsed, cells)
-                else:
-                    yield parsed
-    except (UnicodeDecodeError, csv.Error) as e:
+        reader = csv.reader(io.StringIO(text, newline=""))
+        header = next(reader, None)
+        if header is None:
+            return
+        missing = [n for n in schema.names if n not in header]
+        if missing:
+            rejects.add(str(path), f"bad header: missing {', '.join(missing)}", header)
+            return
+        index = [(f, header.index(f.name)) for f in schema]
+        for cells in reader:
+            where = f"{path}:{reader.line_num}"
+            if len(cells) != len(header):
+                if cells:  # a blank line is not a record
+                    rejects.add(where, f"wrong field count: {len(cells)}, "
+                                       f"expected {len(header)}", cells)
+                continue
+            parsed = _parse_cells(cells, index)
+            if isinstance(parsed, str):
+                rejects.add(where, parsed, cells)
+            else:
+                yield parsed
+    except csv.Error as e:
         rejects.add(str(path), f"unreadable file: {e}", None)
+
+
+def _read_json(path: Path, text: str, schema: Schema,
+               rejects: Rejects) -> Iterator[dict[str, Any]]:
+    """JSON lines: an object a line; a blank line is none."""
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:  # numbers as written: parsed as a CSV cell is, as Spark reads them into text
+            record = json.loads(line, parse_int=str, parse_float=str, parse_constant=str)
+        except ValueError as e:
+            rejects.add(where, f"malformed record: {e}", line)
+            continue
+        if not isinstance(record, dict):
+            rejects.add(where, f"malformed record: a JSON {type(record).__name__}", line)
+            continue
+        parsed = _parse_json(record, schema)
+        if isinstance(parsed, str):
+            rejects.add(where, parsed, line)
+        else:
+            yield parsed
+
+
+def _parse_json(record: dict[str, Any], schema: Schema) -> dict[str, Any] | str:
+    out = {}
+    for f in schema:
+        value = record.get(f.name)
+        if value is None:
+            return f"missing field: {f.name}"
+        text = ("true" if value else "false") if isinstance(value, bool) else value
+        if not isinstance(text, str):  # an object or a list: no column's value
+            return f"ill-typed field: {f.name} should be {f.dtype.value}, got {value!r}"
+        try:
+            out[f.name] = f.dtype.parse(text)
+        except ValueError:
+            return f"ill-typed field: {f.name} should be {f.dtype.value}, got {text!r}"
+    return out
 
 
 def _parse_cells(cells: list[str], index: Iterable[tuple[Any, int]]) -> dict[str, Any] | str:

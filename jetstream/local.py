@@ -19,6 +19,7 @@ from typing import Any
 from jetstream.dsl import Query
 from jetstream.errors import DataError, PlanError
 from jetstream.events import EventInput, Rejects, read_streams
+from jetstream.formats import DEFAULT_FORMAT
 from jetstream.operators import (
     Join,
     KeyPartition,
@@ -132,7 +133,12 @@ def _arrivals(plan: LogicalPlan, events: EventInput | Mapping[str, EventInput],
             msg = f"run_local: the sources named {name!r} have different schemas"
             raise PlanError(msg)
         # A source used twice in one plan reads the same streams.
-        for number, stream in enumerate(read_streams(feed, schema, rejects)):
+        formats = {getattr(plan.op(n), "format", None) or DEFAULT_FORMAT for n in nodes}
+        if len(formats) > 1:
+            msg = f"run_local: the sources named {name!r} have different formats"
+            raise PlanError(msg)
+        [fmt] = formats
+        for number, stream in enumerate(read_streams(feed, schema, rejects, fmt)):
             for record in stream:
                 for node in nodes:
                     yield (node, number), record

@@ -78,11 +78,15 @@ class Operator:
 
 @dataclass(frozen=True, eq=False, kw_only=True)
 class Source(Operator):
+    """The records named ``name``; ``format`` is their files' (:mod:`jetstream.formats`), or
+    None: as the sites that hold the source declare it (CSV if they do not)."""
+
     name: str
+    format: str | None = None
     kind: ClassVar[str] = "source"
 
     def describe(self) -> str:
-        return f"source {self.name}"
+        return f"source {self.name}" + (f" ({self.format})" if self.format else "")
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)

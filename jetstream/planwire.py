@@ -104,7 +104,8 @@ def query_to_proto(query: Query) -> pb.QueryPlan:
 
 def _step_to_proto(op: Operator, query: str) -> pb.PlanStep:
     if isinstance(op, Source):
-        return pb.PlanStep(source=pb.SourceStep(name=op.name, schema=_schema_to_proto(op.schema)))
+        return pb.PlanStep(source=pb.SourceStep(name=op.name, schema=_schema_to_proto(op.schema),
+                                                format=op.format or ""))
     if isinstance(op, Where) and not op.pinned:
         return pb.PlanStep(where=expr_to_proto(op.predicate))
     if isinstance(op, WithColumn):
@@ -314,7 +315,8 @@ def _apply(step: pb.PlanStep, inputs: list[Stream], tables: dict[str, Table],
         msg = f"{kind} takes {wants} input(s), the plan gives {len(inputs)}"
         raise PlanError(msg)
     if kind == "source":
-        return source(step.source.name, _schema(step.source.schema))
+        return source(step.source.name, _schema(step.source.schema),
+                      step.source.format or None)
     if kind == "union":
         if len(inputs) < 2:
             msg = "union takes at least two inputs"

@@ -26,7 +26,6 @@ from rich.console import Console
 from jetstream.aggtree.loader import load_topology
 from jetstream.approx.profile import LevelFigures
 from jetstream.control.codec import status_to_proto
-from jetstream.control.daemons import _InputMeter
 from jetstream.control.dashboard import (
     RATE_SPAN_S,
     Dashboard,
@@ -39,6 +38,7 @@ from jetstream.control.servicers import GlobalControllerServicer
 from jetstream.control.state import LinkReport, Placement
 from jetstream.control.status_view import render_status
 from jetstream.errors import ControlPlaneError
+from jetstream.formats import InputMeter
 from jetstream.lab.loggen import LogSpec, write_live
 from jetstream.results import WindowResult
 from jetstream.v1 import control_pb2 as pb
@@ -258,14 +258,17 @@ def test_a_heartbeat_carries_the_raw_input_and_the_links_levels(
 
 
 def test_a_site_counts_every_log_file_that_landed_once(tmp_path: Path) -> None:
-    meter = _InputMeter(tmp_path)
-    assert meter() == 0 and _InputMeter(None)() == 0 and _InputMeter(tmp_path / "none")() == 0
+    meter = InputMeter(tmp_path)
+    assert meter() == 0 and InputMeter(None)() == 0 and InputMeter(tmp_path / "none")() == 0
     (tmp_path / "part-000.csv").write_bytes(b"x" * 100)
     (tmp_path / ".part-001.csv").write_bytes(b"x" * 50)  # still being written: hidden
     assert meter() == 100
     (tmp_path / ".part-001.csv").rename(tmp_path / "part-001.csv")
     (tmp_path / "part-000.csv").unlink()  # cleaned up after it was read: it still counted
     assert meter() == 150
+    (tmp_path / "part-002.jsonl.gz").write_bytes(b"x" * 7)  # any format's files
+    (tmp_path / "notes.txt").write_bytes(b"x" * 1000)  # not a log file
+    assert meter() == 157
 
 
 # --- over HTTP ---------------------------------------------------------------------------------

@@ -19,7 +19,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "jetstream"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundations", ("jetstream.errors", "jetstream.units", "jetstream.schema",
                      "jetstream.trace", "jetstream.windows", "jetstream.expr",
-                     "jetstream.tables", "jetstream.events", "jetstream.results",
+                     "jetstream.tables", "jetstream.formats", "jetstream.events",
+                     "jetstream.results",
                      "jetstream.security", "jetstream.approx.summaries")),
     # The DSL, its plans, their rewrites and the reference executor; the query's codecs.
     ("the query", ("jetstream", "jetstream.approx")),

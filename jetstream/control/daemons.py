@@ -39,6 +39,7 @@ from jetstream.control.workers import WorkerPool
 from jetstream.dataplane.options import LinkState, SiteOptions
 from jetstream.dataplane.site import SiteRuntime
 from jetstream.errors import ControlPlaneError, PlanError
+from jetstream.formats import InputMeter
 from jetstream.metrics import serve_metrics
 from jetstream.results import WindowResult
 from jetstream.security import Security
@@ -82,14 +83,7 @@ class _SiteClients:
         request = pb.DeployFragmentRequest(fragment=fragment_to_proto(
             fragment, state.spec, state.version, parent, state.plan.covers(fragment.site),
             state.expected, state.resend_from_ms))
-        try:
-            response = self._call(address, "DeployFragment", request, DEPLOY_TIMEOUT_S)
-        except ControlPlaneError as e:
-            cause = e.__cause__
-            if isinstance(cause, grpc.RpcError) and \
-                    cause.code() == grpc.StatusCode.INVALID_ARGUMENT:
-                raise PlanError(str(e)) from None  # the site refused the plan: not again
-            raise
+        response = self._call(address, "DeployFragment", request, DEPLOY_TIMEOUT_S)
         return [(p.piece, p.server) for p in response.placements]
 
     def stop(self, address: str, query: str) -> None:
@@ -110,7 +104,9 @@ class _SiteClients:
             return getattr(self._stub(address), method)(request, timeout=timeout_s)
         except grpc.RpcError as e:
             msg = f"site at {address}: {e.code().name}: {e.details()}"
-            raise ControlPlaneError(msg) from e
+            if e.code() == grpc.StatusCode.INVALID_ARGUMENT:  # refused: asking again won't do
+                raise PlanError(msg) from None
+            raise ControlPlaneError(msg) from None
 
 
 def _exporter(host: str, metrics_port: int, token: str | None) -> WSGIServer | None:
@@ -274,31 +270,6 @@ class _Stops:
                 self._stopping.discard(query)
 
 
-class _InputMeter:
-    """The bytes of raw logs that have landed in a site's input folder since it started.
-
-    Shippers drop whole files (written elsewhere, then renamed), so a file's size is read
-    once; a file removed later still counts: it was raw input all the same."""
-
-    def __init__(self, folder: Path | None) -> None:
-        self._folder = folder
-        self._sizes: dict[str, int] = {}
-
-    def __call__(self) -> int:
-        if self._folder is None:
-            return 0
-        try:
-            with os.scandir(self._folder) as entries:
-                for entry in entries:
-                    # Hidden files are being written (Spark skips them too).
-                    if (entry.name not in self._sizes and entry.name.endswith(".csv")
-                            and not entry.name.startswith((".", "_"))):
-                        self._sizes[entry.name] = entry.stat().st_size
-        except OSError:  # not there yet, or a file renamed away while we looked
-            pass
-        return sum(self._sizes.values())
-
-
 #: The least time between two heartbeats that carry a link's profile (when it changed).
 PROFILE_REPORT_S = 30.0
 
@@ -444,7 +415,7 @@ def run_site(name: str, controller_address: str, *, security: Security, port: in
                  response.topology, len(servers))
         return float(response.heartbeat_interval_s) or 2.0
 
-    input_bytes = _InputMeter(options.input_dir)
+    input_bytes = InputMeter(options.input_dir)
     stop_here = _Stops(name)
     beats = _Beats()
     profiles = ProfileReports()

@@ -115,12 +115,14 @@ class SchemaSpec(_message.Message):
     def __init__(self, fields: _Optional[_Iterable[_Union[SchemaSpec.Field, _Mapping]]] = ..., event_time: _Optional[str] = ...) -> None: ...
 
 class SourceStep(_message.Message):
-    __slots__ = ("name", "schema")
+    __slots__ = ("name", "schema", "format")
     NAME_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
     name: str
     schema: SchemaSpec
-    def __init__(self, name: _Optional[str] = ..., schema: _Optional[_Union[SchemaSpec, _Mapping]] = ...) -> None: ...
+    format: str
+    def __init__(self, name: _Optional[str] = ..., schema: _Optional[_Union[SchemaSpec, _Mapping]] = ..., format: _Optional[str] = ...) -> None: ...
 
 class NamedExpr(_message.Message):
     __slots__ = ("name", "expr")

@@ -1,0 +1,81 @@
+"""The layouts a source's log files come in, and which files of a folder are its input.
+
+A source's records arrive as files of one format: ``csv`` (a header row, then a record a
+line: the default), ``json`` (JSON lines: an object a line, what CDNs' log products and log
+shippers write) or ``parquet``. CSV and JSON lines files may be gzip-compressed (a ``.gz``
+suffix); Parquet compresses inside. A file is an input of a source by its name's suffix, so
+a folder may hold other files; hidden ones (``.`` or ``_`` first) are being written.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from jetstream.errors import PlanError
+
+__all__ = ["DEFAULT_FORMAT", "FORMATS", "InputMeter", "check_format", "compressed",
+           "input_files", "is_input"]
+
+#: Each format and the suffixes of its files.
+FORMATS: dict[str, tuple[str, ...]] = {
+    "csv": (".csv", ".csv.gz"),
+    "json": (".json", ".jsonl", ".ndjson", ".json.gz", ".jsonl.gz", ".ndjson.gz"),
+    "parquet": (".parquet",),
+}
+DEFAULT_FORMAT = "csv"
+
+
+def check_format(value: object, where: str) -> str:
+    """``value`` if it names a format, else a PlanError that says ``where`` and the choices."""
+    if not isinstance(value, str) or value not in FORMATS:
+        msg = (f"{where}: format must be one of {', '.join(FORMATS)}, not {value!r}")
+        raise PlanError(msg)
+    return value
+
+
+def is_input(name: str, format: str = DEFAULT_FORMAT) -> bool:
+    """Whether a file of this name is an input of a source of ``format``."""
+    return not name.startswith((".", "_")) and name.endswith(FORMATS[format])
+
+
+def compressed(name: str) -> bool:
+    """Whether a file of this name is gzip-compressed."""
+    return name.endswith(".gz")
+
+
+def input_files(path: str | os.PathLike[str], format: str = DEFAULT_FORMAT) -> list[Path]:
+    """The input files at ``path``: the file itself, or every file of ``format`` below a
+    directory, in name order."""
+    p = Path(path)
+    if p.is_dir():
+        return sorted(q for q in p.rglob("*") if is_input(q.name, format) and q.is_file())
+    if p.is_file():
+        return [p]
+    msg = f"no such file or directory: {p}"
+    raise FileNotFoundError(msg)
+
+
+class InputMeter:
+    """The bytes of raw logs (files of any format) that have landed in a site's input folder
+    since it started.
+
+    Shippers drop whole files (written elsewhere, then renamed), so a file's size is read
+    once; a file removed later still counts: it was raw input all the same."""
+
+    def __init__(self, folder: Path | None) -> None:
+        self._folder = folder
+        self._sizes: dict[str, int] = {}
+
+    def __call__(self) -> int:
+        if self._folder is None:
+            return 0
+        try:
+            with os.scandir(self._folder) as entries:
+                for entry in entries:
+                    if entry.name not in self._sizes and any(
+                            is_input(entry.name, format) for format in FORMATS):
+                        self._sizes[entry.name] = entry.stat().st_size
+        except OSError:  # not there yet, or a file renamed away while we looked
+            pass
+        return sum(self._sizes.values())
