@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from jetstream.aggregates import Aggregate
@@ -34,7 +34,7 @@ from jetstream.schema import DataType, Schema
 from jetstream.tables import Table
 from jetstream.windows import WindowSpec, format_duration, parse_duration
 
-__all__ = ["SLO", "GroupedStream", "Query", "Stream", "source"]
+__all__ = ["SLO", "GroupedStream", "Query", "Stream", "reading", "source"]
 
 
 def _fail(step: str, problem: str) -> PlanError:
@@ -425,3 +425,17 @@ class Query:
     def describe(self) -> str:
         """The query's logical plan as written, under its name and SLO."""
         return self.plan().render(f"query {self.name}  (slo: {self.slo})")
+
+
+def reading(query: Query, formats: Mapping[str, str]) -> Query:
+    """``query`` with each of its sources that names no format reading ``formats[name]``
+    (what the sites declare), the others as they are; ``query`` itself if none changes."""
+    graph = query.stream.plan.graph.copy()
+    changed = [node for node, op in graph.nodes(data="op")
+               if isinstance(op, Source) and op.format is None and op.name in formats]
+    for node in changed:
+        op = graph.nodes[node]["op"]
+        graph.nodes[node]["op"] = replace(op, format=formats[op.name])
+    if not changed:
+        return query
+    return replace(query, stream=Stream(LogicalPlan(graph, query.stream.plan.sink)))

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jetstream.formats import DEFAULT_FORMAT, compressed, input_files
+from jetstream.formats import DEFAULT_FORMAT, compressed, input_files, read_parquet, unreadable
 from jetstream.schema import DataType, Schema
 
 __all__ = ["Rejected", "Rejects", "read_streams"]
@@ -72,15 +72,23 @@ def read_streams(events: EventInput, schema: Schema, rejects: Rejects,
     folders: dict[Path, list[Path]] = {}
     for path in input_files(events, format):
         folders.setdefault(path.parent, []).append(path)
-    read = _read_json if format == "json" else _read_csv
-    return [_read_files(paths, schema, rejects, read) for _, paths in sorted(folders.items())]
+    return [_read_files(paths, schema, rejects, format) for _, paths in sorted(folders.items())]
 
 
 def _read_files(paths: list[Path], schema: Schema, rejects: Rejects,
-                read: Any) -> Iterator[dict[str, Any]]:
+                format: str) -> Iterator[dict[str, Any]]:
     for path in paths:
+        if format == "parquet":
+            reason = unreadable(path, schema)
+            if reason is not None:
+                rejects.add(str(path), f"unreadable file: {reason}", None)
+                continue
+            rows = read_parquet(path).to_pylist()
+            yield from _check_records(rows, schema, rejects, f"{path}:")
+            continue
         text = _text(path, rejects)
         if text is not None:
+            read = _read_json if format == "json" else _read_csv
             yield from read(path, text, schema, rejects)
 
 
@@ -97,11 +105,11 @@ def _text(path: Path, rejects: Rejects) -> str | None:
 
 
 def _check_records(events: Iterable[Mapping[str, Any]], schema: Schema,
-                   rejects: Rejects) -> Iterator[dict[str, Any]]:
+                   rejects: Rejects, where: str = "record ") -> Iterator[dict[str, Any]]:
     for i, record in enumerate(events):
         checked = _check_record(record, schema)
         if isinstance(checked, str):
-            rejects.add(f"record {i}", checked, record)
+            rejects.add(f"{where}{i}", checked, record)
         else:
             yield checked
 

@@ -9,13 +9,17 @@ a folder may hold other files; hidden ones (``.`` or ``_`` first) are being writ
 
 from __future__ import annotations
 
+import gzip
 import os
+import zlib
 from pathlib import Path
+from typing import Any
 
 from jetstream.errors import PlanError
+from jetstream.schema import Schema
 
-__all__ = ["DEFAULT_FORMAT", "FORMATS", "InputMeter", "check_format", "compressed",
-           "input_files", "is_input"]
+__all__ = ["DEFAULT_FORMAT", "FORMATS", "PARQUET_TYPES", "InputMeter", "check_format",
+           "compressed", "input_files", "is_input", "read_parquet", "unreadable"]
 
 #: Each format and the suffixes of its files.
 FORMATS: dict[str, tuple[str, ...]] = {
@@ -24,6 +28,10 @@ FORMATS: dict[str, tuple[str, ...]] = {
     "parquet": (".parquet",),
 }
 DEFAULT_FORMAT = "csv"
+#: The Parquet types a column of each of our types may hold, as pyarrow names them.
+PARQUET_TYPES: dict[str, tuple[str, ...]] = {
+    "int": ("int64",), "float": ("double",), "string": ("string", "large_string"),
+    "bool": ("bool",)}
 
 
 def check_format(value: object, where: str) -> str:
@@ -42,6 +50,43 @@ def is_input(name: str, format: str = DEFAULT_FORMAT) -> bool:
 def compressed(name: str) -> bool:
     """Whether a file of this name is gzip-compressed."""
     return name.endswith(".gz")
+
+
+def unreadable(path: Path, schema: Schema) -> str | None:
+    """Why the file at ``path`` cannot be read whole as records of ``schema`` -- a corrupt or
+    cut-off gzip stream, a Parquet file that does not decode, or one whose column holds
+    another type than its schema's (:data:`PARQUET_TYPES`) -- or None: its records can be
+    read, each checked on its own (a Parquet file may lack a column: its records then lack
+    that field). A reader sets such a file aside whole rather than read the records before
+    the fault, so a site and the reference executor read the same records whatever the
+    fault."""
+    try:
+        if path.name.endswith(FORMATS["parquet"]):
+            return _parquet_unfit(read_parquet(path), schema)
+        if compressed(path.name):
+            with gzip.open(path) as stream:
+                while stream.read(1 << 20):
+                    pass
+    except (OSError, EOFError, zlib.error, ValueError) as e:  # pyarrow's are OSError or these
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def read_parquet(path: Path) -> Any:
+    """A Parquet file's table, decoded whole (``pyarrow.Table``)."""
+    import pyarrow.parquet as pq  # only where Parquet is read
+
+    return pq.read_table(path)
+
+
+def _parquet_unfit(table: Any, schema: Schema) -> str | None:
+    for f in schema:
+        if f.name in table.column_names:
+            held = str(table.schema.field(f.name).type)
+            if held not in PARQUET_TYPES.get(f.dtype.value, ()):
+                return (f"column {f.name} holds {held}, not {f.dtype.value} "
+                        f"({' or '.join(PARQUET_TYPES[f.dtype.value])})")
+    return None
 
 
 def input_files(path: str | os.PathLike[str], format: str = DEFAULT_FORMAT) -> list[Path]:

@@ -159,7 +159,7 @@ def main() -> None:
                 stream = streams[0]
                 continue
             archive = Archive(folder, work / f"archive-{k}", ReadFiles(args.read_files))
-            reader = SourceReader(spark, folder, stages[0].text_schema, "ts",
+            reader = SourceReader(spark, folder, stages[0].layout, "ts",
                                   work / f"reader-{k}" / "checkpoint", DEFAULT_TRIGGER_S,
                                   hold_s=args.hold, archive=archive)
             readers.append(reader)

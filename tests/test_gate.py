@@ -5,12 +5,15 @@ window on; each goes in once, unchanged."""
 from __future__ import annotations
 
 import errno
+import gzip
 import os
 import time
 from pathlib import Path
 
 import pytest
 
+from jetstream.formats import unreadable
+from jetstream.schema import CDN_LOG_SCHEMA
 from jetstream.stage.gate import FileGate
 
 HOLD_S = 0.4
@@ -164,3 +167,24 @@ def test_a_backlog_goes_in_a_bounded_number_of_files_at_a_time(tmp_path: Path) -
     g.read_up_to(1_001)
     g.tick()
     assert live(g) == ["0.csv", "1.csv", "2.csv", "3.csv"]
+
+
+def test_a_gate_lets_in_its_source_s_format_and_sets_aside_a_file_it_cannot_read_whole(
+        tmp_path: Path) -> None:
+    (tmp_path / "in").mkdir()
+    set_aside: list[tuple[str, str]] = []
+    g = FileGate(tmp_path / "in", tmp_path / "live", HOLD_S, lambda: None, format="json",
+                 unreadable=lambda path: unreadable(path, CDN_LOG_SCHEMA),
+                 set_aside=lambda path, reason: set_aside.append((path.name, reason)))
+    for name in ("a.jsonl", "b.json.gz", "c.csv", "notes.txt"):
+        land(g.landing, name, 1_000)
+    (g.landing / "b.json.gz").write_bytes(gzip.compress(b'{"ts": 1}\n')[:12])  # cut off
+    (g.landing / "d.ndjson.gz").write_bytes(gzip.compress(b'{"ts": 2}\n'))
+    g.tick()
+    assert live(g) == ["a.jsonl", "d.ndjson.gz"]  # neither CSV nor a note: not its input
+    assert [name for name, _ in set_aside] == ["b.json.gz"]
+    assert "EOFError" in set_aside[0][1] or "Compressed file ended" in set_aside[0][1]
+    time.sleep(HOLD_S)
+    land(g.landing, "e.jsonl", 2_000)  # the folder listed again, the cut-off file still in it
+    g.tick()
+    assert len(set_aside) == 1 and "e.jsonl" in live(g)  # set aside once

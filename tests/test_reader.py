@@ -83,8 +83,8 @@ def folder(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def reader(spark: Any, folder: Path, tmp_path: Path) -> Any:
-    text_schema = Stage(spark, BY_DOMAIN, folder, tmp_path).stage.text_schema
-    made = SourceReader(spark, folder, text_schema, "ts", tmp_path / "reader", trigger_s=0.1)
+    layout = Stage(spark, BY_DOMAIN, folder, tmp_path).stage.layout
+    made = SourceReader(spark, folder, layout, "ts", tmp_path / "reader", trigger_s=0.1)
     yield made
     made.stop()
 
@@ -303,7 +303,7 @@ def test_files_committed_before_a_kill_leave_the_live_folder_when_a_reader_start
     drop(folder, "3.csv", records(3))
     for i in range(4):
         os.link(folder / f"{i}.csv", reader.gate.live / f"{i}.csv")
-    again = SourceReader(spark, folder, a.stage.text_schema, "ts", tmp_path / "reader",
+    again = SourceReader(spark, folder, a.stage.layout, "ts", tmp_path / "reader",
                          trigger_s=0.1)
     try:
         assert os.listdir(again.gate.live) == ["3.csv"]

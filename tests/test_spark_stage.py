@@ -63,7 +63,7 @@ def as_text(spark: Any, stage: LocalStage, records: list[dict[str, Any]]) -> Any
     """Records as the stage reads them: every column as text (None: not malformed)."""
     text = [[repr(r[f.name]) if isinstance(r[f.name], float) else str(r[f.name])
              for f in LOGS.schema] + [None] for r in records]
-    return spark.createDataFrame(text, stage.text_schema)
+    return spark.createDataFrame(text, stage.layout.text_schema)
 
 
 def test_a_restarted_stage_resumes_from_its_snapshot_and_counts_each_batch_once(

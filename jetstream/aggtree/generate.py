@@ -135,7 +135,9 @@ def to_yaml(topology: Topology) -> str:
             lines += [f"      - {{name: {_scalar(s.name)}, "
                       f"events_per_s: {_number(s.events_per_s)}, "
                       f"bytes_per_event: {s.bytes_per_event}, "
-                      f"distinct_keys: {s.distinct_keys}}}" for s in site.sources]
+                      f"distinct_keys: {s.distinct_keys}"
+                      + (f", format: {s.format}" if s.format else "") + "}"
+                      for s in site.sources]
         if site.spark_master is not None:
             lines.append(f"    spark_master: {_scalar(site.spark_master)}")
         if site.spark_conf:

@@ -53,6 +53,7 @@ from jetstream.aggtree.topology import (
     spark_key_problem,
 )
 from jetstream.errors import PlacementError, PlanError
+from jetstream.formats import DEFAULT_FORMAT, FORMATS
 from jetstream.units import parse_bandwidth
 from jetstream.windows import parse_duration
 
@@ -124,6 +125,17 @@ def parse_topology(text: str, origin: str = "<string>") -> Topology:
         reader.unique(site_at, site.name, name_node, f"sites[{i}].name", "site")
         site_at[site.name] = node
         sites.append(site)
+
+    declared: dict[str, tuple[str, str]] = {}  # source -> (format, the first site's name)
+    for i, site in enumerate(sites):
+        for load in site.sources:
+            kind = load.format or DEFAULT_FORMAT
+            first = declared.setdefault(load.name, (kind, site.name))
+            if first[0] != kind:
+                reader.fail(site_nodes[i], f"sites[{i}]",
+                            f"source {load.name} is {kind} at site {site.name} and {first[0]} "
+                            f"at site {first[1]}: a source's files have one format (give "
+                            "each format a source of its own)")
 
     root = reader.string(fields["root"], "root")
     if root not in site_at:
@@ -259,7 +271,8 @@ def _sources(reader: _Reader, node: yaml.Node, path: str, site: str) -> tuple[So
     for i, source_node in enumerate(reader.sequence(node, path)):
         here = f"{path}[{i}]"
         f = reader.fields(source_node, here, required=("name",),
-                          optional=("events_per_s", "bytes_per_event", "distinct_keys"))
+                          optional=("events_per_s", "bytes_per_event", "distinct_keys",
+                                    "format"))
         # Only what the file sets: SourceLoad's defaults live in one place, the dataclass.
         load: dict[str, Any] = {}
         if "events_per_s" in f:
@@ -268,6 +281,11 @@ def _sources(reader: _Reader, node: yaml.Node, path: str, site: str) -> tuple[So
         for field in ("bytes_per_event", "distinct_keys"):
             if field in f:
                 load[field] = reader.positive_int(f[field], f"{here}.{field}")
+        if "format" in f:
+            load["format"] = reader.string(f["format"], f"{here}.format")
+            if load["format"] not in FORMATS:
+                reader.fail(f["format"], f"{here}.format", f"expected one of "
+                            f"{', '.join(FORMATS)}, got {load['format']!r}")
         source = dataclasses.replace(SourceLoad(name=reader.name(f["name"], f"{here}.name")),
                                      **load)
         reader.unique(name_at, source.name, f["name"], f"{here}.name", "source",

@@ -53,13 +53,15 @@ class SourceLoad:
     """A source that lives at a site, with the load the planner should expect from it.
 
     ``distinct_keys`` is how many group keys a window of this source typically holds, which
-    bounds the size of its partial aggregates.
+    bounds the size of its partial aggregates. ``format`` is its files'
+    (:mod:`jetstream.formats`); None: as the query's source names it, else CSV.
     """
 
     name: str
     events_per_s: float = 1000.0
     bytes_per_event: int = 200
     distinct_keys: int = 1000
+    format: str | None = None
 
 
 @dataclass(frozen=True)
@@ -150,3 +152,9 @@ class Topology:
     def sites_with(self, source: str) -> list[Site]:
         """The sites where records of ``source`` are born."""
         return [s for s in self.sites if s.source(source) is not None]
+
+    def source_format(self, source: str) -> str | None:
+        """The format the sites declare for ``source``'s files (the loader checks they
+        agree), or None where none does."""
+        return next((load.format for site in self.sites if (load := site.source(source))
+                     and load.format), None)

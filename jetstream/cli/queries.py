@@ -93,7 +93,8 @@ def register(commands: Any) -> None:
     local.add_argument("--query", required=True, metavar="QUERY.py",
                        help="a Python file that defines `query`")
     local.add_argument("--input", required=True, metavar="PATH",
-                       help="a CSV file, or a directory searched for *.csv")
+                       help="a log file, or a directory searched for the files of the "
+                            "query's source's format (*.csv by default)")
     local.add_argument("--output", metavar="OUT.jsonl", help="where to write (default: stdout)")
     local.set_defaults(run=_local)
 
@@ -101,14 +102,16 @@ def register(commands: Any) -> None:
         "run", help="replay finite input through the full distributed path, then exit",
         description="Start the controller and every site of the topology as local processes "
                     "(each site's local stage in its own Spark JVM), replay DIR/<site>/*.csv "
-                    "through them over gRPC, write one JSON object per window, and exit when "
-                    "every window is final.")
+                    "(or the JSON lines or Parquet files the query's source names) through "
+                    "them over gRPC, write one JSON object per window, and exit when every "
+                    "window is final.")
     run.add_argument("--topology", default=str(DEFAULT_TOPOLOGY), metavar="T.yaml",
                      help="sites, servers and links (default: the embedded local-3dc)")
     run.add_argument("--query", required=True, metavar="QUERY.py",
                      help="a Python file that defines `query`")
     run.add_argument("--input", required=True, metavar="DIR",
-                     help="one folder of CSV files per site: DIR/<site>/*.csv")
+                     help="one folder of log files per site: DIR/<site>/*.csv (or the "
+                          "files of the query's source's format)")
     run.add_argument("--output", metavar="OUT.jsonl", help="where to write (default: stdout)")
     run.add_argument("--timeout", type=float, default=600.0, metavar="S",
                      help="give up if the run takes longer (default: 600s)")

@@ -210,7 +210,10 @@ class GlobalController:
                 msg = "this controller reads no cubes: it cannot backfill"
                 raise ControlPlaneError(msg)
             query, backfill, seam = self.past.backfill(query, since_ms, read)
-            spec = query_to_proto(query)
+        with self.lock:
+            read_as = self.running.read_as(query)  # the sites' format, or refused
+        if read_as is not query or since_ms is not None:
+            query, spec = read_as, query_to_proto(read_as)
         split = distributed(query)  # refuse now what no site could run
         partial_aggregate(split)
         check_stage(split)

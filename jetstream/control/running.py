@@ -24,8 +24,9 @@ from jetstream.aggtree.topology import Link
 from jetstream.control.membership import Membership
 from jetstream.control.results_hub import ResultsHub, utc
 from jetstream.control.state import Placement, QueryState, SavedQueries
-from jetstream.dsl import Query
+from jetstream.dsl import Query, reading
 from jetstream.errors import ControlPlaneError, JetstreamError, PlacementError, PlanError
+from jetstream.formats import DEFAULT_FORMAT
 from jetstream.operators import Map, Source
 from jetstream.planwire import query_from_bytes
 
@@ -126,6 +127,32 @@ class RunningQueries:
         state = self.queries[query.name] = QueryState(
             query.name, spec, query, plan, expected=tuple(sorted(self.source_sites(query))))
         return state
+
+    def read_as(self, query: Query) -> Query:
+        """``query`` reading each source in the format the topology declares for it where
+        it names none; refused (PlanError) where it names another, or where a running query
+        reads the source in another: a site reads a source's files one way."""
+        topology = self.membership.topology
+        declared = {s.name: f for s in query.plan().sources()
+                    if (f := topology.source_format(s.name)) is not None}
+        query = reading(query, declared)
+        running = {(s.name, s.format or DEFAULT_FORMAT): q.name for q in self.queries.values()
+                   if q.active and q.name != query.name for s in q.query.plan().sources()}
+        for source in query.plan().sources():
+            format = source.format or DEFAULT_FORMAT
+            if declared.get(source.name, format) != format:
+                msg = (f"query {query.name}: source {source.name} is read as {format}, and "
+                       f"the topology's sites declare its files {declared[source.name]}: "
+                       f"drop the source's format=, or make it {declared[source.name]!r}")
+                raise PlanError(msg)
+            other = next((f"query {name} reads it as {f}" for (s, f), name in running.items()
+                          if s == source.name and f != format), None)
+            if other:
+                msg = (f"query {query.name}: source {source.name} is read as {format}, and "
+                       f"{other}: a site reads a source's files one way; name one format "
+                       "in both, or declare it in the topology")
+                raise PlanError(msg)
+        return query
 
     def check_code(self, query: Query, plan: PhysicalPlan) -> None:
         """Refuse a plan that sends a ``map`` step's function (code) to a registered site

@@ -1,6 +1,7 @@
-"""How a site's micro-batches meet Spark: its CSV files read as records, every column as text
-with the bad line and where and when each record's file landed (:func:`read_stream` for a
-folder's stream, :func:`read_files` for files read again); and around each batch, a stop
+"""How a site's micro-batches meet Spark: its files read as records of their format
+(:class:`Layout`), every column as text with the bad line and where and when each record's
+file landed (:func:`read_stream` for a folder's stream, :func:`read_files` for files read
+again); and around each batch, a stop
 that interrupts its job ending the stream quietly, Python's cyclic collector paused, and
 adaptive execution off, as Spark has it for a stream's own batches.
 """
@@ -10,18 +11,28 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import os
+import shutil
 import threading
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
+from pyspark.sql.types import StringType, StructField, StructType
 
-__all__ = ["ARRIVED_COLUMN", "CORRUPT_COLUMN", "FILE_COLUMN", "gc_paused", "not_adaptive",
-           "read_files", "read_stream", "stopped_quietly"]
+from jetstream.formats import FORMATS, input_files, unreadable
+from jetstream.schema import Schema
+from jetstream.stage.compile import spark_type
 
+__all__ = ["ARRIVED_COLUMN", "CORRUPT_COLUMN", "FILE_COLUMN", "REASONS", "Layout",
+           "batch_counters", "gc_paused",
+           "not_adaptive", "read_files", "read_stream", "readable", "stopped_quietly"]
+
+#: Why a record is malformed, as a stage counts them (a record's ``_reason`` starts so).
+REASONS = ("wrong field count", "malformed record", "missing field", "ill-typed field")
 #: The column of a line that does not parse as a record (Spark's corrupt record).
 CORRUPT_COLUMN = "_jetstream_corrupt"
 ARRIVED_COLUMN = "_jetstream_arrived"  # epoch ms the record's file landed in the folder
@@ -29,21 +40,71 @@ ARRIVED_COLUMN = "_jetstream_arrived"  # epoch ms the record's file landed in th
 FILE_COLUMN = "_jetstream_file"
 
 
-def read_stream(spark: SparkSession, folder: str | Path, text_schema: StructType) -> DataFrame:
-    """A folder's CSV records as a stream: every column as text, the bad line, and when the
+@dataclass(frozen=True)
+class Layout:
+    """How a source's files are read: their format (:mod:`jetstream.formats`) and the
+    source's schema. Every column comes as text (a JSON number as written, a Parquet value
+    cast to it), with the bad line in :data:`CORRUPT_COLUMN`; the stage parses the text as
+    the reference reader does. A ``.gz`` file is decompressed by Spark's codec for its
+    suffix."""
+
+    format: str
+    schema: Schema
+
+    @property
+    def text_schema(self) -> StructType:
+        return StructType([StructField(c, StringType()) for c in self.schema.names]
+                          + [StructField(CORRUPT_COLUMN, StringType())])
+
+    def unreadable(self, path: Path) -> str | None:
+        """Why a file of this layout cannot be read whole, or None."""
+        return unreadable(path, self.schema)
+
+    def load(self, reader: Any, where: str | list[str]) -> DataFrame:
+        """The records at ``where``, by ``reader`` (a stream's or a batch's)."""
+        suffixes = ",".join(FORMATS[self.format])  # its files only, as the reference reads
+        reader = reader.option("pathGlobFilter", f"*{{{suffixes}}}")
+        if self.format == "parquet":  # typed in the file: checked first, then cast to text
+            typed = StructType([StructField(f.name, spark_type(f.dtype)) for f in self.schema])
+            records = _arrived(reader.schema(typed).format("parquet").load(where))
+            return records.select(*(F.col(c).cast("string").alias(c) for c in self.schema.names),
+                                  F.lit(None).cast("string").alias(CORRUPT_COLUMN),
+                                  ARRIVED_COLUMN, FILE_COLUMN)
+        reader = (reader.schema(self.text_schema).option("mode", "PERMISSIVE")
+                  .option("columnNameOfCorruptRecord", CORRUPT_COLUMN))
+        if self.format == "csv":
+            reader = reader.option("header", True)
+        return _arrived(reader.format(self.format).load(where))
+
+
+def read_stream(spark: SparkSession, folder: str | Path, layout: Layout) -> DataFrame:
+    """A folder's records as a stream: every column as text, the bad line, and when the
     record's file landed."""
-    return _arrived(_csv(spark.readStream, text_schema).csv(str(folder)))
+    return layout.load(spark.readStream, str(folder))
 
 
-def read_files(spark: SparkSession, paths: Sequence[str], text_schema: StructType
-               ) -> DataFrame:
-    """Some files' CSV records, as :func:`read_stream` has them in a micro-batch."""
-    return _arrived(_csv(spark.read, text_schema).csv(list(paths)))
+def readable(folder: Path, layout: Layout, scratch: Path) -> tuple[Path, dict[Path, str]]:
+    """The folder to read ``folder``'s files of ``layout`` from, and those that cannot be
+    read whole, with why (:func:`jetstream.formats.unreadable`): ``folder`` itself when every
+    file can be, else ``scratch`` (emptied first) holding links to the others."""
+    files = [p for p in input_files(folder, layout.format) if p.parent == folder]
+    bad = {path: reason for path in files if (reason := layout.unreadable(path)) is not None}
+    if not bad:
+        return folder, bad
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    for path in files:
+        if path not in bad:
+            try:
+                os.link(path, scratch / path.name)
+            except OSError:  # another file system
+                shutil.copy2(path, scratch / path.name)
+    return scratch, bad
 
 
-def _csv(reader: Any, text_schema: StructType) -> Any:
-    return (reader.schema(text_schema).option("header", True).option("mode", "PERMISSIVE")
-            .option("columnNameOfCorruptRecord", CORRUPT_COLUMN))
+def read_files(spark: SparkSession, paths: Sequence[str], layout: Layout) -> DataFrame:
+    """Some files' records, as :func:`read_stream` has them in a micro-batch."""
+    return layout.load(spark.read, list(paths))
 
 
 def _arrived(records: DataFrame) -> DataFrame:
@@ -52,6 +113,21 @@ def _arrived(records: DataFrame) -> DataFrame:
     return records.withColumns({
         ARRIVED_COLUMN: F.unix_millis(F.col("_metadata.file_modification_time")),
         FILE_COLUMN: F.col("_metadata.file_path")})
+
+
+def batch_counters(once: Column) -> list[Column]:
+    """What ``observe`` collects of a batch's rows, ``once`` true in one row a record: the
+    records read (kept or not), the largest event time, when the record it stands on
+    landed, the files, the malformed records by reason."""
+    valid = F.col("_reason").isNull()
+    return [F.count(F.when(valid & once, True)).alias("records"),
+            F.max(F.when(valid, F.col("_event"))).alias("latest"),
+            # When the record the watermark stands on landed (the gate may have held the
+            # batch's first file a while): the close of what the batch closes.
+            F.max_by(ARRIVED_COLUMN, F.when(valid, F.col("_event"))).alias("arrived"),
+            F.collect_set(FILE_COLUMN).alias("files"),
+            *(F.count(F.when(F.col("_reason").startswith(reason), True)).alias(reason)
+              for reason in REASONS)]
 
 
 class _Stoppable(Protocol):

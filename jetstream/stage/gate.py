@@ -68,6 +68,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path, PurePosixPath
 
 from jetstream import trace
+from jetstream.formats import DEFAULT_FORMAT, is_input
 from jetstream.stage.archive import Archive
 
 __all__ = ["DEFAULT_HOLD_S", "FileGate"]
@@ -103,9 +104,13 @@ class FileGate:
 
     def __init__(self, landing: Path, live: Path, hold_s: float,
                  due: Callable[[], int | None], max_unread: int = MAX_UNREAD,
-                 tend: Callable[[], None] = lambda: None, archive: Archive | None = None
-                 ) -> None:
+                 tend: Callable[[], None] = lambda: None, archive: Archive | None = None,
+                 format: str = DEFAULT_FORMAT,
+                 unreadable: Callable[[Path], str | None] = lambda path: None,
+                 set_aside: Callable[[Path, str], None] = lambda path, reason: None) -> None:
         self.landing, self.live, self.hold_s, self._due = landing, live, hold_s, due
+        # The files of the source's format, and where one that cannot be read whole goes.
+        self.format, self._unreadable, self._set_aside = format, unreadable, set_aside
         self.archive = archive  # what becomes of the site's files once read (None: kept)
         self._tend = tend  # called after each look at the folder (the reader trims)
         self.max_unread = max_unread
@@ -236,7 +241,7 @@ class FileGate:
         with os.scandir(self.landing) as entries:
             for entry in entries:
                 if (entry.name in self._in or entry.name in self._waiting
-                        or _hidden(entry.name) or not entry.is_file()):
+                        or not is_input(entry.name, self.format) or not entry.is_file()):
                     continue
                 self._waiting[entry.name] = (entry.stat().st_mtime_ns // 1_000_000, now)
 
@@ -260,6 +265,11 @@ class FileGate:
     def _let_in(self, name: str) -> None:
         mtime, _ = self._waiting.pop(name)
         source, target = self.landing / name, self.live / name
+        reason = self._unreadable(source) if source.exists() else None
+        if reason is not None:  # none of it read: it leaves the folder, and is counted
+            self._in.add(name)  # and is never looked at again, wherever it went
+            self._set_aside(source, reason)
+            return
         try:
             os.link(source, target)
         except FileExistsError:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from jetstream.dataplane.partials import ENDED
 from jetstream.dsl import Query
 from jetstream.errors import PlanError
+from jetstream.formats import DEFAULT_FORMAT
 from jetstream.stage.check import Chain, source_of
 from jetstream.stage.warm import warm_up
 
@@ -98,7 +99,9 @@ class StageInput:
         if self._readers is not None and self.folder is not None:
             # A live stage joins its reader where the reader is now, at its deploy: what
             # lands while Spark starts or the stage warms up is read again for it.
-            self._since = self._readers().position(self.folder, source_of(self.chain).schema)
+            source = source_of(self.chain)
+            self._since = self._readers().position(self.folder, source.schema,
+                                                   source.format or DEFAULT_FORMAT)
         self._thread = threading.Thread(target=self._run, args=(spark,), daemon=True,
                                         name=f"stage-{self.query.name}-{self.name}")
         self._thread.start()

@@ -1,7 +1,8 @@
 """A site's local stage: a Spark Structured Streaming job that turns raw records into partials.
 
-The job reads the site's input folder (CSV files that log shippers drop in atomically), every
-column as text, and runs each micro-batch (``foreachBatch``, on the driver) as one Spark job:
+The job reads the site's input folder (files that log shippers drop in atomically, in the
+source's format), every column as text, and runs each micro-batch (``foreachBatch``, on the
+driver) as one Spark job:
 
 1. parsing against the source schema: a malformed record (wrong field count, a value that is
    not of its column's type, a missing field) is counted by reason — and, in the rare batch
@@ -35,6 +36,7 @@ has it already; one the snapshot no longer holds is in the site's inbox (the cub
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import math
 import threading
@@ -48,13 +50,13 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
-from pyspark.sql.types import StringType, StructField, StructType
 
 from jetstream import trace
 from jetstream.aggregates import Count
 from jetstream.approx.sketches import TopKItems
 from jetstream.dsl import Query
 from jetstream.errors import PlanError
+from jetstream.formats import DEFAULT_FORMAT
 from jetstream.operators import (
     Join,
     Map,
@@ -70,9 +72,13 @@ from jetstream.stage.batches import (
     ARRIVED_COLUMN,
     CORRUPT_COLUMN,
     FILE_COLUMN,
+    REASONS,
+    Layout,
+    batch_counters,
     gc_paused,
     not_adaptive,
     read_stream,
+    readable,
     stopped_quietly,
 )
 from jetstream.stage.bookkeeping import Emit, OpenWindows
@@ -95,7 +101,6 @@ log = logging.getLogger(__name__)
 DEFAULT_TRIGGER_S = 0.25
 # (the stats so far, seconds the micro-batch took): after each micro-batch.
 OnBatch = Callable[["StageStats", float], None]
-_REASONS = ("wrong field count", "missing field", "ill-typed field")
 # What the stage carries past the query's own steps: whether the record is kept (valid and
 # through every ``where``), why it is malformed, its line, file time and event time.
 _INTERNAL = ("_keep", "_reason", CORRUPT_COLUMN, ARRIVED_COLUMN, FILE_COLUMN, "_event")
@@ -194,25 +199,44 @@ class LocalStage:
 
     # -- running ------------------------------------------------------------------------------
     @property
-    def text_schema(self) -> StructType:
-        """What :meth:`process_batch` reads: every source column as text, and the bad line."""
-        return StructType([StructField(f.name, StringType()) for f in self.source.schema]
-                          + [StructField(CORRUPT_COLUMN, StringType())])
+    def layout(self) -> Layout:
+        """How its source's files are read: :meth:`process_batch` takes every source column
+        as text, and the bad line."""
+        return Layout(self.source.format or DEFAULT_FORMAT, self.source.schema)
 
     def _reader(self) -> DataFrame:
         """The folder's records, as a stream."""
-        return read_stream(self.spark, self.input_dir, self.text_schema)
+        return read_stream(self.spark, self.input_dir, self.layout)
 
     def run_available(self) -> StageStats:
-        """Process every file in the folder now, then close every window (finite input)."""
+        """Process every file in the folder now, then close every window (finite input). A
+        file that cannot be read whole is set aside (:meth:`set_aside`), none of it read:
+        the stream then reads links to the others (the user's folder is left as it is)."""
         self._started_ms = time.time_ns() // 1_000_000
-        self._stream = (self.prepare(self._reader()).writeStream.foreachBatch(self._batch)
+        given = Path(self.input_dir)
+        folder, bad = readable(given, self.layout,
+                               Path(self.checkpoint_dir).parent / "readable")
+        for path, reason in bad.items():
+            self.set_aside(str(path), reason)
+        if folder != given:
+            self.read_from = (f"{folder.resolve()}/", f"{given.resolve()}/")
+        reader = read_stream(self.spark, folder, self.layout)
+        self._stream = (self.prepare(reader).writeStream.foreachBatch(self._batch)
                         .option("checkpointLocation", self.checkpoint_dir)
                         .trigger(availableNow=True).start())
         self._stream.awaitTermination()
         self.stats.jobs = self.jobs_run()
         self.flush()
         return self.stats
+
+    def set_aside(self, file: str, reason: str) -> None:
+        """A file of its input that cannot be read whole, none of it read: counted, and
+        noted in the quarantine folder."""
+        self.stats.malformed["unreadable file"] += 1
+        Path(self.quarantine_dir).mkdir(parents=True, exist_ok=True)
+        with (Path(self.quarantine_dir) / "unreadable.jsonl").open("a") as out:
+            out.write(json.dumps({"reason": f"unreadable file: {reason}", "file": file}) + "\n")
+        log.warning("%s: %s set aside, unreadable: %s", self.name, file, reason)
 
     def start(self, trigger_s: float = DEFAULT_TRIGGER_S) -> StreamingQuery:
         """Run live: a micro-batch every ``trigger_s`` seconds over the files that arrived."""
@@ -256,7 +280,7 @@ class LocalStage:
 
     # -- one micro-batch ----------------------------------------------------------------------
     def process_batch(self, raw: DataFrame, batch_id: int) -> None:
-        """Run one micro-batch of raw records (every column as text, see ``text_schema``)."""
+        """Run one micro-batch of raw records (every column as text, see ``layout``)."""
         self._batch(self.prepare(raw), batch_id)
 
     def _batch(self, prepared: DataFrame, batch_id: int) -> None:
@@ -323,7 +347,7 @@ class LocalStage:
     @property
     def record_counters(self) -> list[Column]:
         """What ``observe`` collects of :meth:`typed` records (see :meth:`plan`)."""
-        return _counters(F.lit(True))
+        return batch_counters(F.lit(True))
 
     def _process(self, prepared: DataFrame, batch_id: int | None = None) -> None:
         started = time.time()
@@ -353,7 +377,7 @@ class LocalStage:
         self.stats.batches += 1
         counters = planned.observation.get
         self.stats.records_in += int(counters["records"])
-        malformed = {reason: int(counters[reason]) for reason in _REASONS if counters[reason]}
+        malformed = {reason: int(counters[reason]) for reason in REASONS if counters[reason]}
         if malformed:
             self.stats.malformed.update(malformed)
             self._quarantine(prepared)
@@ -377,7 +401,7 @@ class LocalStage:
 
     def _compile(self) -> _Compiled:
         keep = F.col("_keep")
-        counters = _counters(F.coalesce(F.col("_first"), F.lit(True)))  # a record's one row
+        counters = batch_counters(F.coalesce(F.col("_first"), F.lit(True)))  # a record's one row
         # Each kept record once per window it falls in, and whether that is its first window
         # (the one the watermark closes first): the first start s with s + size > ts.
         spec, time_column = self.window.spec, F.col(self.window.time_column)
@@ -455,7 +479,8 @@ class LocalStage:
     def _typed(self) -> list[Column]:
         """Typed columns, the bad line, and ``_reason`` saying why a record is malformed
         (NULL: it is fine)."""
-        reason: Column = F.when(F.col(CORRUPT_COLUMN).isNotNull(), F.lit("wrong field count"))
+        malformed = "wrong field count" if self.layout.format == "csv" else "malformed record"
+        reason: Column = F.when(F.col(CORRUPT_COLUMN).isNotNull(), F.lit(malformed))
         typed = []
         for f in self.source.schema:
             text = F.col(f"`{f.name}`")
@@ -563,21 +588,6 @@ class LocalStage:
             sketch.update(row["_item"], int(row["count"]))
         for (window, key), sketch in sketches.items():
             self.windows.merge_into(window, key, i, sketch)
-
-
-def _counters(once: Column) -> list[Column]:
-    """What ``observe`` collects of a batch's rows, ``once`` true in one row a record: the
-    records read (kept or not), the largest event time, when the record it stands on
-    landed, the files, the malformed records by reason."""
-    valid = F.col("_reason").isNull()
-    return [F.count(F.when(valid & once, True)).alias("records"),
-            F.max(F.when(valid, F.col("_event"))).alias("latest"),
-            # When the record the watermark stands on landed (the gate may have held the
-            # batch's first file a while): the close of what the batch closes.
-            F.max_by(ARRIVED_COLUMN, F.when(valid, F.col("_event"))).alias("arrived"),
-            F.collect_set(FILE_COLUMN).alias("files"),
-            *(F.count(F.when(F.col("_reason").startswith(reason), True)).alias(reason)
-              for reason in _REASONS)]
 
 
 def _select(df: DataFrame, columns: list[Column]) -> DataFrame:

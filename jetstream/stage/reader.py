@@ -39,6 +39,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import threading
 import time
 from collections import OrderedDict
@@ -50,13 +51,14 @@ from typing import Any
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
-from pyspark.sql.types import StructType
 
 from jetstream import trace
+from jetstream.formats import DEFAULT_FORMAT
 from jetstream.schema import Schema
 from jetstream.stage.archive import Archive, ReadFiles
 from jetstream.stage.batches import (
     FILE_COLUMN,
+    Layout,
     gc_paused,
     not_adaptive,
     read_files,
@@ -86,15 +88,16 @@ class Position:
 class SourceReader:
     """One streaming query over one folder, serving every stage attached to it."""
 
-    def __init__(self, spark: SparkSession, folder: Path, text_schema: StructType,
+    def __init__(self, spark: SparkSession, folder: Path, layout: Layout,
                  event_time: str, checkpoint_dir: Path, trigger_s: float,
                  hold_s: float = DEFAULT_HOLD_S, archive: Archive | None = None) -> None:
-        self.spark, self.folder, self.text_schema = spark, folder, text_schema
+        self.spark, self.folder, self.layout = spark, folder, layout
         self.event_time = event_time
         self.checkpoint_dir, self.trigger_s = checkpoint_dir, trigger_s
         #: What the stream reads: the folder's files, let in by the gate (:mod:`.gate`).
         self.gate = FileGate(folder, checkpoint_dir.parent / "live", hold_s, self._due,
-                             tend=self._trim, archive=archive)
+                             tend=self._trim, archive=archive, format=layout.format,
+                             unreadable=layout.unreadable, set_aside=self._set_aside)
         self._stages: list[LocalStage] = []
         self._lock = threading.Lock()  # the stages, against a micro-batch under way
         self._stream: StreamingQuery | None = None
@@ -159,6 +162,17 @@ class SourceReader:
                          stage.name, self.folder, since.latest)
         self._catch_up(stage)
 
+    def _set_aside(self, path: Path, reason: str) -> None:
+        """A file of the folder that cannot be read whole: moved to ``rejected`` beside the
+        reader's checkpoint, never let in, and counted by every stage on the reader."""
+        rejected = self.checkpoint_dir.parent / "rejected"
+        rejected.mkdir(exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):  # gone meanwhile: nothing to keep
+            shutil.move(path, rejected / path.name)
+        with self._lock:
+            for stage in self._stages:
+                stage.set_aside(str(rejected / path.name), reason)
+
     def stop(self) -> None:
         """Stop the stream (the site closes)."""
         with self._changing:
@@ -200,7 +214,7 @@ class SourceReader:
         """The stream, its plan by the stages: one stage's prepared records, or raw ones."""
         with self._lock:
             self._stopping = False
-            raw = read_stream(self.spark, self.gate.live, self.text_schema)
+            raw = read_stream(self.spark, self.gate.live, self.layout)
             self._alone_stage = self._stages[0] if len(self._stages) == 1 else None
             source = self._alone_stage.prepare(raw) if self._alone_stage is not None else raw
             self._stream = (source.writeStream.foreachBatch(self._batch)
@@ -416,7 +430,7 @@ class SourceReader:
             return
         log.info("%s on %s: reading again the %d files of the %d micro-batches it missed",
                  stage.name, self.folder, len(paths), len(known))
-        stage.process_batch(read_files(self.spark, paths, self.text_schema), self.last_batch)
+        stage.process_batch(read_files(self.spark, paths, self.layout), self.last_batch)
 
 
 def _packed(grouped: DataFrame, name: str) -> DataFrame:
@@ -439,20 +453,20 @@ class SourceReaders:
         self._archives: dict[str, Archive] = {}  # one per folder, for all its readers
         self._lock = threading.Lock()
 
-    def position(self, folder: Path, schema: Schema) -> Position:
-        """Where the reader of ``folder`` for records of ``schema`` is (none yet: at the
-        start)."""
+    def position(self, folder: Path, schema: Schema, format: str) -> Position:
+        """Where the reader of ``folder`` for records of ``schema`` in files of ``format``
+        is (none yet: at the start)."""
         with self._lock:
-            reader = self._readers.get(_key(folder, schema))
+            reader = self._readers.get(_key(folder, schema, format))
         return reader.position if reader is not None else Position()
 
     def reader(self, stage: LocalStage, folder: Path) -> SourceReader:
         """The reader of ``folder`` for ``stage``'s records."""
-        key = _key(folder, stage.source.schema)
+        key = _key(folder, stage.source.schema, stage.layout.format)
         with self._lock:
             if key not in self._readers:
                 self._readers[key] = SourceReader(
-                    stage.spark, folder, stage.text_schema, stage.event_time,
+                    stage.spark, folder, stage.layout, stage.event_time,
                     self.state_dir / f"{folder.name}-{_digest(key)}" / "checkpoint",
                     self.trigger_s, self.hold_s, self._archive(folder))
             return self._readers[key]
@@ -476,6 +490,6 @@ def _digest(key: Any) -> str:
     return hashlib.sha256(repr(key).encode()).hexdigest()[:12]
 
 
-def _key(folder: Path, schema: Schema) -> tuple[Any, ...]:
+def _key(folder: Path, schema: Schema, format: str) -> tuple[Any, ...]:
     return (str(folder.resolve()), tuple((f.name, f.dtype.value) for f in schema),
-            schema.event_time)
+            schema.event_time, *(() if format == DEFAULT_FORMAT else (format,)))

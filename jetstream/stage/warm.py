@@ -15,6 +15,7 @@ windows, counters or folders.
 from __future__ import annotations
 
 import csv
+import json
 import random
 import shutil
 import threading
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from jetstream.dsl import Query
+from jetstream.formats import DEFAULT_FORMAT, FORMATS
 from jetstream.schema import DataType, Schema
 from jetstream.stage.check import Chain, source_of
 
@@ -130,7 +132,7 @@ def warm_up(spark: Any, query: Query, chain: Chain, scratch: Path, *,
         stream = stage.start(DEFAULT_TRIGGER_S if trigger_s is None else trigger_s)
         while (time.monotonic() - began < seconds and not stopping()
                and (batches is None or len(times) < batches)):
-            landed = _land(schema, landing, folder, len(times))
+            landed = _land(schema, source.format or DEFAULT_FORMAT, landing, folder, len(times))
             while not read.acquire(timeout=0.1):
                 if not stream.isActive:
                     raise stream.exception() or RuntimeError("the warm-up's stream stopped")
@@ -148,14 +150,25 @@ def warm_up(spark: Any, query: Query, chain: Chain, scratch: Path, *,
     return WarmUp(time.monotonic() - began, tuple(times), failure)
 
 
-def _land(schema: Schema, landing: Path, folder: Path, n: int) -> float:
-    """Write a file of made-up records and move it into ``folder``, as a log shipper does;
-    return when it landed (``time.monotonic()``)."""
-    path = landing / f"made-up-{n:05d}.csv"
-    with path.open("w", newline="") as out:
-        writer = csv.writer(out)
-        writer.writerow(schema.names)
-        writer.writerows(made_up_records(schema, RECORDS, time.time_ns() // 1_000_000, seed=n))
+def _land(schema: Schema, format: str, landing: Path, folder: Path, n: int) -> float:
+    """Write a file of made-up records, in ``format``, and move it into ``folder``, as a log
+    shipper does; return when it landed (``time.monotonic()``)."""
+    records = made_up_records(schema, RECORDS, time.time_ns() // 1_000_000, seed=n)
+    path = landing / f"made-up-{n:05d}{FORMATS[format][0]}"
+    if format == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table({f.name: [f.dtype.parse(r[i]) for r in records]
+                                 for i, f in enumerate(schema)}), path)
+    elif format == "json":  # a JSON string of each value's text: read from text anyway
+        path.write_text("".join(json.dumps(dict(zip(schema.names, r, strict=True))) + "\n"
+                                for r in records))
+    else:
+        with path.open("w", newline="") as out:
+            writer = csv.writer(out)
+            writer.writerow(schema.names)
+            writer.writerows(records)
     path.rename(folder / path.name)
     return time.monotonic()
 
