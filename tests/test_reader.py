@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import time
@@ -309,3 +310,36 @@ def test_files_committed_before_a_kill_leave_the_live_folder_when_a_reader_start
         assert os.listdir(again.gate.live) == ["3.csv"]
     finally:
         again.stop()
+
+
+def test_a_live_reader_of_json_lines_reads_its_format_and_sets_a_corrupt_file_aside(
+        spark: Any, folder: Path, tmp_path: Path) -> None:
+    """A source of JSON lines, live: the gate lets in only its files, a cut-off gzip file
+    goes to rejected/ whole and is counted, and the stage's windows equal run_local's."""
+    logs = js.source("cdn_logs", schema=CDN_LOG_SCHEMA, format="json")
+    query = js.Query("json", logs.window(js.tumbling("1s"), watermark="100ms")
+                     .group_by("domain").agg(n=js.count()))
+    stage = Stage(spark, query, folder, tmp_path)
+    live = SourceReader(spark, folder, stage.stage.layout, "ts", tmp_path / "reader",
+                        trigger_s=0.1, hold_s=0)
+    try:
+        live.attach(stage.stage)
+        written = [r for i in range(3) for r in records(i)]
+        for i in range(3):
+            text = "".join(json.dumps(r) + "\n" for r in records(i))
+            (folder.parent / f".{i}").write_bytes(gzip.compress(text.encode()))
+            (folder.parent / f".{i}").rename(folder / f"{i}.jsonl.gz")
+        cut = gzip.compress("".join(json.dumps(r) + "\n" for r in records(9)).encode())
+        (folder.parent / ".cut").write_bytes(cut[: len(cut) // 2])
+        (folder.parent / ".cut").rename(folder / "9.jsonl.gz")
+        drop(folder, "3.csv", records(3))  # another format's file: not this source's
+        wait_for(lambda: stage.stage.stats.records_in == len(written)
+                 and stage.stage.stats.malformed["unreadable file"] == 1,
+                 "every record read and the cut-off file set aside")
+        assert stage.results() == js.run_local(query, written)
+        assert (tmp_path / "rejected" / "9.jsonl.gz").read_bytes() == cut[: len(cut) // 2]
+        noted = (tmp_path / f"quarantine-{query.name}" / "unreadable.jsonl").read_text()
+        assert "9.jsonl.gz" in noted and "unreadable file" in noted
+        assert "3.csv" in os.listdir(folder) and "3.csv" not in os.listdir(live.gate.live)
+    finally:
+        live.stop()
