@@ -22,14 +22,15 @@ from jetstream.cli.common import (
     security_options,
     size,
 )
-from jetstream.control.daemons import run_controller, run_site, run_worker
+from jetstream.control.daemons import required_token, run_controller, run_site, run_worker
 from jetstream.dataplane.cubes import parse_retention
 from jetstream.dataplane.options import SiteOptions
 from jetstream.errors import ControlPlaneError
 from jetstream.planwire import query_to_proto
 from jetstream.queryfile import load_query
-from jetstream.security import make_dev_certs
+from jetstream.security import CERT_FILE, KEY_FILE, Security, make_dev_certs
 from jetstream.stage.archive import READ_FILES, ReadFiles
+from jetstream.stage.push import PushServer, Spool, serve_push
 from jetstream.windows import format_duration
 
 __all__ = ["register"]
@@ -101,10 +102,38 @@ def _site(args: argparse.Namespace) -> int:
                           allow_code=args.allow_code)
     if args.state_dir:
         options.state_dir = Path(args.state_dir)
-    run_site(args.name, args.controller, security=security(args), port=args.port,
-             host=args.host, advertise=args.advertise, options=options,
-             metrics_port=args.metrics_port, http_token=args.http_token)
+    guard = security(args)
+    push = _push(args, options, guard) if args.push_http else None
+    try:
+        run_site(args.name, args.controller, security=guard, port=args.port,
+                 host=args.host, advertise=args.advertise, options=options,
+                 metrics_port=args.metrics_port, http_token=args.http_token)
+    finally:
+        if push is not None:
+            push.shutdown()
+            push.spool.close()  # what waits is written
     return 0
+
+
+def _push(args: argparse.Namespace, options: SiteOptions, guard: Security) -> PushServer:
+    """The site's HTTP push of NDJSON (``--push-http``), spooled into its ``--input``."""
+    if options.input_dir is None:
+        msg = "--push-http: a site takes pushed logs into its --input folder; give one"
+        raise ControlPlaneError(msg)
+    host, _, port = args.push_http.rpartition(":")
+    if not port.isdigit():
+        msg = f"--push-http: expected HOST:PORT, e.g. 127.0.0.1:8080, not {args.push_http!r}"
+        raise ControlPlaneError(msg)
+    if args.push_tls and guard.tls_dir is None:
+        msg = "--push-tls: the site has no TLS folder (--tls-dir) to take its certificate from"
+        raise ControlPlaneError(msg)
+    spool = Spool(options.input_dir, options.state_dir / args.name / "push", site=args.name,
+                  roll_s=args.push_roll, max_pending_bytes=args.push_max_pending)
+    tls = ((guard.tls_dir / CERT_FILE, guard.tls_dir / KEY_FILE)
+           if args.push_tls and guard.tls_dir is not None else None)
+    return serve_push((host or "127.0.0.1", int(port)), spool, tls=tls,
+                      token=required_token(guard, args.push_token, "--push-token"),
+                      max_request_bytes=args.push_max_request)
 
 
 def _worker(args: argparse.Namespace) -> int:
@@ -256,6 +285,22 @@ def register(commands: Any) -> None:
                            "functions travel pickled, so whoever can submit runs code on "
                            "this site (default: off; such a plan is refused at submit, and "
                            "by this site if it gets one; jetstream run and demo turn it on)")
+    site.add_argument("--push-http", metavar="HOST:PORT",
+                      help="take NDJSON POSTed by log shippers (gzip bodies too) into the "
+                           "--input folder, answered 200 once on disk (default: off; "
+                           "HOST defaults to loopback)")
+    site.add_argument("--push-roll", type=positive_seconds, default=1.0, metavar="S",
+                      help="how often pushed lines go into a file of --input, the longest a "
+                           "push waits for its answer (default: 1s)")
+    site.add_argument("--push-max-pending", type=size, default=64 << 20, metavar="SIZE",
+                      help="bytes pushed and not on disk yet beyond which a push is answered "
+                           "429 (default: 64MiB)")
+    site.add_argument("--push-max-request", type=size, default=16 << 20, metavar="SIZE",
+                      help="the largest push, decompressed (413 above; default: 16MiB)")
+    site.add_argument("--push-tls", action="store_true",
+                      help="serve the push over HTTPS with the site's certificate")
+    site.add_argument("--push-token", action="store_true",
+                      help="ask pushes for the site's token (Authorization: Bearer)")
     site.add_argument("--idle-timeout", type=float, default=5.0, metavar="S",
                       help="input without records this long is idle and holds no window "
                            "back (default: 5s)")

@@ -120,10 +120,11 @@ def _exporter(host: str, metrics_port: int, token: str | None) -> WSGIServer | N
     return exporter
 
 
-def _http_token(security: Security, wanted: bool) -> str | None:
-    """The token ``/metrics`` and the dashboard ask for: the process's, if ``wanted``."""
+def required_token(security: Security, wanted: bool, flag: str = "--http-token") -> str | None:
+    """The token an HTTP server of the process asks for (``/metrics``, the dashboard, a
+    site's push): the process's, if ``wanted`` (by ``flag``)."""
     if wanted and not security.token:
-        msg = ("--http-token: this process has no token to require (give --token, set "
+        msg = (f"{flag}: this process has no token to require (give --token, set "
                "JETSTREAM_TOKEN, or put a token file in its TLS folder)")
         raise ControlPlaneError(msg)
     return security.token if wanted else None
@@ -162,7 +163,7 @@ def run_controller(topology: Topology, port: int, *, security: Security,
     queries whose ``map`` functions travel as code (see :mod:`jetstream.planwire`).
     ``cubes``: queries to run from the start, for history (see :class:`GlobalController`).
     ``http_token``: both ask for the process's token."""
-    token = _http_token(security, http_token)
+    token = required_token(security, http_token)
     clients = _SiteClients(security)
     calls = SiteCalls()  # deploys and stops never hold the controller's lock
     controller = GlobalController(topology, clients.deploy, clients.stop,
@@ -376,7 +377,7 @@ def run_site(name: str, controller_address: str, *, security: Security, port: in
     # Peers that reach the site through another address cannot reach its workers, nor
     # those on other machines workers that listen on a wildcard (dialled as 127.0.0.1).
     options.offer_routes = address == f"{host}:{bound}" and _dialable(host) == host
-    exporter = _exporter(host, metrics_port, _http_token(security, http_token))
+    exporter = _exporter(host, metrics_port, required_token(security, http_token))
     if ready:
         ready(bound)
 

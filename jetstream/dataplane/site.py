@@ -228,7 +228,7 @@ class SiteRuntime:
                 # jetstream and the packages the site has.
                 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
                 builder = session_builder(master, f"jetstream-{self.site}", conf)
-                self._spark = started(builder, self.site)
+                self._spark = started(builder, f"site {self.site}")
                 self._spark.sparkContext.setLogLevel("ERROR")
             return self._spark
 

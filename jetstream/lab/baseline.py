@@ -31,7 +31,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from jetstream.schema import CDN_LOG_SCHEMA
 from jetstream.stage.compile import spark_schema
-from jetstream.stage.spark import session_builder
+from jetstream.stage.spark import session_builder, started
 
 __all__ = ["BackhaulRun", "Receiver", "live_top_domains", "ship", "ship_gzipped",
            "top_domains"]
@@ -187,7 +187,7 @@ def watch(folder: str, checkpoint: Path, out: Path, *, master: str, conf: dict[s
     """Run the plain job live on ``folder`` (a path or a glob, such as every site's folder)
     until killed, appending each window's top 10 to ``out`` as a JSON line (``start``,
     ``end``, ``rows``); ``out`` is created once the job reads."""
-    spark = session_builder(master, "jetstream-baseline", conf).getOrCreate()
+    spark = started(session_builder(master, "jetstream-baseline", conf), "the baseline")
     spark.sparkContext.setLogLevel("ERROR")
     with out.open("a") as lines:
         def on_window(window: Window, rows: Rows) -> None:

@@ -70,7 +70,7 @@ def run_bench(topology: Path, query: Query, work: Path, *, duration_s: float,
               rate: float, seed: int, say: Callable[[str], None]) -> dict[str, Any]:
     """Run both systems on the same input; the report (also written to ``work/bench.json``)."""
     from jetstream.lab.baseline import top_domains
-    from jetstream.stage.spark import session_builder
+    from jetstream.stage.spark import session_builder, started
 
     layout = load_topology(topology)
     sites = [s.name for s in layout.sites if s.sources]
@@ -98,8 +98,9 @@ def run_bench(topology: Path, query: Query, work: Path, *, duration_s: float,
     # spark_conf), for the backhaul's job and the timed local stage alike: neither is tuned
     # apart.
     root = layout.site(layout.root)
-    spark = session_builder(root.master, "jetstream-bench",
-                            {**REPLAY_SPARK_CONF, **dict(root.spark_conf)}).getOrCreate()
+    spark = started(session_builder(root.master, "jetstream-bench",
+                                    {**REPLAY_SPARK_CONF, **dict(root.spark_conf)}),
+                    "the bench's baseline")  # this process has gRPC threads: see started
     spark.sparkContext.setLogLevel("ERROR")
     try:
         backhaul = top_domains(spark, work / "inbox", work / "backhaul-checkpoint", k=K)

@@ -449,11 +449,13 @@ def _backhaul(area: WideArea, topology: Path, query: Query, folder: Path,
               spark: tuple[str, dict[str, str]], say: Say) -> float:
     from jetstream.lab.baseline import Receiver, live_top_domains
     from jetstream.stage.spark import session_builder
+    from jetstream.stage.spark import started as launched
 
     master, conf = spark
     # spark.driver.memory only counts when this starts the JVM; after `bench` ran its own
     # Spark, the JVM has the heap of the root's settings already.
-    session = session_builder(master, "jetstream-bench-backhaul", conf).getOrCreate()
+    session = launched(session_builder(master, "jetstream-bench-backhaul", conf),
+                       "the bench's backhaul")
     session.sparkContext.setLogLevel("ERROR")
     receiver = Receiver((HOST_ADDRESS, 0), folder / "inbox")
     threading.Thread(target=receiver.serve_forever, daemon=True).start()

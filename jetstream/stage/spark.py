@@ -108,18 +108,19 @@ def session_builder(master: str, app: str, conf: Mapping[str, str]) -> Any:
     return builder
 
 
-def started(builder: Any, site: str) -> Any:
+def started(builder: Any, who: str) -> Any:
     """The builder's session, its JVM launched again if the launch fails: a JVM forked while
     gRPC's threads run can exit before it reports its port (``JAVA_GATEWAY_EXITED``, seen
-    once in a bench run), and a site that gives up on Spark reads nothing."""
+    in bench runs and CI), and a site that gives up on Spark reads nothing. ``who`` names
+    the process in the log (``site ams``, ``the bench's baseline``)."""
     for attempt in range(1, SPARK_START_ATTEMPTS + 1):
         try:
             return builder.getOrCreate()
         except Exception as e:
             if attempt == SPARK_START_ATTEMPTS:
                 raise
-            log.warning("site %s: Spark's JVM did not start (%s): launching it again (%d "
-                        "of %d)", site, str(e).strip().splitlines()[0][:300], attempt + 1,
+            log.warning("%s: Spark's JVM did not start (%s): launching it again (%d "
+                        "of %d)", who, str(e).strip().splitlines()[0][:300], attempt + 1,
                         SPARK_START_ATTEMPTS)
             time.sleep(attempt)
     raise AssertionError("unreachable")
