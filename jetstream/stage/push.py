@@ -95,6 +95,8 @@ class Spool:
         self.roll_s, self.max_pending_bytes = roll_s, max_pending_bytes
         folder.mkdir(parents=True, exist_ok=True)
         state.mkdir(parents=True, exist_ok=True)
+        for half_written in folder.glob(".push-*.part"):  # a crash's: never answered 200
+            half_written.unlink(missing_ok=True)
         self._keys_path = state / "keys.log"
         self._durable: OrderedDict[str, None] = OrderedDict()
         if self._keys_path.exists():
@@ -108,6 +110,7 @@ class Spool:
         self._keys = self._keys_path.open("a")
         self._lock = threading.Lock()
         self._roll = _Roll()
+        self._writing = _Roll()  # the roll being written: its keys are not durable yet
         self._sequence = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="push-spool", daemon=True)
@@ -127,8 +130,9 @@ class Spool:
             if key is not None:
                 if key in self._durable:
                     return None
-                if key in self._roll.keys:
-                    return self._roll
+                for roll in (self._roll, self._writing):  # on its way: wait for it
+                    if key in roll.keys:
+                        return roll
             if len(self._roll.data) + len(lines) > self.max_pending_bytes:
                 msg = (f"push spool of {self.site or self.folder}: holds "
                        f"{len(self._roll.data):,} bytes not yet on disk, at most "
@@ -153,7 +157,8 @@ class Spool:
 
     def _write(self) -> None:
         with self._lock:
-            roll, self._roll = self._roll, _Roll()
+            roll = self._writing = self._roll
+            self._roll = _Roll()
             PUSH_PENDING.labels(self.site).set(0)
         if not roll.data:
             roll.done.set()
@@ -184,6 +189,8 @@ class Spool:
                     self._durable[key] = None
                 while len(self._durable) > KEEP_KEYS:
                     self._durable.popitem(last=False)
+        with self._lock:
+            self._writing = _Roll()
         roll.done.set()
 
 
