@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,8 @@ from jetstream.planwire import query_to_proto
 from jetstream.queryfile import load_query
 from jetstream.security import CERT_FILE, KEY_FILE, Security, make_dev_certs
 from jetstream.stage.archive import READ_FILES, ReadFiles
-from jetstream.stage.push import PushServer, Spool, serve_push
+from jetstream.stage.push import Spool, serve_push
+from jetstream.stage.syslog import Intake, serve_syslog
 from jetstream.windows import format_duration
 
 __all__ = ["register"]
@@ -103,37 +105,57 @@ def _site(args: argparse.Namespace) -> int:
     if args.state_dir:
         options.state_dir = Path(args.state_dir)
     guard = security(args)
-    push = _push(args, options, guard) if args.push_http else None
+    listeners = _push(args, options, guard)
     try:
         run_site(args.name, args.controller, security=guard, port=args.port,
                  host=args.host, advertise=args.advertise, options=options,
                  metrics_port=args.metrics_port, http_token=args.http_token)
     finally:
-        if push is not None:
-            push.shutdown()
-            push.spool.close()  # what waits is written
+        for stop in listeners:
+            stop()
     return 0
 
 
-def _push(args: argparse.Namespace, options: SiteOptions, guard: Security) -> PushServer:
-    """The site's HTTP push of NDJSON (``--push-http``), spooled into its ``--input``."""
-    if options.input_dir is None:
-        msg = "--push-http: a site takes pushed logs into its --input folder; give one"
-        raise ControlPlaneError(msg)
-    host, _, port = args.push_http.rpartition(":")
+def _address(flag: str, value: str) -> tuple[str, int]:
+    host, _, port = value.rpartition(":")
     if not port.isdigit():
-        msg = f"--push-http: expected HOST:PORT, e.g. 127.0.0.1:8080, not {args.push_http!r}"
+        msg = f"{flag}: expected HOST:PORT, e.g. 127.0.0.1:5514, not {value!r}"
         raise ControlPlaneError(msg)
+    return host or "127.0.0.1", int(port)
+
+
+def _push(args: argparse.Namespace, options: SiteOptions,
+          guard: Security) -> list[Callable[[], None]]:
+    """The site's listeners for pushed logs (``--push-http``, ``--syslog-*``), spooled into
+    its ``--input``: how to stop each, the spool last (what waits is written)."""
+    given = {flag: value for flag, value in (
+        ("--push-http", args.push_http), ("--syslog-udp", args.syslog_udp),
+        ("--syslog-tcp", args.syslog_tcp), ("--syslog-relp", args.syslog_relp)) if value}
+    if not given:
+        return []
+    if options.input_dir is None:
+        msg = f"{', '.join(given)}: a site takes pushed logs into its --input folder; give one"
+        raise ControlPlaneError(msg)
+    addresses = {flag: _address(flag, value) for flag, value in given.items()}
     if args.push_tls and guard.tls_dir is None:
         msg = "--push-tls: the site has no TLS folder (--tls-dir) to take its certificate from"
         raise ControlPlaneError(msg)
-    spool = Spool(options.input_dir, options.state_dir / args.name / "push", site=args.name,
-                  roll_s=args.push_roll, max_pending_bytes=args.push_max_pending)
+    token = (required_token(guard, args.push_token, "--push-token")
+             if "--push-http" in given else None)
     tls = ((guard.tls_dir / CERT_FILE, guard.tls_dir / KEY_FILE)
            if args.push_tls and guard.tls_dir is not None else None)
-    return serve_push((host or "127.0.0.1", int(port)), spool, tls=tls,
-                      token=required_token(guard, args.push_token, "--push-token"),
-                      max_request_bytes=args.push_max_request)
+    spool = Spool(options.input_dir, options.state_dir / args.name / "push", site=args.name,
+                  roll_s=args.push_roll, max_pending_bytes=args.push_max_pending)
+    stops: list[Callable[[], None]] = []
+    if "--push-http" in given:
+        http = serve_push(addresses["--push-http"], spool, tls=tls, token=token,
+                          max_request_bytes=args.push_max_request)
+        stops.append(http.shutdown)
+    intake = Intake(spool, key_field=args.syslog_key, time_field=args.syslog_time)
+    stops += [listener.close for listener in serve_syslog(
+        intake, udp=addresses.get("--syslog-udp"), tcp=addresses.get("--syslog-tcp"),
+        relp=addresses.get("--syslog-relp"), tls=tls)]
+    return [*stops, spool.close]
 
 
 def _worker(args: argparse.Namespace) -> int:
@@ -297,8 +319,25 @@ def register(commands: Any) -> None:
                            "429 (default: 64MiB)")
     site.add_argument("--push-max-request", type=size, default=16 << 20, metavar="SIZE",
                       help="the largest push, decompressed (413 above; default: 16MiB)")
+    site.add_argument("--syslog-udp", metavar="HOST:PORT",
+                      help="take syslog datagrams (RFC 5424 or 3164, e.g. nginx's access_log "
+                           "syslog:) whose text is a JSON object; what is dropped is counted "
+                           "(default: off; see docs/deployment.md)")
+    site.add_argument("--syslog-tcp", metavar="HOST:PORT",
+                      help="take syslog over TCP (octet-counted or a message a line), "
+                           "pushing back while the spool is full (default: off)")
+    site.add_argument("--syslog-relp", metavar="HOST:PORT",
+                      help="take syslog over RELP (rsyslog's omrelp), each message "
+                           "acknowledged once on disk (default: off)")
+    site.add_argument("--syslog-key", metavar="FIELD",
+                      help="a payload field unique to a record (e.g. nginx's $request_id): "
+                           "a message sent again is taken once (default: none)")
+    site.add_argument("--syslog-time", metavar="FIELD",
+                      help="fill this payload field, where a message lacks it, with its "
+                           "syslog header's time in epoch ms (default: none)")
     site.add_argument("--push-tls", action="store_true",
-                      help="serve the push over HTTPS with the site's certificate")
+                      help="serve the push over HTTPS, and syslog over TCP and RELP over "
+                           "TLS, with the site's certificate")
     site.add_argument("--push-token", action="store_true",
                       help="ask pushes for the site's token (Authorization: Bearer)")
     site.add_argument("--idle-timeout", type=float, default=5.0, metavar="S",

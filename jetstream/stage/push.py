@@ -43,6 +43,7 @@ import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 from prometheus_client import Counter, Gauge
 
@@ -77,7 +78,7 @@ class _Roll:
     """What waits for the next file: the lines, their keys, and who waits for them."""
 
     data: bytearray = field(default_factory=bytearray)
-    keys: list[str] = field(default_factory=list)
+    keys: dict[str, None] = field(default_factory=dict)  # in order
     done: threading.Event = field(default_factory=threading.Event)
     error: str | None = None
 
@@ -99,15 +100,10 @@ class Spool:
             half_written.unlink(missing_ok=True)
         self._keys_path = state / "keys.log"
         self._durable: OrderedDict[str, None] = OrderedDict()
-        if self._keys_path.exists():
-            kept = self._keys_path.read_text().splitlines()
-            for key in kept[-KEEP_KEYS:]:
-                self._durable[key] = None
-            if len(kept) > 2 * KEEP_KEYS:  # the log holds what is kept, and not much more
-                staged = state / ".keys.log"
-                staged.write_text("".join(f"{k}\n" for k in self._durable))
-                os.replace(staged, self._keys_path)
-        self._keys = self._keys_path.open("a")
+        kept = self._keys_path.read_text().splitlines() if self._keys_path.exists() else []
+        for key in kept[-KEEP_KEYS:]:
+            self._durable[key] = None
+        self._keys = self._compact()
         self._lock = threading.Lock()
         self._roll = _Roll()
         self._writing = _Roll()  # the roll being written: its keys are not durable yet
@@ -140,9 +136,20 @@ class Spool:
                 raise SpoolFull(msg)
             self._roll.data += lines
             if key is not None:
-                self._roll.keys.append(key)
+                self._roll.keys[key] = None
             PUSH_PENDING.labels(self.site).set(len(self._roll.data))
             return self._roll
+
+    def _compact(self) -> TextIO:
+        """``keys.log`` rewritten to hold the keys kept, open to append to."""
+        staged = self._keys_path.with_name(".keys.log")
+        with staged.open("w") as out:
+            out.write("".join(f"{k}\n" for k in self._durable))
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(staged, self._keys_path)
+        self._logged = len(self._durable)
+        return self._keys_path.open("a")
 
     def close(self) -> None:
         """Write what waits, then stop."""
@@ -177,6 +184,7 @@ class Spool:
                 self._keys.write("".join(f"{k}\n" for k in roll.keys))
                 self._keys.flush()
                 os.fsync(self._keys.fileno())
+                self._logged += len(roll.keys)
         except OSError as e:
             log.exception("push spool of %s: writing %s failed", self.site, name)
             roll.error = f"the spool could not write its file: {e}"
@@ -189,6 +197,13 @@ class Spool:
                     self._durable[key] = None
                 while len(self._durable) > KEEP_KEYS:
                     self._durable.popitem(last=False)
+            if self._logged > 2 * KEEP_KEYS:  # the log holds what is kept, not much more
+                try:
+                    self._keys.close()
+                    self._keys = self._compact()
+                except OSError:
+                    log.exception("push spool of %s: compacting keys.log failed", self.site)
+                    self._keys = self._keys_path.open("a")
         with self._lock:
             self._writing = _Roll()
         roll.done.set()
