@@ -4,7 +4,11 @@ windows equal run_local over what nginx's own access logs say it served."""
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
+import subprocess
+import sys
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -74,3 +78,17 @@ def test_nginx_at_each_pop_through_rsyslog_equals_its_own_access_log_with_a_site
             if got == want:
                 break
     assert got == want
+
+
+@needs_edge
+def test_the_demo_runs_on_nginx_at_each_site() -> None:
+    """``jetstream demo --edge nginx``: complete windows of the domains wrk asked nginx for."""
+    jetstream = Path(sys.executable).parent / "jetstream"
+    command = [str(jetstream)] if jetstream.exists() else [sys.executable, "-m", "jetstream"]
+    demo = subprocess.run([*command, "demo", "--edge", "nginx", "--duration", "5", "--rate",
+                           "100", "--no-dashboard"], capture_output=True, text=True,
+                          check=True, timeout=300, env={**os.environ, "COLUMNS": "120"})
+    assert "the access logs of a real nginx at each site" in demo.stderr
+    shown = re.search(r"(\d+) complete windows shown", demo.stderr)
+    assert shown and int(shown.group(1)) >= 1, demo.stderr
+    assert "site0.example" in demo.stdout, demo.stdout

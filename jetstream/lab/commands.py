@@ -29,7 +29,7 @@ from jetstream.cli.common import (
 from jetstream.control.launch import LocalCluster, replay
 from jetstream.control.results_view import render_window
 from jetstream.dsl import Query
-from jetstream.errors import PlanError
+from jetstream.errors import ControlPlaneError, PlanError
 from jetstream.queryfile import load_query
 from jetstream.units import parse_bandwidth
 from jetstream.windows import parse_duration
@@ -116,20 +116,28 @@ def _demo(args: argparse.Namespace) -> int:
     say = progress("demo")
     query = live_query(args)
     if args.replay:
+        if args.edge:
+            raise ControlPlaneError("--edge and --replay: the replay reads the sample logs; "
+                                    "give one of them")
         return _replay_demo(query, EXAMPLES / "logs", say)
     from jetstream.lab.demo import live_demo
+    from jetstream.lab.edge import edge_missing
     from jetstream.lab.loggen import LogSpec
 
+    if args.edge and (missing := edge_missing()):
+        raise ControlPlaneError(f"--edge nginx: {missing}; or leave --edge out to run the "
+                                "demo on generated logs")
     work = Path(tempfile.mkdtemp(prefix="jetstream-demo-"))
-    say(f"the {query.name} query across the sites of {Path(args.topology).stem}, on live "
-        f"generated CDN logs; it shows complete windows (every site reporting, wholly after "
-        f"the logs began) " + (f"for {args.duration:g}s from the first one" if args.duration
-                               else "until Ctrl-C"))
+    logs = ("the access logs of a real nginx at each site, sent by rsyslog" if args.edge
+            else "live generated CDN logs")
+    say(f"the {query.name} query across the sites of {Path(args.topology).stem}, on {logs}; "
+        f"it shows complete windows (every site reporting, wholly after the logs began) "
+        + (f"for {args.duration:g}s from the first one" if args.duration else "until Ctrl-C"))
     dashboard = dashboard_port(args, "127.0.0.1", say)
     summary = live_demo(Path(args.topology), query, work, rate=args.rate,
                         duration_s=args.duration or None, spec=LogSpec(), seed=args.seed,
                         say=say, console=Console(),
-                        cluster_options={"dashboard_port": dashboard})
+                        cluster_options={"dashboard_port": dashboard}, edge=bool(args.edge))
     if summary.feed_start_ms:
         began_utc = datetime.fromtimestamp(summary.feed_start_ms / 1000, UTC)
         say(f"the log feed began at {began_utc:%H:%M:%S}.{began_utc.microsecond // 1000:03d} "
@@ -372,6 +380,11 @@ def register(commands: Any) -> None:
     live_options(demo, duration_s=60.0)
     demo.add_argument("--replay", action="store_true",
                       help="instead, replay the bundled sample logs to the end and exit")
+    demo.add_argument("--edge", choices=["nginx"],
+                      help="serve the traffic with a real nginx at each site (wrk makes the "
+                           "requests, rsyslog sends the access log to the site over RELP) "
+                           "instead of generating logs; needs Debian's nginx, rsyslog, "
+                           "rsyslog-relp and wrk (default: generated logs)")
     demo.set_defaults(run=_demo)
 
     emulate = commands.add_parser(

@@ -4,13 +4,16 @@ It starts a :class:`~jetstream.control.launch.LocalCluster` (a controller and on
 site, each with its own Spark JVM), writes live logs into each site's input folder
 (:func:`jetstream.lab.loggen.write_live`), submits the query, and shows the newest complete windows
 with their bounds, the wide-area bytes against the raw bytes they replace, and the degradation
-level of every link. ``duration_s`` counts from the first complete window; Ctrl-C (or its end)
+level of every link; or, with ``--edge nginx``, starts a real nginx at each site, has wrk
+ask it for the rate and rsyslog send its access log to the site (:mod:`jetstream.lab.edge`).
+``duration_s`` counts from the first complete window; Ctrl-C (or its end)
 stops everything, in an order that lets every stream stop cleanly.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -25,10 +28,11 @@ from rich.live import Live
 from rich.text import Text
 
 from jetstream.aggtree.loader import load_topology
-from jetstream.control.launch import LocalCluster
+from jetstream.control.launch import LocalCluster, free_port
 from jetstream.control.results_view import MAX_WINDOWS, render_window
-from jetstream.dsl import Query
+from jetstream.dsl import Query, reading
 from jetstream.errors import ControlPlaneError
+from jetstream.lab.edge import Edge, site_args
 from jetstream.lab.loggen import LogSpec, write_live
 from jetstream.results import WindowResult
 
@@ -71,11 +75,13 @@ class RawLogLedger:
 
     def add_file(self, path: Path) -> None:
         lines = path.read_bytes().splitlines(keepends=True)[1:]  # the header is no record
-        stamps = np.array([int(line[:line.index(b",")]) for line in lines], dtype=np.int64)
-        sizes = np.array([len(line) for line in lines], dtype=np.int64)
+        self.add([int(line[:line.index(b",")]) for line in lines], [len(x) for x in lines])
+
+    def add(self, stamps: list[int], sizes: list[int]) -> None:
+        """Lines written: their event times (ms) and their bytes, each with its newline."""
         with self._lock:
-            self._stamps.append(stamps)
-            self._sizes.append(sizes)
+            self._stamps.append(np.array(stamps, dtype=np.int64))
+            self._sizes.append(np.array(sizes, dtype=np.int64))
 
     def bytes_between(self, start_ms: int, end_ms: int) -> int:
         """Bytes of the lines written so far whose event time is in ``[start_ms, end_ms)``."""
@@ -120,10 +126,13 @@ class DemoSummary:
 def live_demo(topology: Path, query: Query, work: Path, *, rate: float,
               duration_s: float | None, spec: LogSpec, seed: int,
               say: Callable[[str], None], console: Console,
-              cluster_options: dict[str, Any] | None = None) -> DemoSummary:
+              cluster_options: dict[str, Any] | None = None,
+              edge: bool = False) -> DemoSummary:
     """Run the demo until ``duration_s`` has passed since the first complete window (None:
     until Ctrl-C); what it saw. ``cluster_options`` go to the :class:`LocalCluster` (the
-    emulator's namespaces).
+    emulator's namespaces). With ``edge``, the logs are not generated: each site's nginx
+    serves wrk's requests and rsyslog sends its access log to the site
+    (:mod:`jetstream.lab.edge`).
 
     Raises
     ------
@@ -138,8 +147,14 @@ def live_demo(topology: Path, query: Query, work: Path, *, rate: float,
     summary = DemoSummary()
     ledger = RawLogLedger()
     stop = threading.Event()
+    options = dict(cluster_options or {})
+    relp = {site: free_port() for site in sites}
+    if edge:
+        options["site_args"] = lambda site: site_args(relp[site])
+        query = reading(query, {source.name: "json" for source in query.stream.plan.sources()})
     with LocalCluster(topology, inputs, read_files="archive", idle_timeout_s=30,
-                      logs=work / "logs", say=say, **(cluster_options or {})) as cluster:
+                      logs=work / "logs", say=say, **options) as cluster, \
+            contextlib.ExitStack() as edges:
         def count(chunk: int, records: int) -> None:
             summary.records += records
 
@@ -151,11 +166,20 @@ def live_demo(topology: Path, query: Query, work: Path, *, rate: float,
             write_live(inputs, sites, rate=rate, spec=spec, seed=seed, stop=stop,
                        clock=ledger.clock, on_chunk=count, on_file=written)
 
-        writer = threading.Thread(target=generate, name="loggen", daemon=True)
+        if edge:
+            servers = [edges.enter_context(Edge(site, work / "edge" / site, free_port(),
+                                                relp[site])) for site in sites]
+            writer = threading.Thread(target=_serve, args=(servers, root, rate, seed, ledger,
+                                                           summary, stop),
+                                      name="wrk", daemon=True)
+            feed = (f"wrk asking the nginx of each of {', '.join(sites)} for about {rate:g} "
+                    f"requests/s, rsyslog sending its access log (in {work / 'edge'})")
+        else:
+            writer = threading.Thread(target=generate, name="loggen", daemon=True)
+            feed = f"writing {rate:g} records/s at each of {', '.join(sites)} (files in {inputs})"
         writer.start()
         name = cluster.client.submit(query).query
-        say(f"submitted {name}; writing {rate:g} records/s at each of {', '.join(sites)} "
-            f"(files in {inputs})")
+        say(f"submitted {name}; {feed}")
         results = threading.Thread(target=_collect, args=(cluster, name, summary, ledger),
                                    name="results", daemon=True)
         results.start()
@@ -186,6 +210,33 @@ def live_demo(topology: Path, query: Query, work: Path, *, rate: float,
                 console.line()
             _wind_down(cluster, name, stop, writer, say)
     return summary
+
+
+def _serve(edges: list[Edge], root: str, rate: float, seed: int, ledger: RawLogLedger,
+           summary: DemoSummary, stop: threading.Event) -> None:
+    """wrk at every edge until ``stop``; each second, the lines nginx logged into
+    ``ledger`` (the root's not: they never cross the wide area) and ``summary``."""
+    ledger.clock()
+    loads = [edge.load(seconds=24 * 3600, connections=2, delay_ms=2000 / rate, seed=seed + i)
+             for i, edge in enumerate(edges)]
+    read = dict.fromkeys((edge.pop for edge in edges), 0)
+    try:
+        while not stop.wait(REFRESH_S):
+            for edge in edges:
+                with edge.access_log.open("rb") as fh:
+                    fh.seek(read[edge.pop])
+                    lines = fh.read().splitlines(keepends=True)
+                if lines and not lines[-1].endswith(b"\n"):
+                    lines.pop()  # half written: the next round takes it
+                read[edge.pop] += sum(map(len, lines))
+                summary.records += len(lines)
+                if edge.pop != root:
+                    ledger.add([int(json.loads(line)["ts"]) for line in lines],
+                               [len(line) for line in lines])
+    finally:
+        for load in loads:
+            load.terminate()
+            load.wait()
 
 
 def _wind_down(cluster: LocalCluster, name: str, stop: threading.Event,
