@@ -191,7 +191,7 @@ def test_the_load_bench_scores_each_window_and_keeps_the_exact_ones_unlike_run_l
     arrived[query.name][wrong] = (0.0, altered, True)
     arrived[query.name][inexact] = (0.0, altered, False)
     run = LoadRun("jetstream", 20, 1)
-    _score(run, [query], tmp_path, arrived, [], sites, started, duration_s)
+    _score(run, [query], tmp_path / "input", arrived, [], sites, started, duration_s)
     figures = run.figures[query.name]
     assert (figures.windows, figures.unequal, figures.inexact, figures.not_given) == (
         len(counted), 1, 1, 1)

@@ -460,5 +460,6 @@ def register(commands: Any) -> None:
                        help="with --load: distinct domains in the logs (default: 20000)")
     bench.add_argument("--systems", type=lambda t: t.split(","),
                        default=["jetstream", "baseline"], metavar="S,S",
-                       help="with --load: jetstream, baseline or both (default: both)")
+                       help="with --load: jetstream, baseline, push (ours with the logs "
+                       "POSTed to each site over HTTP) (default: jetstream,baseline)")
     bench.set_defaults(run=_bench)

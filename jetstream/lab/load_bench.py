@@ -11,6 +11,11 @@ domains):
    a process of its own, reading every site's folder where the files land (no wide area at
    all), with a site's trigger, watermark and Spark settings. It is written by hand for the
    CDN top-k (:mod:`jetstream.lab.baseline`), so it runs with one query only.
+3. On request (``--systems push``), JetStream-py with the logs pushed: each file, as it
+   lands at an edge folder, POSTed to its site's ``--push-http`` as JSON lines by a shipper
+   in the bench's process (not counted in the CPU figures), the site's spool writing them into
+   its input. Its latency after close counts from the file's landing at the edge, as the
+   others' do, so it includes the push and the spool's roll.
 
 Latency after close is measured from outside, as ``jetstream bench --emulate`` measures it
 (:func:`~jetstream.lab.latency_bench.window_closes`): when a window's complete result
@@ -23,10 +28,13 @@ million records while the logs were written, and the peak of their resident memo
 from __future__ import annotations
 
 import contextlib
+import csv
 import functools
+import http.client
 import json
 import math
 import os
+import queue
 import subprocess
 import sys
 import threading
@@ -39,8 +47,8 @@ from typing import Any
 import jetstream as js
 from jetstream import col
 from jetstream.aggtree.loader import load_topology
-from jetstream.control.launch import LocalCluster
-from jetstream.dsl import Query
+from jetstream.control.launch import LocalCluster, free_port
+from jetstream.dsl import Query, reading
 from jetstream.errors import ControlPlaneError, PlanError
 from jetstream.lab.latency_bench import (
     BACKHAUL_WATERMARK_MS,
@@ -154,10 +162,10 @@ def run_load(topology: Path, work: Path, *, rates: Sequence[float],
         For a count outside 1..len(QUERIES), a rate or duration that leaves no window to
         count, or an unknown system.
     """
-    unknown = sorted(set(systems) - {"jetstream", "baseline"})
+    unknown = sorted(set(systems) - set(SYSTEMS))
     if unknown or not systems:
         msg = (f"load bench: no system named {', '.join(unknown) or 'at all'}; "
-               "choose from jetstream, baseline")
+               f"choose from {', '.join(SYSTEMS)}")
         raise PlanError(msg)
     if not counts or any(not 1 <= n <= len(QUERIES) for n in counts):
         msg = f"load bench: --queries takes counts from 1 to {len(QUERIES)}, got {list(counts)}"
@@ -180,13 +188,12 @@ def run_load(topology: Path, work: Path, *, rates: Sequence[float],
                 run = LoadRun(system, rate, n)
                 say(f"load, {system}: {rate:g} records/s a site, {n} standing "
                     f"quer{'y' if n == 1 else 'ies'}, {duration_s:g}s of logs")
-                runner = _jetstream if system == "jetstream" else _baseline
-                arrivals, started, landings = runner(
+                arrivals, started, landings = SYSTEMS[system](
                     topology, folder, QUERIES[:n], sites, run,
                     functools.partial(_live_logs, sites=sites, rate=rate, spec=spec,
                                       seed=seed, chunk_s=chunk_s, duration_s=duration_s))
-                _score(run, QUERIES[:n], folder, arrivals, landings, sites, started,
-                       duration_s)
+                _score(run, QUERIES[:n], folder / ("edge" if system == "push" else "input"),
+                       arrivals, landings, sites, started, duration_s)
                 summary = run.summary()
                 reports.append(summary)
                 for name, figures in summary["per_query"].items():
@@ -207,20 +214,25 @@ def run_load(topology: Path, work: Path, *, rates: Sequence[float],
 # Each returns (query -> window -> (arrival time, rows, exact)), when the logs started, and
 # the files that landed.
 Arrived = dict[str, dict[Window, tuple[float, list[dict[str, Any]], bool]]]
-Logs = Callable[[Path], tuple[float, Landings]]
+Logs = Callable[..., tuple[float, Landings]]
 
 
 def _jetstream(topology: Path, folder: Path, queries: Sequence[Query], sites: list[str],
-               run: LoadRun, logs: Logs) -> tuple[Arrived, float, list[Landing]]:
+               run: LoadRun, logs: Logs, *, push: bool = False,
+               ) -> tuple[Arrived, float, list[Landing]]:
     inputs = folder / "input"
     for site in sites:  # a site without its folder at deploy time reads nothing
         (inputs / site).mkdir(parents=True, exist_ok=True)
     arrived: Arrived = {q.name: {} for q in queries}
     lock = threading.Lock()
+    ports = {site: free_port() for site in sites}
+    pushing = ["--push-http", "127.0.0.1:{port}", "--push-roll", f"{PUSH_ROLL_S:g}"]
     with LocalCluster(topology, inputs, idle_timeout_s=30, logs=folder / "logs",
-                      site_args=lambda s: ["--warm-up", f"{SITE_WARM_UP_S:g}"]) as cluster:
+                      site_args=lambda s: ["--warm-up", f"{SITE_WARM_UP_S:g}", *(
+                          [a.format(port=ports[s]) for a in pushing] if push else [])],
+                      ) as cluster:
         for query in queries:
-            cluster.client.submit(query)
+            cluster.client.submit(reading(query, {"cdn_logs": "json"}) if push else query)
         for query in queries:
             cluster.wait_for_stages(query.name)
 
@@ -243,12 +255,61 @@ def _jetstream(topology: Path, folder: Path, queries: Sequence[Query], sites: li
         pids = lambda: [p.pid for p in cluster.processes.values()]  # noqa: E731
         try:
             with _Usage(pids, run):
-                started, landings = logs(inputs)
+                if push:
+                    with _Shipper(ports) as shipper:
+                        started, landings = logs(folder / "edge", shipper.ship)
+                else:
+                    started, landings = logs(inputs)
             _wait_for(arrived, lock, time.time())
         finally:  # (a run that raises keeps what it was given, and the file is whole)
             with lock:
                 received.close()
     return arrived, started, landings.read()
+
+
+class _Shipper:
+    """What a log shipper with an HTTP sink does at each edge: each file as it lands, its
+    lines as JSON objects (every value as its text, as the sites read a CSV cell), POSTed to
+    its site's ``--push-http`` with the file's name as the idempotency key, again until a
+    200; a thread per site."""
+
+    def __init__(self, ports: dict[str, int]) -> None:
+        self.ports = ports
+        self.queues: dict[str, queue.Queue[Path | None]] = {s: queue.Queue() for s in ports}
+        self.threads = [threading.Thread(target=self._run, args=(site,), daemon=True)
+                        for site in ports]
+
+    def __enter__(self) -> _Shipper:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for waiting in self.queues.values():
+            waiting.put(None)
+        for thread in self.threads:
+            thread.join(60)
+
+    def ship(self, path: Path, records: int) -> None:
+        if records:
+            self.queues[path.parent.name].put(path)
+
+    def _run(self, site: str) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", self.ports[site], timeout=60)
+        while (path := self.queues[site].get()) is not None:
+            with path.open(newline="") as rows:
+                body = "".join(json.dumps(row) + "\n" for row in csv.DictReader(rows)).encode()
+            while True:
+                try:
+                    conn.request("POST", "/", body, {"Idempotency-Key": path.name})
+                    answer = conn.getresponse()
+                    answer.read()
+                    if answer.status == 200:
+                        break
+                except (OSError, http.client.HTTPException):
+                    conn.close()
+                time.sleep(0.1)
+        conn.close()
 
 
 def _baseline(topology: Path, folder: Path, queries: Sequence[Query], sites: list[str],
@@ -314,14 +375,22 @@ def _follow(path: Path, into: dict[Window, tuple[float, list[dict[str, Any]], bo
 
 
 # -- the live input, and what it cost -------------------------------------------------------
-def _live_logs(inputs: Path, sites: list[str], rate: float, spec: LogSpec, seed: int,
-               chunk_s: float, duration_s: float) -> tuple[float, Landings]:
-    """Write live logs for ``duration_s``; when they started, and the files as they landed."""
+def _live_logs(inputs: Path, then: Callable[[Path, int], None] | None = None, *,
+               sites: list[str], rate: float, spec: LogSpec, seed: int, chunk_s: float,
+               duration_s: float) -> tuple[float, Landings]:
+    """Write live logs for ``duration_s`` (each file handed to ``then`` as well, once
+    landed); when they started, and the files as they landed."""
     stop, landings = threading.Event(), Landings()
+
+    def landed(path: Path, records: int) -> None:
+        landings(path, records)
+        if then is not None:
+            then(path, records)
+
     writer = threading.Thread(target=write_live, args=(inputs, sites), daemon=True,
                               kwargs={"rate": rate, "spec": spec, "seed": seed,
                                       "chunk_s": chunk_s, "stop": stop,
-                                      "on_file": landings})
+                                      "on_file": landed})
     started = time.time()
     writer.start()
     stop.wait(duration_s)
@@ -398,11 +467,13 @@ def _wait_for(arrived: Arrived, lock: threading.Lock, stopped: float) -> None:
         time.sleep(1)
 
 
-def _score(run: LoadRun, queries: Sequence[Query], folder: Path, arrived: Arrived,
+def _score(run: LoadRun, queries: Sequence[Query], inputs: Path, arrived: Arrived,
            landings: list[Landing], sites: list[str], started: float,
            duration_s: float) -> None:
+    """``run``'s figures: its results against run_local over the logs written in
+    ``inputs``."""
     ended = time.time()
-    inputs = folder / "input"
+    folder = inputs.parent
     unlike = []
     run.records = sum(1 for site in sites for f in (inputs / site).glob("*.csv")
                       for _ in f.open()) - sum(1 for site in sites
@@ -460,5 +531,13 @@ def _same_rows(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> bool:
                 return False
     return True
 
+
+#: The systems a load run can measure (``--systems``): JetStream-py reading the files where
+#: they land, the same with the logs pushed to each site over HTTP, and the plain Spark job.
+SYSTEMS: dict[str, Callable[..., tuple[Arrived, float, list[Landing]]]] = {
+    "jetstream": _jetstream, "push": functools.partial(_jetstream, push=True),
+    "baseline": _baseline}
+#: The push spool's roll interval in the ``push`` runs.
+PUSH_ROLL_S = 0.2
 
 assert BACKHAUL_WATERMARK_MS == 5_000  # the baseline's job, as QUERIES[0] waits
