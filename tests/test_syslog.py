@@ -7,12 +7,14 @@ from __future__ import annotations
 import calendar
 import json
 import socket
+import ssl
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from jetstream.security import CA_FILE, CERT_FILE, KEY_FILE, make_dev_certs
 from jetstream.stage.push import Spool
 from jetstream.stage.syslog import Intake, parse, serve_syslog
 
@@ -171,3 +173,40 @@ def test_relp_answers_each_message_once_it_is_on_disk_and_a_keyed_one_is_taken_o
     finally:
         relp.close()
     assert len(spooled(spool.folder)) == 5  # the one sent again is not written twice
+
+
+def test_tcp_over_tls_with_the_sites_certificate(spool: Spool, tmp_path: Path) -> None:
+    made = make_dev_certs(tmp_path / "tls")
+    [tcp] = serve_syslog(Intake(spool), tcp=("127.0.0.1", 0),
+                         tls=(made.folder / CERT_FILE, made.folder / KEY_FILE))
+    context = ssl.create_default_context(cafile=made.folder / CA_FILE)
+    try:
+        with socket.create_connection(tcp.address[:2]) as idle:  # shakes no hands: waits
+            with socket.create_connection(tcp.address[:2]) as raw, \
+                    context.wrap_socket(raw, server_hostname="localhost") as conn:
+                conn.sendall(f"<190>1 - h nginx - - - {LINE}\n".encode())
+            wait_for(lambda: spooled(spool.folder) == [LINE])
+            del idle
+    finally:
+        tcp.close()
+
+
+def test_a_peer_that_sends_garbage_is_refused_and_the_others_go_on(spool: Spool) -> None:
+    intake = Intake(spool)
+    udp, relp = serve_syslog(intake, udp=("127.0.0.1", 0), relp=("127.0.0.1", 0))
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
+            sender.sendto(b"<13>Dec  1 22:00:00 nginx: " + b"[" * 50_000, udp.address)
+            sender.sendto(f"<13>Dec  1 22:00:00 nginx: {LINE}".encode(), udp.address)
+        with socket.create_connection(relp.address[:2]) as bad:
+            bad.sendall(b"1 syslog -5 x\n")
+            assert bad.recv(100) == b""  # closed on it
+        client = RelpClient(relp.address)
+        after = client.send(b"syslog", keyed("after"))
+        assert client.read() == (after, b"200 OK")
+        wait_for(lambda: len(spooled(spool.folder)) == 3)
+    finally:
+        udp.close()
+        relp.close()
+    garbage, *fine = spooled(spool.folder)
+    assert garbage.startswith("[[[") and len(fine) == 2  # counted malformed, spooled

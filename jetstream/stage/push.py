@@ -49,7 +49,7 @@ from prometheus_client import Counter, Gauge
 
 from jetstream.errors import DataError
 
-__all__ = ["KEEP_KEYS", "PushServer", "Spool", "SpoolFull", "serve_push"]
+__all__ = ["KEEP_KEYS", "PushServer", "Roll", "Spool", "SpoolFull", "serve_push"]
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class SpoolFull(DataError):
 
 
 @dataclass
-class _Roll:
+class Roll:
     """What waits for the next file: the lines, their keys, and who waits for them."""
 
     data: bytearray = field(default_factory=bytearray)
@@ -105,14 +105,14 @@ class Spool:
             self._durable[key] = None
         self._keys = self._compact()
         self._lock = threading.Lock()
-        self._roll = _Roll()
-        self._writing = _Roll()  # the roll being written: its keys are not durable yet
+        self._roll = Roll()
+        self._writing = Roll()  # the roll being written: its keys are not durable yet
         self._sequence = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="push-spool", daemon=True)
         self._thread.start()
 
-    def put(self, lines: bytes, key: str | None = None) -> _Roll | None:
+    def put(self, lines: bytes, key: str | None = None) -> Roll | None:
         """Take ``lines`` (whole lines, each ending in a newline) for the next file: the
         roll they are in, whose ``done`` is set once it is written (``error`` says why not);
         None for a ``key`` (the request's idempotency key) already durable.
@@ -165,7 +165,7 @@ class Spool:
     def _write(self) -> None:
         with self._lock:
             roll = self._writing = self._roll
-            self._roll = _Roll()
+            self._roll = Roll()
             PUSH_PENDING.labels(self.site).set(0)
         if not roll.data:
             roll.done.set()
@@ -205,7 +205,7 @@ class Spool:
                     log.exception("push spool of %s: compacting keys.log failed", self.site)
                     self._keys = self._keys_path.open("a")
         with self._lock:
-            self._writing = _Roll()
+            self._writing = Roll()
         roll.done.set()
 
 
@@ -227,7 +227,7 @@ def _lines(body: bytes) -> tuple[bytes, int, int]:
         try:
             if not isinstance(json.loads(line), dict):
                 malformed += 1
-        except ValueError:
+        except (ValueError, RecursionError):
             malformed += 1
         kept.append(line + b"\n")
     return b"".join(kept), len(kept), malformed

@@ -54,7 +54,7 @@ from pathlib import Path
 
 from prometheus_client import Counter
 
-from jetstream.stage.push import Spool, SpoolFull, _Roll
+from jetstream.stage.push import Roll, Spool, SpoolFull
 
 __all__ = ["Intake", "Message", "parse", "serve_syslog"]
 
@@ -180,7 +180,7 @@ class Intake:
                  time_field: str | None = None) -> None:
         self.spool, self.key_field, self.time_field = spool, key_field, time_field
 
-    def take(self, raw: bytes, transport: str) -> _Roll | None:
+    def take(self, raw: bytes, transport: str) -> Roll | None:
         """Put ``raw`` in the spool: the roll it waits in, None if its key was taken before.
 
         Raises
@@ -194,7 +194,7 @@ class Intake:
             message = Message(None, raw.rstrip(b"\r\n"))
         try:
             record = json.loads(message.payload)
-        except ValueError:
+        except (ValueError, RecursionError):
             record = None
         key, outcome = None, "accepted"
         if isinstance(record, dict):
@@ -214,7 +214,7 @@ class Intake:
                                "duplicate" if roll is None else outcome).inc()
         return roll
 
-    def take_waiting(self, raw: bytes, transport: str, stop: threading.Event) -> _Roll | None:
+    def take_waiting(self, raw: bytes, transport: str, stop: threading.Event) -> Roll | None:
         """:meth:`take`, waiting while the spool is full (the sender waits on us then)."""
         while True:
             try:
@@ -282,8 +282,8 @@ class _StreamServer(socketserver.ThreadingTCPServer):
 
     def get_request(self) -> tuple[socket.socket, object]:
         conn, peer = super().get_request()
-        if self.tls is not None:
-            conn = self.tls.wrap_socket(conn, server_side=True)
+        if self.tls is not None:  # shaken hands on the connection's thread (see _Handler)
+            conn = self.tls.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
         return conn, peer
 
     def close(self) -> None:
@@ -304,10 +304,21 @@ def _token(stream: io.BufferedIOBase, limit: int = 16) -> bytes:
     raise ValueError(msg)
 
 
-class _TCPHandler(socketserver.StreamRequestHandler):
-    """RFC 6587: ``LEN SP MSG`` frames, or a message a line."""
-
+class _Handler(socketserver.StreamRequestHandler):
     server: _StreamServer
+
+    def setup(self) -> None:
+        if isinstance(self.request, ssl.SSLSocket):
+            self.request.settimeout(30)
+            try:
+                self.request.do_handshake()
+            finally:
+                self.request.settimeout(None)
+        super().setup()
+
+
+class _TCPHandler(_Handler):
+    """RFC 6587: ``LEN SP MSG`` frames, or a message a line."""
 
     def handle(self) -> None:
         intake, stop = self.server.intake, self.server.stop
@@ -329,13 +340,11 @@ class _TCPHandler(socketserver.StreamRequestHandler):
             log.warning("syslog over TCP from %s: %s; closing", self.client_address[0], e)
 
 
-class _RELPHandler(socketserver.StreamRequestHandler):
+class _RELPHandler(_Handler):
     """RELP: each ``syslog`` command answered 200 once its message is on disk, in order."""
 
-    server: _StreamServer
-
     def handle(self) -> None:
-        answers: queue.Queue[tuple[bytes, _Roll | None, bytes] | None] = queue.Queue()
+        answers: queue.Queue[tuple[bytes, Roll | None, bytes] | None] = queue.Queue()
         sender = threading.Thread(target=self._answer, args=(answers,), daemon=True)
         sender.start()
         try:
@@ -346,14 +355,14 @@ class _RELPHandler(socketserver.StreamRequestHandler):
             answers.put(None)
             sender.join()
 
-    def _read(self, answers: queue.Queue[tuple[bytes, _Roll | None, bytes] | None]) -> None:
+    def _read(self, answers: queue.Queue[tuple[bytes, Roll | None, bytes] | None]) -> None:
         intake, stop = self.server.intake, self.server.stop
         while not stop.is_set():
             txnr, command = _token(self.rfile), _token(self.rfile, 32)
             if not txnr:
                 return
             length = int(_token(self.rfile))
-            if length > MAX_MESSAGE:
+            if not 0 <= length <= MAX_MESSAGE:
                 raise ValueError(f"a frame of {length:,} bytes")
             data = self.rfile.read(length)
             if length and self.rfile.read(1) != b"\n":
@@ -369,7 +378,7 @@ class _RELPHandler(socketserver.StreamRequestHandler):
             else:
                 answers.put((txnr, None, b"500 this site takes open, syslog and close"))
 
-    def _answer(self, answers: queue.Queue[tuple[bytes, _Roll | None, bytes] | None]) -> None:
+    def _answer(self, answers: queue.Queue[tuple[bytes, Roll | None, bytes] | None]) -> None:
         while (item := answers.get()) is not None:
             txnr, roll, text = item
             if roll is not None:
@@ -395,15 +404,16 @@ def serve_syslog(intake: Intake, *, udp: tuple[str, int] | None = None,
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(*tls)
     listeners: list[_UDP | _StreamServer] = []
-    if udp is not None:
-        listeners.append(_UDP(udp, intake))
-    for address, handler in ((tcp, _TCPHandler), (relp, _RELPHandler)):
-        if address is not None:
+    for name, address, handler in (("udp", udp, None), ("tcp", tcp, _TCPHandler),
+                                   ("relp", relp, _RELPHandler)):
+        if address is None:
+            continue
+        if handler is None:
+            listeners.append(_UDP(address, intake))
+        else:
             server = _StreamServer(address, handler, intake, context)
-            threading.Thread(target=server.serve_forever, name="syslog-stream",
+            threading.Thread(target=server.serve_forever, name=f"syslog-{name}",
                              daemon=True).start()
             listeners.append(server)
-    for listener, name in zip(listeners, [n for n, a in (("udp", udp), ("tcp", tcp),
-                                                         ("relp", relp)) if a], strict=True):
-        log.info("taking syslog over %s on %s:%d", name, *listener.address[:2])
+        log.info("taking syslog over %s on %s:%d", name, *listeners[-1].address[:2])
     return listeners
