@@ -222,6 +222,21 @@ def test_two_queries_that_read_a_source_in_two_formats_are_refused_naming_both()
     controller.submit(query_to_proto(js.Query("other", QUERY.stream)))  # free again
 
 
+def test_the_format_is_checked_again_where_a_query_starts() -> None:
+    """Two submits racing: one passed its check before the other started. Starting is
+    refused all the same, under the lock that starts it."""
+    sites = FakeSites()
+    controller = GlobalController(parse_topology(LOCAL_3DC), sites.deploy, sites.stop)
+    register_all(controller)
+    other = js.Query("other", QUERY.stream)
+    with controller.lock:
+        checked = controller.running.read_as(other)  # passes: nothing runs yet
+    controller.submit(query_to_proto(as_json(QUERY)))
+    with controller.lock, pytest.raises(js.PlanError, match="query cdn-topk reads it as json"):
+        controller.running.start(checked, b"")
+    assert set(controller.queries) == {"cdn-topk"}
+
+
 # --- through the distributed path: Spark at each site ------------------------------------------
 
 def in_format(format: str) -> str:

@@ -121,6 +121,7 @@ class RunningQueries:
         if existing is not None and existing.active:
             msg = f"query {query.name} is already running; cancel it first"
             raise ControlPlaneError(msg)
+        self.read_as(query)  # again: a query started since the submit's check may disagree
         self.membership.links.planning()
         plan = self.plan(query)  # refuse what cannot be placed
         self.check_code(query, plan)
