@@ -286,3 +286,7 @@ def test_the_sites_read_every_format_as_run_local_does(tmp_path: Path) -> None:
             got = replay(cluster, query, timeout_s=240)
             assert [(r.window_start, r.rows) for r in got] == want, format
             assert all(r.exact and r.sites_reporting == 3 for r in got), format
+        # A query submitted again under the name of one that finished, over the same input:
+        # its batches are those of the first run, and the root takes them all the same.
+        again = replay(cluster, tmp_path / "json_topk.py", timeout_s=240)
+        assert [(r.window_start, r.rows) for r in again] == want

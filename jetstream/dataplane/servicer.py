@@ -73,6 +73,14 @@ class DataPlaneServicer(rpc.DataPlaneServicer):
         self.duplicates = 0
         self.bytes_received = 0
 
+    def forget(self, query: str) -> None:
+        """Forget the batches of ``query`` delivered so far: a new run of it (a query
+        submitted again under its name) has a merger that has seen none of them, and the
+        same input makes batches of the same identities."""
+        with self._lock:
+            for identity in [i for i in self._seen if i[0] == query]:
+                del self._seen[identity]
+
     def Routes(self, request: pb.RoutesRequest,
                context: grpc.ServicerContext) -> pb.RoutesResponse:
         if self._aggregate_of(request.query) is None:

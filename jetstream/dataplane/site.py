@@ -110,6 +110,8 @@ class SiteRuntime:
                 with self._lock:
                     del self._runs[name]
                 old.stop()
+            if old is None:  # a new run of the query: what an earlier one received is gone
+                self.servicer.forget(name)
             run = QueryRun(self.site, assignment, self.options, self.session, self._published,
                            self._store(), on_failure=lambda: self.on_failure(),
                            readers=self.readers)
