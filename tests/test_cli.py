@@ -408,3 +408,23 @@ def test_the_lab_adds_its_commands_and_a_broken_add_on_takes_none_of_ours(
     with pytest.raises(SystemExit):
         main(["demo", "--help"])  # the lab's, still there
     assert "--replay" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--syslog-key", "request_id"], "--syslog-key: the site takes no pushed logs it would "
+                                     "apply to; give --syslog-relp, --syslog-tcp or --syslog-udp"),
+    (["--syslog-time", "ts", "--push-http", "127.0.0.1:1"], "--syslog-time: the site takes no"),
+    (["--push-token", "--syslog-tcp", "127.0.0.1:1"], "--push-token: the site takes no pushed "
+                                                       "logs it would apply to; give --push-http"),
+    (["--push-tls"], "--push-tls: the site takes no pushed logs"),
+    (["--syslog-relp", "localhost:relp"], "--syslog-relp: expected HOST:PORT, e.g. 127.0.0.1"),
+    (["--syslog-udp", "127.0.0.1:1", "--input", ""], "a site takes pushed logs into its "
+                                                     "--input folder; give one"),
+])
+def test_a_push_option_with_nothing_to_apply_to_is_refused_before_anything_starts(
+        flags: list[str], message: str, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    monkeypatch.setattr(deployment, "run_site", lambda *a, **k: pytest.fail("it started"))
+    assert cli.main(["site", "--name", "ams", "--insecure", "--input", str(tmp_path),
+                     "--state-dir", str(tmp_path / "state"), *flags]) == 1
+    assert message in capsys.readouterr().err

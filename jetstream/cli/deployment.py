@@ -131,6 +131,14 @@ def _push(args: argparse.Namespace, options: SiteOptions,
     given = {flag: value for flag, value in (
         ("--push-http", args.push_http), ("--syslog-udp", args.syslog_udp),
         ("--syslog-tcp", args.syslog_tcp), ("--syslog-relp", args.syslog_relp)) if value}
+    syslog = "--syslog-relp, --syslog-tcp or --syslog-udp"
+    for flag, value, listener in (("--syslog-key", args.syslog_key, syslog),
+                                  ("--syslog-time", args.syslog_time, syslog),
+                                  ("--push-token", args.push_token, "--push-http"),
+                                  ("--push-tls", args.push_tls, "--push-http or " + syslog)):
+        if value and not any(f in listener for f in given):
+            msg = f"{flag}: the site takes no pushed logs it would apply to; give {listener}"
+            raise ControlPlaneError(msg)
     if not given:
         return []
     if options.input_dir is None:
@@ -177,6 +185,47 @@ def _spark_setting(text: str) -> tuple[str, str]:
     if problem is not None:
         raise argparse.ArgumentTypeError(problem)
     return key, value
+
+
+def _push_options(site: argparse.ArgumentParser) -> None:
+    """A site's listeners for pushed logs, spooled into its --input (docs/deployment.md)."""
+    group = site.add_argument_group(
+        "pushed logs", "listeners that take logs pushed to the site into its --input folder, "
+        "a file a --push-roll: JSON lines over HTTP, syslog over RELP, TCP or UDP (each off "
+        "unless given; HOST defaults to loopback)")
+    group.add_argument("--push-http", metavar="HOST:PORT",
+                       help="take NDJSON POSTed by log shippers (gzip bodies too) into the "
+                            "--input folder, answered 200 once on disk (default: off; "
+                            "HOST defaults to loopback)")
+    group.add_argument("--push-roll", type=positive_seconds, default=1.0, metavar="S",
+                       help="how often pushed lines go into a file of --input, the longest a "
+                            "push waits for its answer (default: 1s)")
+    group.add_argument("--push-max-pending", type=size, default=64 << 20, metavar="SIZE",
+                       help="bytes pushed and not on disk yet beyond which a push is answered "
+                            "429 (default: 64MiB)")
+    group.add_argument("--push-max-request", type=size, default=16 << 20, metavar="SIZE",
+                       help="the largest push, decompressed (413 above; default: 16MiB)")
+    group.add_argument("--syslog-udp", metavar="HOST:PORT",
+                       help="take syslog datagrams (RFC 5424 or 3164, e.g. nginx's access_log "
+                            "syslog:) whose text is a JSON object; what is dropped is counted "
+                            "(default: off; see docs/deployment.md)")
+    group.add_argument("--syslog-tcp", metavar="HOST:PORT",
+                       help="take syslog over TCP (octet-counted or a message a line), "
+                            "pushing back while the spool is full (default: off)")
+    group.add_argument("--syslog-relp", metavar="HOST:PORT",
+                       help="take syslog over RELP (rsyslog's omrelp), each message "
+                            "acknowledged once on disk (default: off)")
+    group.add_argument("--syslog-key", metavar="FIELD",
+                       help="a payload field unique to a record (e.g. nginx's $request_id): "
+                            "a message sent again is taken once (default: none)")
+    group.add_argument("--syslog-time", metavar="FIELD",
+                       help="fill this payload field, where a message lacks it, with its "
+                            "syslog header's time in epoch ms (default: none)")
+    group.add_argument("--push-tls", action="store_true",
+                       help="serve the push over HTTPS, and syslog over TCP and RELP over "
+                            "TLS, with the site's certificate")
+    group.add_argument("--push-token", action="store_true",
+                       help="ask pushes for the site's token (Authorization: Bearer)")
 
 
 def register(commands: Any) -> None:
@@ -307,39 +356,7 @@ def register(commands: Any) -> None:
                            "functions travel pickled, so whoever can submit runs code on "
                            "this site (default: off; such a plan is refused at submit, and "
                            "by this site if it gets one; jetstream run and demo turn it on)")
-    site.add_argument("--push-http", metavar="HOST:PORT",
-                      help="take NDJSON POSTed by log shippers (gzip bodies too) into the "
-                           "--input folder, answered 200 once on disk (default: off; "
-                           "HOST defaults to loopback)")
-    site.add_argument("--push-roll", type=positive_seconds, default=1.0, metavar="S",
-                      help="how often pushed lines go into a file of --input, the longest a "
-                           "push waits for its answer (default: 1s)")
-    site.add_argument("--push-max-pending", type=size, default=64 << 20, metavar="SIZE",
-                      help="bytes pushed and not on disk yet beyond which a push is answered "
-                           "429 (default: 64MiB)")
-    site.add_argument("--push-max-request", type=size, default=16 << 20, metavar="SIZE",
-                      help="the largest push, decompressed (413 above; default: 16MiB)")
-    site.add_argument("--syslog-udp", metavar="HOST:PORT",
-                      help="take syslog datagrams (RFC 5424 or 3164, e.g. nginx's access_log "
-                           "syslog:) whose text is a JSON object; what is dropped is counted "
-                           "(default: off; see docs/deployment.md)")
-    site.add_argument("--syslog-tcp", metavar="HOST:PORT",
-                      help="take syslog over TCP (octet-counted or a message a line), "
-                           "pushing back while the spool is full (default: off)")
-    site.add_argument("--syslog-relp", metavar="HOST:PORT",
-                      help="take syslog over RELP (rsyslog's omrelp), each message "
-                           "acknowledged once on disk (default: off)")
-    site.add_argument("--syslog-key", metavar="FIELD",
-                      help="a payload field unique to a record (e.g. nginx's $request_id): "
-                           "a message sent again is taken once (default: none)")
-    site.add_argument("--syslog-time", metavar="FIELD",
-                      help="fill this payload field, where a message lacks it, with its "
-                           "syslog header's time in epoch ms (default: none)")
-    site.add_argument("--push-tls", action="store_true",
-                      help="serve the push over HTTPS, and syslog over TCP and RELP over "
-                           "TLS, with the site's certificate")
-    site.add_argument("--push-token", action="store_true",
-                      help="ask pushes for the site's token (Authorization: Bearer)")
+    _push_options(site)
     site.add_argument("--idle-timeout", type=float, default=5.0, metavar="S",
                       help="input without records this long is idle and holds no window "
                            "back (default: 5s)")
