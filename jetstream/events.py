@@ -23,15 +23,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jetstream.formats import DEFAULT_FORMAT, compressed, input_files, read_parquet, unreadable
+from jetstream.formats import (
+    DEFAULT_FORMAT,
+    compressed,
+    in_landing_order,
+    input_files,
+    read_parquet,
+    unreadable,
+)
 from jetstream.schema import DataType, Schema
 
-__all__ = ["Rejected", "Rejects", "read_streams"]
+__all__ = ["Arrival", "Rejected", "Rejects", "read_streams"]
 
 #: How many rejected records to keep for inspection; the counts are always complete.
 KEEP_REJECTED = 1000
 
 EventInput = Iterable[Mapping[str, Any]] | str | os.PathLike[str]
+#: A record and the unit of input it came in (a file's number in its folder's landing order;
+#: each record given as a dict is a unit of its own): lateness is judged unit by unit.
+Arrival = tuple[int, dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -60,36 +70,45 @@ class Rejects:
 
 
 def read_streams(events: EventInput, schema: Schema, rejects: Rejects,
-                 format: str = DEFAULT_FORMAT) -> list[Iterator[dict[str, Any]]]:
-    """The concurrent streams in ``events``, each an iterator of the records that fit ``schema``.
+                 format: str = DEFAULT_FORMAT) -> list[Iterator[Arrival]]:
+    """The concurrent streams in ``events``, each an iterator of the records that fit
+    ``schema``, with the unit of input each came in (:data:`Arrival`).
 
     A directory holds one stream per folder of files of ``format`` (``DIR/<site>/*.csv``: one
-    per site), the files of a folder read in name order; an iterable of dicts is one stream.
-    Records that do not fit go to ``rejects``.
+    per site), the files of a folder read in landing order (modification time, then name:
+    :func:`jetstream.formats.landing_key`), a file a unit; an iterable of dicts is one
+    stream, a record a unit. Records that do not fit go to ``rejects``.
     """
     if not isinstance(events, str | os.PathLike):
-        return [_check_records(events, schema, rejects)]
+        return [enumerate(_check_records(events, schema, rejects))]
     folders: dict[Path, list[Path]] = {}
     for path in input_files(events, format):
         folders.setdefault(path.parent, []).append(path)
-    return [_read_files(paths, schema, rejects, format) for _, paths in sorted(folders.items())]
+    return [_read_files(in_landing_order(paths), schema, rejects, format)
+            for _, paths in sorted(folders.items())]
 
 
 def _read_files(paths: list[Path], schema: Schema, rejects: Rejects,
-                format: str) -> Iterator[dict[str, Any]]:
-    for path in paths:
-        if format == "parquet":
-            reason = unreadable(path, schema)
-            if reason is not None:
-                rejects.add(str(path), f"unreadable file: {reason}", None)
-                continue
-            rows = read_parquet(path).to_pylist()
-            yield from _check_records(rows, schema, rejects, f"{path}:")
-            continue
-        text = _text(path, rejects)
-        if text is not None:
-            read = _read_json if format == "json" else _read_csv
-            yield from read(path, text, schema, rejects)
+                format: str) -> Iterator[Arrival]:
+    for unit, path in enumerate(paths):
+        for record in _read_file(path, schema, rejects, format):
+            yield unit, record
+
+
+def _read_file(path: Path, schema: Schema, rejects: Rejects,
+               format: str) -> Iterator[dict[str, Any]]:
+    if format == "parquet":
+        reason = unreadable(path, schema)
+        if reason is not None:
+            rejects.add(str(path), f"unreadable file: {reason}", None)
+            return
+        rows = read_parquet(path).to_pylist()
+        yield from _check_records(rows, schema, rejects, f"{path}:")
+        return
+    text = _text(path, rejects)
+    if text is not None:
+        read = _read_json if format == "json" else _read_csv
+        yield from read(path, text, schema, rejects)
 
 
 def _text(path: Path, rejects: Rejects) -> str | None:

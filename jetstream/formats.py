@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import gzip
 import os
+import urllib.parse
 import zlib
-from pathlib import Path
+from collections.abc import Iterable
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from jetstream.errors import PlanError
 from jetstream.schema import Schema
 
 __all__ = ["DEFAULT_FORMAT", "FORMATS", "PARQUET_TYPES", "InputMeter", "check_format",
-           "compressed", "input_files", "is_input", "read_parquet", "unreadable"]
+           "compressed", "file_name", "in_landing_order", "input_files", "is_input",
+           "landing_key", "read_parquet", "unreadable"]
 
 #: Each format and the suffixes of its files.
 FORMATS: dict[str, tuple[str, ...]] = {
@@ -99,6 +102,26 @@ def input_files(path: str | os.PathLike[str], format: str = DEFAULT_FORMAT) -> l
         return [p]
     msg = f"no such file or directory: {p}"
     raise FileNotFoundError(msg)
+
+
+def landing_key(mtime_ms: int, name: str) -> tuple[int, str]:
+    """Where a file stands in its folder's landing order: its modification time (epoch ms,
+    when a shipper renamed it into place), then its name. The lateness rule
+    (``docs/dsl.md``, "Late records") judges each file against the files before it in this
+    order, in the reference executor and at a site alike; a site's gate lets files in in
+    this order, and stamps a file that lands behind one it let in already
+    (:mod:`jetstream.stage.gate`)."""
+    return (mtime_ms, name)
+
+
+def in_landing_order(paths: Iterable[Path]) -> list[Path]:
+    """``paths`` (files of one folder) in landing order (:func:`landing_key`)."""
+    return sorted(paths, key=lambda p: landing_key(p.stat().st_mtime_ns // 1_000_000, p.name))
+
+
+def file_name(path: str) -> str:
+    """A file's name from Spark's ``file:`` URI of it (or from a plain path)."""
+    return PurePosixPath(urllib.parse.unquote(urllib.parse.urlparse(path).path)).name
 
 
 class InputMeter:

@@ -2,8 +2,11 @@
 
 Records flow one at a time through the record steps to the windows and aggregates. Each input
 stream (a source's records, or one site folder of an input directory) has its own watermark:
-the largest event time it has produced, less the window's delay; a record that arrives for a
-window its stream has already closed is late, dropped from that window and counted. Because
+the largest event time of the units of input it has read before (the files before, in
+landing order; the records before, for records given as dicts), less the window's delay; a
+record that arrives for a window its stream has already closed is late, dropped from that
+window and counted (``docs/dsl.md``, "Late records": a site applies the same rule, so how
+its files fall into micro-batches changes nothing). Because
 lateness is decided per stream, the order in which separate streams interleave does not
 matter, and neither does where a filter sits. When the input ends every window closes, the
 aggregates are extracted, and the steps after them run once per window. Nothing here is
@@ -99,15 +102,16 @@ def run_local(query: Query,
     plan = query.plan()
     stats = RunStats()
     executor = _Executor(plan, stats)
-    for stream, record in _arrivals(plan, events, stats.rejects):
+    for stream, unit, record in _arrivals(plan, events, stats.rejects):
         stats.records_in += 1
-        executor.read(stream, record)
+        executor.read(stream, unit, record)
     return LocalRun(executor.finish(query.name), stats)
 
 
 def _arrivals(plan: LogicalPlan, events: EventInput | Mapping[str, EventInput],
-              rejects: Rejects) -> Iterator[tuple[StreamId, Row]]:
-    """(stream, record) for every record that fits its source's schema, stream by stream."""
+              rejects: Rejects) -> Iterator[tuple[StreamId, int, Row]]:
+    """(stream, unit, record) for every record that fits its source's schema, stream by
+    stream (see :func:`jetstream.events.read_streams`)."""
     by_name: dict[str, list[int]] = {}
     for node in plan.topological():
         op = plan.op(node)
@@ -139,24 +143,32 @@ def _arrivals(plan: LogicalPlan, events: EventInput | Mapping[str, EventInput],
             raise PlanError(msg)
         [fmt] = formats
         for number, stream in enumerate(read_streams(feed, schema, rejects, fmt)):
-            for record in stream:
+            for unit, record in stream:
                 for node in nodes:
-                    yield (node, number), record
+                    yield (node, number), unit, record
 
 
 class _Executor:
     def __init__(self, plan: LogicalPlan, stats: RunStats) -> None:
         self.plan = plan
         self.stats = stats
-        self.latest: dict[StreamId, int] = {}  # the largest event time each stream produced
+        # The largest event time of each stream's units before the one being read; that
+        # unit's (its number, its largest event time so far).
+        self.latest: dict[StreamId, int] = {}
+        self.unit: dict[StreamId, tuple[int, int | None]] = {}
         self.groups: dict[int, dict[tuple[WindowBounds, tuple[Any, ...]], list[Any]]] = {}
 
     # -- records, one at a time -------------------------------------------------------------
-    def read(self, stream: StreamId, record: Row) -> None:
+    def read(self, stream: StreamId, unit: int, record: Row) -> None:
         node = stream[0]
         time = self.plan.op(node).schema.event_time
         if time is not None:
-            self.latest[stream] = max(self.latest.get(stream, record[time]), record[time])
+            current, reached = self.unit.get(stream, (unit, None))
+            if current != unit and reached is not None:  # the unit before has been read
+                self.latest[stream] = max(self.latest.get(stream, reached), reached)
+                reached = None
+            self.unit[stream] = (unit, record[time] if reached is None
+                                 else max(reached, record[time]))
         self.arrive(node, record, None, stream)
 
     def arrive(self, node: int, row: Row, window: WindowBounds | None, stream: StreamId) -> None:

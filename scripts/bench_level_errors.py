@@ -193,7 +193,8 @@ def _realised(name: str, got: WindowResult, want: WindowResult,
 
 
 def _events(folder: Path) -> list[dict[str, Any]]:
-    return [e for stream in read_streams(folder, js.CDN_LOG_SCHEMA, Rejects()) for e in stream]
+    return [e for stream in read_streams(folder, js.CDN_LOG_SCHEMA, Rejects())
+            for _, e in stream]
 
 
 def profile_cost(query: js.Query, work: Path) -> None:

@@ -6,10 +6,11 @@ decides lateness (a row for a window the watermark has closed is dropped and its
 counted late) and keeps the stage's snapshot. Nothing here knows of Spark, so it is tested
 without it.
 
-The watermark is the largest event time the site has read, less the window's delay — the
-reference executor's rule, applied at micro-batch granularity: the rows of one micro-batch
-are judged against the watermark that held before it, and the batch's largest event time
-moves it only afterwards.
+The watermark is the largest event time the site has read, less the window's delay. The
+stage judges the rows of each file of a micro-batch against the watermark of the files read
+before it (:meth:`LocalStage._merge <jetstream.stage.job.LocalStage._merge>`): the reference
+executor's rule, so how files fall into micro-batches changes nothing; the batch's largest
+event time moves :attr:`OpenWindows.latest` afterwards (:meth:`OpenWindows.advance`).
 
 Early (``emit_early``, a live stage's): once the event time read passes a window's end by
 ``early_ms`` (the window's ``early``, half the watermark delay by default), the window is

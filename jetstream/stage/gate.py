@@ -37,8 +37,14 @@ still running, and a window's closing took two micro-batches' time (``docs/bench
 "One let-in a due point"). A window's last records therefore reach Spark as soon as they
 land, with no micro-batch under way, and the records before go in batches of ``hold_s``.
 Where the lag misleads (a clock ahead of the site's, logs replayed faster than they were
-written), a window waits at most ``hold_s`` longer. Files go in in the order they landed and
-are never dropped or changed, so every result is what a stream on the folder itself gives.
+written), a window waits at most ``hold_s`` longer. Files go in in landing order
+(:func:`jetstream.formats.landing_key`: modification time, then name), the order in which
+the lateness rule judges them (``docs/dsl.md``, "Late records"), and are never dropped, so
+every result is what a stream on the folder itself gives. A file that lands behind one let in
+already (an older modification time: a shipper that kept the time it wrote it, a rename the
+listing saw late) is stamped with a modification time just after that one's before it goes
+in, so that the order the site read its files in is the order their times say, for the
+reference executor too; the newest let in is kept in ``live.last`` across restarts.
 What becomes of a site's file once its reader has read it (archived, deleted or kept) is the
 :class:`~jetstream.stage.archive.Archive`'s to say. At most ``MAX_UNREAD`` files (240) wait
 in ``live`` for a micro-batch: a site started on a folder that holds a backlog reads it in
@@ -62,13 +68,12 @@ import os
 import shutil
 import threading
 import time
-import urllib.parse
 from collections import deque
 from collections.abc import Callable, Iterable
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from jetstream import trace
-from jetstream.formats import DEFAULT_FORMAT, is_input
+from jetstream.formats import DEFAULT_FORMAT, file_name, is_input, landing_key
 from jetstream.stage.archive import Archive
 
 __all__ = ["DEFAULT_HOLD_S", "FileGate"]
@@ -124,6 +129,12 @@ class FileGate:
             self._in.update(filter(None, self.names.read_text().split("\n")))
         self._forget_taken()
         self._names = self.names.open("a")
+        #: The landing order's place of the newest file let in (:meth:`_let_in`).
+        self.last = live.parent / f"{live.name}.last"
+        self._last_in: tuple[int, str] | None = None
+        with contextlib.suppress(OSError, ValueError):
+            mtime, name = self.last.read_text().split("\t", 1)
+            self._last_in = (int(mtime), name)
         self._waiting: dict[str, tuple[int, float]] = {}  # name -> (mtime ms, first seen)
         self._listed: tuple[int, float] = (-1, 0.0)  # the folder's mtime, when listed
         self._released_ms: int | None = None  # the newest modification time let in
@@ -176,7 +187,7 @@ class FileGate:
     def trim(self, paths: Iterable[str]) -> None:
         """Take files every stage has read (and Spark committed) out of ``live``: the
         stream lists only what is new. ``paths`` as Spark names them (URIs or paths)."""
-        names = [_name(path) for path in paths]
+        names = [file_name(path) for path in paths]
         for name in names:
             with contextlib.suppress(FileNotFoundError):
                 (self.live / name).unlink()
@@ -186,7 +197,7 @@ class FileGate:
     def landed(self, path: str) -> Path:
         """Where a file ``live`` holds (or held) is now: in the site's folder, or in its
         archive."""
-        name = _name(path)
+        name = file_name(path)
         return self.landing / name if self.archive is None else self.archive.where(name)
 
     def read_up_to(self, latest: int | None) -> None:
@@ -226,10 +237,11 @@ class FileGate:
         now = time.monotonic()
         self._list(now)
         if self._waiting and self._unread < self.max_unread and self._time(now):
-            going = sorted(self._waiting, key=lambda n: self._waiting[n])
+            going = sorted(self._waiting, key=lambda n: landing_key(self._waiting[n][0], n))
             going = going[:self.max_unread - self._unread]
             for name in going:
                 self._let_in(name)
+            self._keep_last()
             trace.mark("let_in", folder=self.landing.name, files=len(going),
                        newest=self._released_ms)
 
@@ -262,6 +274,31 @@ class FileGate:
             self._ahead = (due, step)
         return step > done
 
+    def _keep_last(self) -> None:
+        if self._last_in is None:
+            return
+        staged = self.last.with_name(f".{self.last.name}.part")
+        staged.write_text(f"{self._last_in[0]}\t{self._last_in[1]}")
+        os.replace(staged, self.last)
+
+    def _in_order(self, source: Path, name: str, mtime: int) -> int:
+        """The file's modification time, stamped just after the newest let in if it lands
+        behind it in landing order (see the module's docstring)."""
+        if self._last_in is not None and landing_key(mtime, name) <= self._last_in:
+            stamped = max(self._last_in[0] + 1, time.time_ns() // 1_000_000)
+            try:
+                os.utime(source, ns=(source.stat().st_atime_ns, stamped * 1_000_000))
+            except OSError as e:  # a folder the site may not write: its order is Spark's
+                log.warning("%s landed behind %s and cannot be stamped after it (%s): a late "
+                            "record in it may be judged against the wrong files", name,
+                            self._last_in[1], e)
+                return mtime
+            log.info("%s landed behind %s: stamped %d ms after it", name, self._last_in[1],
+                     stamped - self._last_in[0])
+            mtime = stamped
+        self._last_in = landing_key(mtime, name)
+        return mtime
+
     def _let_in(self, name: str) -> None:
         mtime, _ = self._waiting.pop(name)
         source, target = self.landing / name, self.live / name
@@ -270,6 +307,8 @@ class FileGate:
             self._in.add(name)  # and is never looked at again, wherever it went
             self._set_aside(source, reason)
             return
+        if source.exists():
+            mtime = self._in_order(source, name, mtime)
         try:
             os.link(source, target)
         except FileExistsError:
@@ -292,11 +331,6 @@ class FileGate:
         self._unread += 1
         self._released_ms = mtime if self._released_ms is None else max(self._released_ms,
                                                                         mtime)
-
-
-def _name(path: str) -> str:
-    """A file's name from Spark's ``file:`` URI of it (or a plain path)."""
-    return PurePosixPath(urllib.parse.unquote(urllib.parse.urlparse(path).path)).name
 
 
 def _hidden(name: str) -> bool:

@@ -56,7 +56,7 @@ from jetstream.aggregates import Count
 from jetstream.approx.sketches import TopKItems
 from jetstream.dsl import Query
 from jetstream.errors import PlanError
-from jetstream.formats import DEFAULT_FORMAT
+from jetstream.formats import DEFAULT_FORMAT, file_name, landing_key
 from jetstream.operators import (
     Join,
     Map,
@@ -138,10 +138,13 @@ class _Compiled:
     in_window: Column  # whether a start's window holds the record
     inputs: list[Column]  # window, keys, first window, each aggregate's input
     parts: list[dict[str, Column]]  # projections adding float sums' bands, then limbs
-    keys: list[str]  # the group keys: window, the query's keys, and bands of float sums
+    # the group keys: window, the query's keys, bands of float sums, the file, when it landed
+    keys: list[str]
     # events, first-window records, each aggregate's Spark form (count() reads the events)
     aggregates: list[Column]
     firsts_at: int  # where the count of records whose first window this is sits in a row
+    file_at: int  # where the row's file sits in a row (then when it landed)
+    latest_at: int  # where the largest event time of the row's valid records sits
     slices: list[slice]  # where each aggregate's values sit in a collected row
     bands: list[int | None]  # where each aggregate's band sits in a row (None: it has none)
     accumulators: list[Callable[[Any, Sequence[Any], int | None], Any]]
@@ -185,6 +188,8 @@ class LocalStage:
         self.windows = OpenWindows(query.name, partial, self.window.watermark_ms, emit,
                                    emit_early, self.window.early_after_ms)
         self._stream: StreamingQuery | None = None
+        # The watermark each file of the micro-batch under way is judged against.
+        self._watermarks: dict[str | None, int | None] = {}
         self._lock = threading.Lock()  # a live stage's micro-batches against flush()
         self._stopping = False
         #: Why the stage failed, when a reader it was attached to detached it for that.
@@ -444,10 +449,13 @@ class LocalStage:
                                tuple(F.col(limb) for limb in limbs)))
         keys = ["_start", *self.partial.keys]
         # A result row is read by position (a Row finds a name by a list search): the keys,
-        # the bands, the events, the records whose first window this is, each aggregate's.
-        # (A tumbling window is each record's first and only one: no count of its own.)
+        # the bands, the file and when it landed, the events, the records whose first window
+        # this is, each aggregate's, the largest event time. (A tumbling window is each
+        # record's first and only one: no count of its own.) Rows are by file, as lateness
+        # is judged file by file (``_merge``).
         tumbling = spec.size_ms == spec.every_ms
-        events_at = len(keys) + len(bands)
+        file_at = len(keys) + len(bands)
+        events_at = file_at + 2
         aggregates = [F.count(F.lit(1))]
         if not tumbling:
             aggregates.append(F.count(F.when(F.col("_first"), True)))
@@ -461,6 +469,8 @@ class LocalStage:
             at = events_at + len(aggregates)
             slices.append(slice(at, at + len(columns)))
             aggregates += columns
+        latest_at = events_at + len(aggregates)
+        aggregates.append(F.max(F.when(F.col("_reason").isNull(), F.col("_event"))))
         # Each a name of its own (Spark's would repeat for a repeated expression): a row of
         # several stages' puts them in a struct by name (``jetstream.stage.reader``).
         aggregates = [column.alias(f"_a{j}") for j, column in enumerate(aggregates)]
@@ -473,7 +483,8 @@ class LocalStage:
             in_window = start.isNull() | (start + size > time_column)
         return _Compiled(
             self._typed(), counters, self._compiled_steps(), windows, in_window, inputs,
-            [p for p in parts if p], [*keys, *bands], aggregates, firsts_at, slices, band_at,
+            [p for p in parts if p], [*keys, *bands, FILE_COLUMN, ARRIVED_COLUMN], aggregates,
+            firsts_at, file_at, latest_at, slices, band_at,
             [form_of(agg).accumulator for _, agg in self.partial.aggregates])
 
     def _typed(self) -> list[Column]:
@@ -547,41 +558,70 @@ class LocalStage:
         """Merge a batch's grouped rows into the open windows; the rows of a window the
         watermark has closed are dropped, their records counted late, and those of a window
         that began before the stage joined its reader (``OpenWindows.joined_ms``) are
-        withheld."""
+        withheld.
+
+        Lateness is judged file by file, as the reference executor judges it: each file of
+        the batch against the watermark of the files read before it, in landing order
+        (``_file_watermarks``), so how files fall into micro-batches changes nothing."""
         c, n = self._compiled, len(self.partial.keys)
-        events_at, size = len(c.keys), self.window.spec.size_ms
+        events_at, size = c.file_at + 2, self.window.spec.size_ms
         forms = list(zip([agg for _, agg in self.partial.aggregates], c.accumulators, c.slices,
                          c.bands, strict=True))
-        closed: dict[tuple[int, int], bool] = {}
+        values_of = [tuple(row) for row in rows]  # a Row's own indexing is slow; a tuple's not
+        watermarks = self._file_watermarks(values_of)
         add = self.windows.add
         joined = -math.inf if self.windows.joined_ms is None else self.windows.joined_ms
-        for row in rows:
-            values = tuple(row)  # a Row's own indexing is slow; a plain tuple's is not
+        for values in values_of:
             if values[0] is None:  # the records not kept: they count, in no window
                 continue
             window = (values[0], values[0] + size)
             if window[0] <= joined:  # it holds records read before the stage joined
                 self.stats.withheld_records += values[c.firsts_at]
                 continue
-            if window not in closed:
-                closed[window] = self.windows.closed(window)
-            if closed[window]:
+            watermark = watermarks[values[c.file_at]]
+            if watermark is not None and window[1] <= watermark:
                 self.stats.late_records += values[c.firsts_at]
                 continue
             accs = [accumulator(agg, values[part], None if band is None else values[band])
                     for agg, accumulator, part, band in forms]
             add(window, values[1:1 + n], accs, values[events_at])
 
+    def _file_watermarks(self, rows: Sequence[tuple[Any, ...]]) -> dict[str | None, int | None]:
+        """The watermark each file of a batch is judged against: the largest event time of
+        the files read before it (earlier batches', and this one's before it in landing
+        order: ``jetstream.formats.landing_key``), less the delay. Kept for the batch's
+        other jobs (``_top_items``)."""
+        c = self._compiled
+        files: dict[str | None, tuple[tuple[int, str], int | None]] = {}
+        for values in rows:
+            file, latest = values[c.file_at], values[c.latest_at]
+            if file not in files:
+                order = landing_key(values[c.file_at + 1] or 0, file_name(file or ""))
+                files[file] = (order, latest)
+            elif latest is not None:
+                order, before = files[file]
+                files[file] = (order, latest if before is None else max(before, latest))
+        reached, watermarks = self.windows.latest, {}
+        for file in sorted(files, key=lambda f: files[f][0]):
+            watermarks[file] = None if reached is None else reached - self.windows.delay_ms
+            latest = files[file][1]
+            if latest is not None:
+                reached = latest if reached is None else max(reached, latest)
+        self._watermarks = watermarks
+        return watermarks
+
     def _top_items(self, df: DataFrame, i: int, agg: TopKItems) -> None:
-        keys = ["_start", *self.partial.keys]
+        keys = ["_start", *self.partial.keys, FILE_COLUMN]
         counts = (df.filter(F.col("_start").isNotNull() & F.col(f"_in{i}").isNotNull())
                   .groupBy(*keys, F.col(f"_in{i}").cast("string").alias("_item")).count())
         sketches: dict[tuple[tuple[int, int], tuple[Any, ...]], Any] = {}
+        joined = self.windows.joined_ms
         for row in counts.collect():
             start = int(row["_start"])
             window = (start, start + self.window.spec.size_ms)
-            joined = self.windows.joined_ms
-            if (joined is not None and start <= joined) or self.windows.closed(window):
+            watermark = self._watermarks.get(row[FILE_COLUMN], self.windows.watermark)
+            if ((joined is not None and start <= joined)
+                    or (watermark is not None and window[1] <= watermark)):
                 continue
             group = (window, tuple(row[k] for k in self.partial.keys))
             sketch = sketches.setdefault(group, agg.create())
