@@ -27,6 +27,12 @@ class WindowResult:
     not hold yet (dead, cut off, or late; a later revision corrects it when their data
     comes). The reference executor leaves these None (the lists empty).
 
+    ``final`` says whether the result may still change (:mod:`jetstream.finality`): final
+    and exact, it equals the reference executor's and no later revision changes it (a fault
+    may repeat it, never alter it); otherwise ``provisional`` lists why (early, deadline,
+    incomplete input, unsettled rounds, approximate), ``missing_sites`` the sites it waits
+    for, and a later revision makes it final when it can. The reference executor's are final.
+
     ``rolled_up`` names the keys a link coarsened (key -> the coarser value's expression, see
     :mod:`jetstream.approx.rollup`): the rows are then at those coarser keys, exact there
     unless ``error_bound`` says otherwise, and ``exact`` is False. Empty: the query's own keys.
@@ -48,6 +54,8 @@ class WindowResult:
     #: Answered from the sites' cubes (``jetstream history``), not by a live query.
     history: bool = False
     rolled_up: dict[str, str] = field(default_factory=dict)
+    final: bool = True
+    provisional: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -202,3 +202,18 @@ def test_due_is_the_next_event_time_that_hands_a_window_on() -> None:
     run_batch(windows, [(12_500, "a", 1.5)])  # past 10 s + 2 s: it went early
     assert windows.due_ms(next_end) == SIZE + DELAY  # then it waits for the watermark
     assert stage([], early=False).due_ms(next_end) == next_end + DELAY
+
+
+def test_an_idle_close_hands_windows_on_early_and_the_watermark_makes_them_final() -> None:
+    """An input gone idle has not ended: its open windows go on early (final only once its
+    watermark passes them); a record for one that comes later is not late, and the whole
+    window goes again, under the next revision, when the watermark closes it."""
+    handed: Handed = []
+    windows = stage(handed, early=True)
+    run_batch(windows, [(1_000, "a", 1.0)])
+    windows.close(None, early=True)
+    assert [(w, rev, flag) for w, _, _, rev, flag in handed] == [((0, SIZE), 0, True)]
+    run_batch(windows, [(2_000, "b", 2.0)])  # not late: the watermark had not passed
+    run_batch(windows, [(15_000, "c", 1.0)])  # closes [0, 10 s)
+    assert [(w, rev, flag) for w, _, _, rev, flag in handed][1] == ((0, SIZE), 1, False)
+    assert canonical(handed[1][1]) == [("a", 1, 1.0), ("b", 1, 2.0)]

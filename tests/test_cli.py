@@ -87,7 +87,8 @@ def test_local_runs_the_example_on_the_sample_logs(tmp_path: Path,
         assert set(result) == {"query", "window_start", "window_end", "rows", "exact",
                                "error_bound", "sites_reporting", "sites_expected", "latency_s",
                                "wan_bytes", "revision", "warnings", "missing_sites", "history",
-                               "rolled_up"}
+                               "rolled_up", "final", "provisional"}
+        assert result["final"] and result["provisional"] == []
         assert result["window_end"] - result["window_start"] == 10_000
         assert len(result["rows"]) <= 10
         requests = [row["requests"] for row in result["rows"]]

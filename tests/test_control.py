@@ -1289,7 +1289,7 @@ def test_the_hub_keeps_one_result_per_window_and_revision_across_a_root_restart(
     new content under a used revision goes out under the next one, a newer revision as is —
     also after the controller itself restarts (the hub reads its folder back)."""
     hub = ResultsHub(tmp_path)
-    first = window(0)
+    first = dataclasses.replace(window(0), final=False, provisional=["deadline"])
     hub.publish(first)
     hub.publish(dataclasses.replace(first, latency_s=9.0, wan_bytes=5))  # the same, again
     fuller = dataclasses.replace(first, rows=[{"domain": "a.com", "requests": 7}])
@@ -1307,6 +1307,25 @@ def test_the_hub_keeps_one_result_per_window_and_revision_across_a_root_restart(
         (0, 0), (1, 7), (2, 8), (3, 7)]
 
 
+def test_the_hub_never_lets_a_final_exact_result_change(tmp_path: Path) -> None:
+    """A provisional result is replaced by the next revision; once a window's result is
+    final and exact it is never changed: the same again is a repeat, anything else is
+    dropped and counted — also after the controller restarts."""
+    hub = ResultsHub(tmp_path)
+    early = dataclasses.replace(window(0), final=False, provisional=["early"])
+    hub.publish(early)
+    hub.publish(dataclasses.replace(early, revision=1, final=True, provisional=[]))
+    hub.publish(dataclasses.replace(early, revision=2, final=True, provisional=[]))
+    assert [(r.revision, r.final) for r in hub.newest(QUERY, 10)] == [(0, False), (1, True)]
+    changed = dataclasses.replace(early, revision=3, final=True, provisional=[],
+                                  rows=[{"domain": "a.com", "requests": 99}])
+    hub.publish(changed)
+    assert hub.changed_final == 1 and len(hub.newest(QUERY, 10)) == 2
+    again = ResultsHub(tmp_path)  # the controller restarted
+    again.publish(changed)
+    assert again.changed_final == 1 and len(again.newest(QUERY, 10)) == 2
+
+
 def test_the_hub_drops_a_result_covering_fewer_sites_and_says_where_a_new_root_starts(
         ) -> None:
     """A root that took over lacks what the dead one merged: its word on a window the dead
@@ -1317,7 +1336,9 @@ def test_the_hub_drops_a_result_covering_fewer_sites_and_says_where_a_new_root_s
 
     def result(start: int, reporting: int, requests: int = 1) -> WindowResult:
         return dataclasses.replace(window(start), sites_reporting=reporting, sites_expected=3,
-                                   rows=[{"domain": "a.com", "requests": requests}])
+                                   rows=[{"domain": "a.com", "requests": requests}],
+                                   final=reporting == 3,
+                                   provisional=[] if reporting == 3 else ["deadline"])
 
     for start in (0, 10_000, 20_000, 30_000):
         hub.publish(result(start, 3))

@@ -83,8 +83,9 @@ def test_an_input_whose_triggers_only_list_the_folder_goes_idle() -> None:
 
     flushed = threading.Event()
     stage = SimpleNamespace(stats=SimpleNamespace(records_in=5), start=lambda _: Stream(),
-                            failure=None,
-                            flush=flushed.set, stop=lambda: None, received_ms=0)
+                            failure=None, watermark=None,
+                            flush=lambda idle: flushed.set(), stop=lambda: None,
+                            received_ms=0)
     ended: list[int] = []
     query = counted(LOGS)
     runner = StageInput("ams", query, check_stage(query)[0], None, Path("."), replay=False,

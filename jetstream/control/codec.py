@@ -116,7 +116,8 @@ def result_to_proto(result: WindowResult) -> query_pb2.WindowResult:
                           latency_s=result.latency_s or 0.0, wan_bytes=result.wan_bytes or 0,
                           revision=result.revision, warnings=result.warnings,
                           missing_sites=result.missing_sites, history=result.history,
-                          rolled_up=result.rolled_up,
+                          rolled_up=result.rolled_up, final=result.final,
+                          provisional=result.provisional,
                           columns=list(dict.fromkeys(c for row in result.rows for c in row)))
     if result.error_bound is not None:
         msg.error_bound = result.error_bound
@@ -137,7 +138,8 @@ def result_from_proto(msg: query_pb2.WindowResult) -> WindowResult:
                         wan_bytes=msg.wan_bytes if msg.sites_expected else None,
                         revision=msg.revision, warnings=list(msg.warnings),
                         missing_sites=list(msg.missing_sites), history=msg.history,
-                        rolled_up=dict(msg.rolled_up))
+                        rolled_up=dict(msg.rolled_up), final=msg.final,
+                        provisional=list(msg.provisional))
 
 
 def _check_result(msg: query_pb2.WindowResult) -> None:

@@ -36,6 +36,9 @@ class ResultsHub:
     the next one: the root's newest word on the window is what a reader keeps. A result
     that covers fewer sites than the window's newest is dropped: a root that took over from a
     dead one lacks what that one had merged, and would otherwise take back a whole answer.
+    Once a window's newest result is final and exact, nothing else is taken for it: such a
+    result equals the reference and no revision may change it (one that would is dropped,
+    with a warning, and counted in ``changed_final``).
     """
 
     def __init__(self, folder: Path | None = None, keep: int = MAX_RESULTS) -> None:
@@ -44,8 +47,11 @@ class ResultsHub:
         self._dropped: dict[str, int] = {}  # query -> how many old results were let go
         self._closed: set[str] = set()
         # query -> window -> (its newest revision published, what that result said, how
-        # many sites it covered, whether every expected site was among them)
-        self._newest: dict[str, dict[tuple[int, int], tuple[int, str, int, bool]]] = {}
+        # many sites it covered, whether it was final and exact, whether every expected
+        # site was among them)
+        self._newest: dict[str, dict[tuple[int, int], tuple[int, str, int, bool, bool]]] = {}
+        #: Results dropped because they would have changed a final, exact one.
+        self.changed_final = 0
         self._folder, self._keep = folder, keep
         if folder is not None:
             folder.mkdir(parents=True, exist_ok=True)
@@ -70,8 +76,15 @@ class ResultsHub:
         said = _said(result)
         newest = self._newest.setdefault(result.query, {})
         window = (result.window_start, result.window_end)
-        revision, before, covered, _ = newest.get(window, (-1, "", 0, False))
+        revision, before, covered, settled, _ = newest.get(window, (-1, "", 0, False, False))
         reporting = result.sites_reporting or 0
+        if settled:  # the same again is a repeat; anything else would change it
+            if said != before:
+                self.changed_final += 1
+                log.warning("query %s: a result of window %s dropped: it would change the "
+                            "final one published before", result.query,
+                            utc(result.window_start))
+            return None
         if reporting < covered:
             log.info("query %s: a result of window %s covering %d sites dropped: %d did "
                      "before", result.query, utc(result.window_start), reporting, covered)
@@ -80,7 +93,7 @@ class ResultsHub:
             if said == before:
                 return None
             result = dataclasses.replace(result, revision=revision + 1)
-        newest[window] = (result.revision, said, reporting,
+        newest[window] = (result.revision, said, reporting, result.final and result.exact,
                           reporting >= (result.sites_expected or 0))
         return result
 
@@ -172,7 +185,8 @@ def _said(result: WindowResult) -> str:
     came."""
     text = json.dumps([result.rows, result.exact, result.error_bound, result.sites_reporting,
                        result.sites_expected, result.missing_sites, result.warnings,
-                       *([result.rolled_up] if result.rolled_up else [])],
+                       *([result.rolled_up] if result.rolled_up else []),
+                       *([] if result.final else [result.provisional])],
                       sort_keys=True, default=repr)
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 

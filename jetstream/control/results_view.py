@@ -74,6 +74,8 @@ def render_window(result: WindowResult) -> Group:
                                                for key, to in result.rolled_up.items()))
     if result.revision:
         facts.append(f"correction {result.revision}")
+    facts.append("final" if result.final
+                 else f"provisional ({', '.join(result.provisional) or 'may change'})")
     heading = Text(f"{result.query} [{_time(result.window_start)}, "
                    f"{_time(result.window_end)}) UTC — {', '.join(facts)}", style="bold")
     table = Table()

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Collection
 from typing import Any
 
-from jetstream import metrics
+from jetstream import finality, metrics
 from jetstream.approx.levels import Ranking, heaviest
 from jetstream.approx.rollup import rollup_text
 from jetstream.approx.truncate import (
@@ -75,7 +75,18 @@ class RootResults:
             r, sites_reporting=len(merged.covers & expected), sites_expected=len(expected),
             missing_sites=sorted(expected - merged.covers), latency_s=latency_s,
             wan_bytes=merged.wan_bytes, revision=merged.revision,
-            warnings=list(merged.warnings)) for r in results]
+            warnings=list(merged.warnings), **_finality(r, merged)) for r in results]
+
+
+
+def _finality(result: WindowResult, merged: MergedWindow) -> dict[str, Any]:
+    """Whether ``result`` is final, and if not why (:mod:`jetstream.finality`): the merge's
+    reasons, and an approximation. (A site in ``missing_sites`` that the merge did not wait
+    for had no records in the window: its watermark passed the window's end.)"""
+    provisional = finality.provisional(
+        [*merged.provisional, *([] if result.exact else [finality.APPROXIMATE])])
+    return {"final": not provisional, "provisional": provisional}
+
 
 def with_top_k_bounds(result: WindowResult, bounded: BoundedPartial,
                       partial: WindowAggregate, ranking: Ranking) -> WindowResult:

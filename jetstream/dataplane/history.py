@@ -39,6 +39,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from jetstream import finality
 from jetstream.aggregates import Aggregate
 from jetstream.approx import rollup
 from jetstream.approx.levels import Ladder, ladder, ranking
@@ -162,9 +163,13 @@ class HistoryPlan:
                     result = with_top_k_bounds(result, merged, partial, rank)
                 elif merged.truncated:  # (degraded_answer truncates only for a top-k)
                     result = dataclasses.replace(result, exact=False, error_bound=None)
+                provisional = finality.provisional(
+                    [*([finality.MISSING_SITE] if missing else []),
+                     *([] if result.exact else [finality.APPROXIMATE])])
                 results.append(dataclasses.replace(
                     result, sites_reporting=len(answered), sites_expected=len(expected),
-                    missing_sites=missing, warnings=list(warnings), history=True))
+                    missing_sites=missing, warnings=list(warnings), history=True,
+                    final=not provisional, provisional=provisional))
         return results
 
     def _piece(self, batch: PartialBatch, partial: WindowAggregate) -> BoundedPartial:

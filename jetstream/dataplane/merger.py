@@ -30,6 +30,13 @@ When the inputs are the key partitions of one stream (``key_partitions``: the wo
 partitioned merge), a window covers a source site only if every partition does: a partition
 that is missing, or lacks the site, leaves the site's keys in it incomplete.
 
+Each window that goes out says whether it is final (:mod:`jetstream.finality`): not when it
+went out at its deadline without an input (``DEADLINE``), with an input's batch sent early
+whose watermark has not passed it (``EARLY``), with an input's own batch provisional
+(``INCOMPLETE_INPUT``), or before TPUT's rounds settled its top-k (``UNSETTLED``). A window
+that went out provisional goes out again, under the next revision, once it is final, even if
+no batch of it changed.
+
 Where inputs answer in TPUT's rounds (``rounds``: the final top-k's ranking, at the root), a
 window waits until its exact top-k is known (:func:`jetstream.approx.rounds.settled`) or its
 deadline passes; :meth:`WindowMerger.asks` says what to ask each input meanwhile. A settled
@@ -47,6 +54,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from jetstream import finality
 from jetstream.approx import rollup
 from jetstream.approx.levels import Ranking
 from jetstream.approx.rounds import Ask, exact_rows, next_asks, settled
@@ -99,12 +107,18 @@ class MergedWindow:
     cut: float = 0.0  # the keys left out add up to at most this (jetstream.approx.truncate)
     ranges: Ranges | None = None  # each min's, max's and mean's over the rows left out
     rolled_up: bool = False  # its keys are the coarser values (jetstream.approx.rollup)
+    #: Why it may still change (:mod:`jetstream.finality`; empty: final).
+    provisional: tuple[str, ...] = ()
 
     @property
     def bounded(self) -> BoundedPartial:
         """The rows with their truncation bounds (exact: zero slack)."""
         return with_bounds(self.rows, self.slack, self.omitted, self.complete_rows, self.cut,
                            self.ranges, self.rolled_up)
+
+    @property
+    def final(self) -> bool:
+        return not self.provisional
 
     @property
     def complete(self) -> bool:
@@ -124,6 +138,7 @@ class _Pending:
     closing: float | None = None
     batches: dict[str, PartialBatch] = field(default_factory=dict)  # origin -> newest batch
     sent: frozenset[tuple[str, int]] | None = None  # (origin, revision) merged last time
+    final: bool = False  # whether it went out final last time
     revision: int = -1
     settled: float | None = None  # when it was last seen settled
     asked: dict[str, tuple[int, float]] = field(default_factory=dict)  # input -> (revision, when)
@@ -247,7 +262,8 @@ class WindowMerger:
                 if pending.sent is None:
                     go = (not waiting and not unsure and self._settled(pending)) or late
                 else:
-                    go = self._versions(pending) != pending.sent and (not unsure or late)
+                    go = ((self._versions(pending) != pending.sent and (not unsure or late))
+                          or (not pending.final and not self._reasons(window, pending, waiting)))
                 if go:
                     out.append(self._merge(window, pending, waiting))
             self._forget_settled()
@@ -303,13 +319,32 @@ class WindowMerger:
 
     def _exact(self, pending: _Pending) -> bool:
         """Whether the window's exact top-k is known (its inputs in rounds settled it)."""
+        return self._known(pending) is not False
+
+    def _known(self, pending: _Pending) -> bool | None:
+        """Whether the inputs in rounds settled the window's exact top-k; None: the rounds
+        cannot tell (a negative ranking value), the rows are what the inputs sent."""
         assert self.rounds is not None
         try:
             return settled(merge_bounded(self._bounded_inputs(pending).values(),
                                          self.aggregate),
                            self.aggregate, self.rounds.by, self.rounds.k)
         except DataError:
-            return True
+            return None
+
+    def _reasons(self, window: Window, pending: _Pending, missing: frozenset[str]
+                 ) -> list[str]:
+        """Why the window would go out provisional now (:mod:`jetstream.finality`)."""
+        reasons = []
+        if missing:
+            reasons.append(finality.DEADLINE)
+        if not self.forward_early and self._early(window, pending):
+            reasons.append(finality.EARLY)
+        if not all(b.complete for b in pending.batches.values()):
+            reasons.append(finality.INCOMPLETE_INPUT)
+        if self._in_rounds(pending) and not self._known(pending):
+            reasons.append(finality.UNSETTLED)
+        return finality.provisional(reasons)
 
     def _in_rounds(self, pending: _Pending) -> bool:
         """Whether some input of the window answers in rounds (and this merger asks)."""
@@ -355,6 +390,8 @@ class WindowMerger:
                ) -> MergedWindow:
         batches = list(pending.batches.values())
         pending.sent, pending.revision = self._versions(pending), pending.revision + 1
+        provisional = self._reasons(window, pending, missing)
+        pending.final = not provisional
         slack: tuple[float, ...] | None = None
         omitted, complete, cut, ranges, rolled_up = 0.0, None, 0.0, None, False
         if any(b.slack is not None or b.rolled_up for b in batches):
@@ -388,7 +425,8 @@ class WindowMerger:
             revision=pending.revision, inputs_complete=all(b.complete for b in batches),
             early=self._early(window, pending),
             slack=slack, omitted=omitted, complete_rows=complete, cut=cut, ranges=ranges,
-            rolled_up=rolled_up, warnings=tuple(sorted({w for b in batches for w in b.warnings})))
+            rolled_up=rolled_up, warnings=tuple(sorted({w for b in batches for w in b.warnings})),
+            provisional=tuple(provisional))
 
     def _merge_rows(self, batches: list[PartialBatch]) -> tuple[dict[str, Any], ...]:
         aggregates = self.aggregate.aggregates

@@ -20,10 +20,13 @@ once this input's watermark passes the window's end. If records for it come befo
 watermark closes it, it is handed on again when it closes, whole, under the next revision; if
 none come, nothing more is handed on.
 
-An idle input (:meth:`OpenWindows.close` with no watermark) hands on its open windows before
-the watermark closes them. Such a window is kept until the watermark passes it: records for it
-that come later are merged into it, and the whole window is handed on again with the next
-revision (0, 1, 2, ...), which replaces the earlier one downstream.
+An idle input (:meth:`OpenWindows.close` with no watermark, ``early``) hands on its open
+windows before the watermark closes them, as early ones (``emit_early``): the receiver takes
+them as final only once this input's watermark passes their end, since records for them may
+still come. Such a window is kept until the watermark passes it: records for it that come
+later are merged into it (the reference executor takes them too: the watermark had not
+passed), and the whole window is handed on again with the next revision (0, 1, 2, ...),
+which replaces the earlier one downstream.
 
 The snapshot (:meth:`OpenWindows.save`) holds the windows still open (and which were handed
 on early, under which revision), those handed on because the input went idle, the watermark
@@ -44,6 +47,7 @@ from typing import Any
 from jetstream.dataplane.codec import decode_batch, encode_batch
 from jetstream.dataplane.partials import PartialBatch
 from jetstream.errors import DataError
+from jetstream.formats import file_name, landing_key
 from jetstream.operators import WindowAggregate, early_after
 from jetstream.v1 import dataplane_pb2 as pb
 
@@ -94,6 +98,23 @@ class OpenWindows:
         """Every window ending at or before this has been handed on (None: nothing read)."""
         return None if self.latest is None else self.latest - self.delay_ms
 
+    def file_watermarks(self, files: Mapping[str | None, tuple[int, int | None]]
+                        ) -> dict[str | None, int | None]:
+        """The watermark each file of a micro-batch is judged against: the largest event
+        time of the files read before it (in the batches before, and in this one before it
+        in landing order: :func:`jetstream.formats.landing_key`), less the delay. ``files``
+        maps each file (its path or URI; None: the batch's records have no file) to when it
+        landed (epoch ms) and its largest event time (None: it has no valid record)."""
+        def order(file: str | None) -> tuple[int, str]:
+            return landing_key(files[file][0], file_name(file or ""))
+        reached, watermarks = self.latest, {}
+        for file in sorted(files, key=order):
+            watermarks[file] = None if reached is None else reached - self.delay_ms
+            latest = files[file][1]
+            if latest is not None:
+                reached = latest if reached is None else max(reached, latest)
+        return watermarks
+
     def closed(self, window: tuple[int, int]) -> bool:
         """Whether the watermark has closed ``window``: rows for it now are late."""
         watermark = self.watermark
@@ -125,9 +146,10 @@ class OpenWindows:
         if latest is not None:
             self.latest = latest if self.latest is None else max(self.latest, latest)
 
-    def close(self, watermark: int | None) -> None:
+    def close(self, watermark: int | None, early: bool = False) -> None:
         """Hand on every window ending at or before ``watermark`` (None: every open window;
-        those the watermark has not closed are kept, whole, for records that come later)."""
+        those the watermark has not closed are kept, whole, for records that come later, and
+        with ``early`` handed on as early ones: the input went idle, it has not ended)."""
         for window in sorted(self._open):
             if watermark is not None and window[1] > watermark:
                 continue
@@ -146,8 +168,10 @@ class OpenWindows:
                     continue
                 revision = last + 1
             rows = self.rows(groups)
-            self.emit(window, rows, events, revision)
-            if self._idle_and_open(window, watermark):  # kept for records to come
+            idle = self._idle_and_open(window, watermark)
+            emit = self.emit_early if early and idle and self.emit_early else self.emit
+            emit(window, rows, events, revision)
+            if idle:  # kept for records to come
                 self._flushed[window] = (self._detached(rows), events, revision)
         for window in [w for w in self._flushed if self.closed(w)]:
             del self._flushed[window]

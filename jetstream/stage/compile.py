@@ -30,23 +30,24 @@ Expressions are taken as type-checked by ``Expr.dtype``; the Columns do not chec
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import operator
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from jetstream.errors import PlanError
 from jetstream.expr import And, Arith, Call, Col, Compare, Expr, IsIn, Lit, Neg, Not, Or
 from jetstream.local import map_record
-from jetstream.operators import Map, Operator, Select, Source, WithColumn
+from jetstream.operators import Join, Map, Operator, Select, Source, Where, Window, WithColumn
 from jetstream.schema import DataType, Schema
 
-__all__ = ["defined_as", "finite", "map_step", "parse_text", "spark_schema", "spark_type",
-           "to_column"]
+__all__ = ["defined_as", "finite", "map_step", "parse_text", "record_steps", "spark_schema",
+           "spark_type", "to_column"]
 
 _INT64 = range(-(2**63), 2**63)
 _TWO_63 = 2.0**63
@@ -314,3 +315,51 @@ def defined_as(expr: Expr, source: Source, steps: Sequence[Operator]) -> tuple[E
 def finite(x: Column) -> Column:
     """Whether a double is a number, not NULL, NaN or infinite."""
     return x.isNotNull() & ~F.isnan(x) & (F.abs(x) != F.lit(math.inf))
+
+
+def record_steps(spark: SparkSession, source: Schema, chain: Sequence[Operator],
+             internal: Sequence[str]) -> list[Callable[[DataFrame], DataFrame]]:
+    """A stage's record steps (``chain``, after its source of schema ``source``) as DataFrame
+    transformations, their columns built once. A ``where`` does not drop a record but clears
+    its ``_keep`` (it still counts as read); a ``select`` and a ``map`` keep the stage's own
+    columns (``internal``)."""
+    steps: list[Callable[[DataFrame], DataFrame]] = []
+    inputs = [source, *(step.schema for step in chain)]  # each step's
+    for i, step in enumerate(chain):
+        if isinstance(step, Where):
+            kept = F.col("_keep") & F.coalesce(to_column(step.predicate), F.lit(False))
+            steps.append(functools.partial(DataFrame.withColumn, colName="_keep", col=kept))
+        elif isinstance(step, WithColumn):
+            steps.append(functools.partial(DataFrame.withColumn, colName=step.name,
+                                           col=to_column(step.expr)))
+        elif isinstance(step, Select):
+            columns = [to_column(e).alias(n) for n, e in step.columns]
+            columns += [F.col(c) for c in internal]
+            steps.append(functools.partial(_select, columns=columns))
+        elif isinstance(step, Join):
+            steps.append(_join(spark, step, i))
+        elif isinstance(step, Map):
+            steps.append(map_step(step, inputs[i], internal))
+        else:
+            assert isinstance(step, Window), f"check_stage let {step.kind} through"
+    return steps
+
+
+def _join(spark: SparkSession, join: Join, i: int) -> Callable[[DataFrame], DataFrame]:
+    """A lookup join as a broadcast join with the table (a left join; an inner join
+    clears ``_keep`` where no row matched, so the record still counts as read)."""
+    key, hit = f"_join{i}_key", f"_join{i}_hit"
+    table = spark.createDataFrame(
+        [[row[n] for n in join.table.schema.names] for row in join.table.rows],
+        spark_schema(join.table.schema)).withColumnRenamed(join.on, key)
+    table = F.broadcast(table.withColumn(hit, F.lit(True)))
+    kept = F.col("_keep") & F.col(hit).isNotNull() if join.how == "inner" else F.col("_keep")
+
+    def step(df: DataFrame) -> DataFrame:
+        joined = df.join(table, df[join.on] == table[key], "left")
+        return joined.withColumn("_keep", kept).drop(key, hit)
+    return step
+
+
+def _select(df: DataFrame, columns: list[Column]) -> DataFrame:
+    return df.select(*columns)

@@ -194,8 +194,12 @@ class StageInput:
             if records != seen:
                 seen, quiet_since, idle = records, time.monotonic(), False
             elif not idle and time.monotonic() - quiet_since >= self.idle_s:
-                stage.flush()  # idle: close what is open, hold no window back
-                self._progress(self.name, ENDED, False, stage.received_ms)
+                # Idle: what is open goes on early, final once the watermark passes it
+                # (records for it may come yet). A stage that has read nothing holds no
+                # window back.
+                stage.flush(idle=True)
+                if stage.watermark is None:
+                    self._progress(self.name, ENDED, False, stage.received_ms)
                 idle = True
         stage.stop()
 

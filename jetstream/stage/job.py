@@ -35,7 +35,6 @@ has it already; one the snapshot no longer holds is in the site's inbox (the cub
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import math
@@ -56,16 +55,11 @@ from jetstream.aggregates import Count
 from jetstream.approx.sketches import TopKItems
 from jetstream.dsl import Query
 from jetstream.errors import PlanError
-from jetstream.formats import DEFAULT_FORMAT, file_name, landing_key
+from jetstream.formats import DEFAULT_FORMAT
 from jetstream.operators import (
-    Join,
-    Map,
-    Select,
     Source,
-    Where,
     Window,
     WindowAggregate,
-    WithColumn,
 )
 from jetstream.schema import DataType
 from jetstream.stage.batches import (
@@ -86,9 +80,8 @@ from jetstream.stage.check import Chain, check_stage
 from jetstream.stage.compile import (
     defined_as,
     finite,
-    map_step,
     parse_text,
-    spark_schema,
+    record_steps,
     to_column,
 )
 from jetstream.stage.forms import Input, float_parts, form_of, scaled_exponent, scaled_parts
@@ -273,13 +266,14 @@ class LocalStage:
         """Every window ending at or before this has been handed on (None: nothing read)."""
         return self.windows.watermark
 
-    def flush(self) -> None:
-        """The input has ended (or gone idle): every open window is final. The snapshot
-        says so: a stage started again on it hands a flushed window on again only with the
-        records that came after, under the next revision (the one handed on is kept)."""
+    def flush(self, idle: bool = False) -> None:
+        """The input has ended (every open window is final) or gone ``idle`` (every open
+        window is handed on early: records for it may come yet). The snapshot says so: a
+        stage started again on it hands a flushed window on again only with the records that
+        came after, under the next revision (the one handed on is kept)."""
         with self._lock:
             self.received_ms = time.time_ns() // 1_000_000
-            self.windows.close(None)
+            self.windows.close(None, early=idle)
             if self.snapshot is not None and self.windows.done >= 0:
                 self.windows.save(self.snapshot, self.windows.done)
 
@@ -482,7 +476,9 @@ class LocalStage:
             windows = F.explode_outer(F.when(keep, F.sequence(first, last, every)))
             in_window = start.isNull() | (start + size > time_column)
         return _Compiled(
-            self._typed(), counters, self._compiled_steps(), windows, in_window, inputs,
+            self._typed(), counters,
+            record_steps(self.spark, self.source.schema, self.steps, _INTERNAL), windows,
+            in_window, inputs,
             [p for p in parts if p], [*keys, *bands, FILE_COLUMN, ARRIVED_COLUMN], aggregates,
             firsts_at, file_at, latest_at, slices, band_at,
             [form_of(agg).accumulator for _, agg in self.partial.aggregates])
@@ -513,46 +509,6 @@ class LocalStage:
          .select(F.col("_reason").alias("reason"), file.alias("file"),
                  F.col(CORRUPT_COLUMN).alias("line"))
          .write.mode("append").json(self.quarantine_dir))
-
-    def _compiled_steps(self) -> list[Callable[[DataFrame], DataFrame]]:
-        """The query's record steps as DataFrame transformations, their columns built once.
-        A ``where`` does not drop a record but clears its ``_keep`` (it still counts as read);
-        a ``select`` keeps the stage's own columns."""
-        steps: list[Callable[[DataFrame], DataFrame]] = []
-        inputs = [self.source.schema, *(step.schema for step in self.steps)]  # each step's
-        for i, step in enumerate(self.steps):
-            if isinstance(step, Where):
-                kept = F.col("_keep") & F.coalesce(to_column(step.predicate), F.lit(False))
-                steps.append(functools.partial(DataFrame.withColumn, colName="_keep", col=kept))
-            elif isinstance(step, WithColumn):
-                steps.append(functools.partial(DataFrame.withColumn, colName=step.name,
-                                               col=to_column(step.expr)))
-            elif isinstance(step, Select):
-                columns = [to_column(e).alias(n) for n, e in step.columns]
-                columns += [F.col(c) for c in _INTERNAL]
-                steps.append(functools.partial(_select, columns=columns))
-            elif isinstance(step, Join):
-                steps.append(self._join(step, i))
-            elif isinstance(step, Map):
-                steps.append(map_step(step, inputs[i], _INTERNAL))
-            else:
-                assert isinstance(step, Window), f"check_stage let {step.kind} through"
-        return steps
-
-    def _join(self, join: Join, i: int) -> Callable[[DataFrame], DataFrame]:
-        """A lookup join as a broadcast join with the table (a left join; an inner join
-        clears ``_keep`` where no row matched, so the record still counts as read)."""
-        key, hit = f"_join{i}_key", f"_join{i}_hit"
-        table = self.spark.createDataFrame(
-            [[row[n] for n in join.table.schema.names] for row in join.table.rows],
-            spark_schema(join.table.schema)).withColumnRenamed(join.on, key)
-        table = F.broadcast(table.withColumn(hit, F.lit(True)))
-        kept = F.col("_keep") & F.col(hit).isNotNull() if join.how == "inner" else F.col("_keep")
-
-        def step(df: DataFrame) -> DataFrame:
-            joined = df.join(table, df[join.on] == table[key], "left")
-            return joined.withColumn("_keep", kept).drop(key, hit)
-        return step
 
     def _merge(self, rows: Sequence[Any]) -> None:
         """Merge a batch's grouped rows into the open windows; the rows of a window the
@@ -587,28 +543,17 @@ class LocalStage:
             add(window, values[1:1 + n], accs, values[events_at])
 
     def _file_watermarks(self, rows: Sequence[tuple[Any, ...]]) -> dict[str | None, int | None]:
-        """The watermark each file of a batch is judged against: the largest event time of
-        the files read before it (earlier batches', and this one's before it in landing
-        order: ``jetstream.formats.landing_key``), less the delay. Kept for the batch's
-        other jobs (``_top_items``)."""
+        """The watermark each file of a batch's grouped rows is judged against
+        (``OpenWindows.file_watermarks``), kept for the batch's other jobs (``_top_items``)."""
         c = self._compiled
-        files: dict[str | None, tuple[tuple[int, str], int | None]] = {}
+        files: dict[str | None, tuple[int, int | None]] = {}
         for values in rows:
             file, latest = values[c.file_at], values[c.latest_at]
-            if file not in files:
-                order = landing_key(values[c.file_at + 1] or 0, file_name(file or ""))
-                files[file] = (order, latest)
-            elif latest is not None:
-                order, before = files[file]
-                files[file] = (order, latest if before is None else max(before, latest))
-        reached, watermarks = self.windows.latest, {}
-        for file in sorted(files, key=lambda f: files[f][0]):
-            watermarks[file] = None if reached is None else reached - self.windows.delay_ms
-            latest = files[file][1]
-            if latest is not None:
-                reached = latest if reached is None else max(reached, latest)
-        self._watermarks = watermarks
-        return watermarks
+            arrived, before = files.get(file, (values[c.file_at + 1] or 0, None))
+            files[file] = (arrived, before if latest is None else
+                           latest if before is None else max(before, latest))
+        self._watermarks = self.windows.file_watermarks(files)
+        return self._watermarks
 
     def _top_items(self, df: DataFrame, i: int, agg: TopKItems) -> None:
         keys = ["_start", *self.partial.keys, FILE_COLUMN]
@@ -628,7 +573,3 @@ class LocalStage:
             sketch.update(row["_item"], int(row["count"]))
         for (window, key), sketch in sketches.items():
             self.windows.merge_into(window, key, i, sketch)
-
-
-def _select(df: DataFrame, columns: list[Column]) -> DataFrame:
-    return df.select(*columns)

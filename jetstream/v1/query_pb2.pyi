@@ -280,7 +280,7 @@ class CallExpr(_message.Message):
     def __init__(self, fn: _Optional[str] = ..., operand: _Optional[_Union[Expr, _Mapping]] = ...) -> None: ...
 
 class WindowResult(_message.Message):
-    __slots__ = ("query", "window_start_ms", "window_end_ms", "rows", "exact", "error_bound", "sites_reporting", "sites_expected", "latency_s", "wan_bytes", "revision", "warnings", "columns", "missing_sites", "history", "rolled_up")
+    __slots__ = ("query", "window_start_ms", "window_end_ms", "rows", "exact", "error_bound", "sites_reporting", "sites_expected", "latency_s", "wan_bytes", "revision", "warnings", "columns", "missing_sites", "history", "rolled_up", "final", "provisional")
     class RolledUpEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -304,6 +304,8 @@ class WindowResult(_message.Message):
     MISSING_SITES_FIELD_NUMBER: _ClassVar[int]
     HISTORY_FIELD_NUMBER: _ClassVar[int]
     ROLLED_UP_FIELD_NUMBER: _ClassVar[int]
+    FINAL_FIELD_NUMBER: _ClassVar[int]
+    PROVISIONAL_FIELD_NUMBER: _ClassVar[int]
     query: str
     window_start_ms: int
     window_end_ms: int
@@ -320,4 +322,6 @@ class WindowResult(_message.Message):
     missing_sites: _containers.RepeatedScalarFieldContainer[str]
     history: bool
     rolled_up: _containers.ScalarMap[str, str]
-    def __init__(self, query: _Optional[str] = ..., window_start_ms: _Optional[int] = ..., window_end_ms: _Optional[int] = ..., rows: _Optional[_Iterable[_Union[Record, _Mapping]]] = ..., exact: _Optional[bool] = ..., error_bound: _Optional[float] = ..., sites_reporting: _Optional[int] = ..., sites_expected: _Optional[int] = ..., latency_s: _Optional[float] = ..., wan_bytes: _Optional[int] = ..., revision: _Optional[int] = ..., warnings: _Optional[_Iterable[str]] = ..., columns: _Optional[_Iterable[str]] = ..., missing_sites: _Optional[_Iterable[str]] = ..., history: _Optional[bool] = ..., rolled_up: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    final: bool
+    provisional: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, query: _Optional[str] = ..., window_start_ms: _Optional[int] = ..., window_end_ms: _Optional[int] = ..., rows: _Optional[_Iterable[_Union[Record, _Mapping]]] = ..., exact: _Optional[bool] = ..., error_bound: _Optional[float] = ..., sites_reporting: _Optional[int] = ..., sites_expected: _Optional[int] = ..., latency_s: _Optional[float] = ..., wan_bytes: _Optional[int] = ..., revision: _Optional[int] = ..., warnings: _Optional[_Iterable[str]] = ..., columns: _Optional[_Iterable[str]] = ..., missing_sites: _Optional[_Iterable[str]] = ..., history: _Optional[bool] = ..., rolled_up: _Optional[_Mapping[str, str]] = ..., final: _Optional[bool] = ..., provisional: _Optional[_Iterable[str]] = ...) -> None: ...
