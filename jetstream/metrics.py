@@ -27,7 +27,8 @@ from jetstream.security import http_authorized
 if TYPE_CHECKING:
     from jetstream.approx.profile import LevelFigures
 
-__all__ = ["BATCH_DURATION", "LINK_LEVEL", "LINK_MEASURED_BANDWIDTH", "LINK_THROUGHPUT",
+__all__ = ["BATCH_DURATION", "INPUT_FILES_WAITING", "INPUT_LAG", "LINK_LEVEL",
+           "LINK_MEASURED_BANDWIDTH", "LINK_THROUGHPUT",
            "PARTIALS_REFUSED", "RECORDS_IN", "RECORDS_LATE", "RECORDS_MALFORMED",
            "RECORDS_OUT", "REPLANS", "ROOT_FAILOVERS", "UNACKED", "WAN_BYTES_RECEIVED",
            "WAN_BYTES_SENT", "WATERMARK_LAG", "WINDOW_LATENCY", "RunMetrics", "link_name",
@@ -44,6 +45,14 @@ RECORDS_LATE = Counter(
     "jetstream_records_late_total",
     "Records dropped because the watermark had already closed their window.",
     ["site", "query"])
+INPUT_FILES_WAITING = Gauge(
+    "jetstream_input_files_waiting",
+    "Files landed in a site's input folder and not read yet by its local stage.",
+    ["site", "folder"])
+INPUT_LAG = Gauge(
+    "jetstream_input_lag_seconds",
+    "How long ago the oldest file not read yet landed in the site's input folder (0: none): "
+    "how far the site's reading is behind.", ["site", "folder"])
 BATCH_DURATION = Histogram(
     "jetstream_stage_batch_duration_seconds",
     "Wall time of one Spark micro-batch of the local stage.", ["site", "query"],

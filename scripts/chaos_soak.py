@@ -50,7 +50,8 @@ def main() -> int:
                                  for k in kinds))
     print(f"windows: {report.windows}, equal to run_local {report.equal}, missing "
           f"{len(report.missing)}, short {len(report.short)}, over-counted "
-          f"{len(report.over)}, otherwise different {len(report.other)}")
+          f"{len(report.over)}, otherwise different {len(report.other)}; given final and "
+          f"exact but unlike run_local {len(report.final_unlike)}")
     sixth = max(1, -(-len(report.memory_mb) // 6))
     for i in range(0, len(report.memory_mb), sixth):
         part = report.memory_mb[i:i + sixth]

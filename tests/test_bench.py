@@ -159,15 +159,18 @@ def test_a_latency_run_of_one_system_is_refused_without_emulate_or_of_an_unknown
                     phase_s=1, rate=1, link="200kbit", seed=0, say=print, systems=["spark"])
 
 
-def test_the_load_bench_scores_each_window_and_keeps_the_exact_ones_unlike_run_local(
+def test_the_load_bench_scores_every_revision_and_keeps_the_final_ones_unlike_run_local(
         tmp_path: Path) -> None:
-    """Scoring a run against run_local: a window given right, one given exact but wrong
-    (kept in unlike.jsonl beside run_local's rows), one marked inexact, one never given."""
+    """Scoring a run against run_local, every revision: windows given right and final at
+    once, one given final and exact but wrong (kept in unlike.jsonl beside run_local's rows),
+    one final then changed, one provisional then final, one never final, one marked inexact,
+    one never given."""
     from jetstream.lab.load_bench import (
         CLOSING_S,
         QUERIES,
         UNLIKE_FILE,
         WARMUP_S,
+        Given,
         LoadRun,
         _score,
     )
@@ -183,22 +186,28 @@ def test_the_load_bench_scores_each_window_and_keeps_the_exact_ones_unlike_run_l
     # The logs start WARMUP_S after the run did: every window ending by 50 s is counted.
     started, duration_s = -WARMUP_S, 60 + WARMUP_S
     counted = sorted(w for w in truth if w[1] / 1000 <= started + duration_s - CLOSING_S)
-    assert len(counted) >= 4
-    right, wrong, inexact, missing = counted[:4]
+    assert len(counted) >= 6
+    wrong, changed, later, never, inexact, missing = counted[:6]
     altered = [dict(row) for row in truth[wrong]]
     altered[0]["requests"] += 1
-    arrived = {query.name: {w: (0.0, truth[w], True) for w in counted if w != missing}}
-    arrived[query.name][wrong] = (0.0, altered, True)
-    arrived[query.name][inexact] = (0.0, altered, False)
+    arrived = {query.name: {w: [Given(0.0, truth[w], True)] for w in counted if w != missing}}
+    arrived[query.name][wrong] = [Given(0.0, altered, True)]
+    arrived[query.name][changed] = [Given(0.0, truth[changed], True),
+                                    Given(1.0, altered, True, revision=1)]
+    arrived[query.name][later] = [Given(0.0, altered, True, final=False),
+                                  Given(1.0, truth[later], True, revision=1)]
+    arrived[query.name][never] = [Given(0.0, truth[never], True, final=False)]
+    arrived[query.name][inexact] = [Given(0.0, altered, False)]
     run = LoadRun("jetstream", 20, 1)
     _score(run, [query], tmp_path / "input", arrived, [], sites, started, duration_s)
     figures = run.figures[query.name]
-    assert (figures.windows, figures.unequal, figures.inexact, figures.not_given) == (
-        len(counted), 1, 1, 1)
+    assert (figures.windows, figures.unequal, figures.changed, figures.inexact,
+            figures.not_final, figures.not_given, figures.final_at_first) == (
+        len(counted), 1, 1, 1, 1, 1, len(counted) - 3)
     assert run.records == sum(len(f.read_text().splitlines()) - 1  # (less the header)
                               for f in (tmp_path / "input").glob("*/*.csv")) > 0
-    (line,) = (tmp_path / UNLIKE_FILE).read_text().splitlines()
-    kept = json.loads(line)
-    assert (kept["query"], kept["window"]) == (query.name, list(wrong))
-    assert kept["given"] == altered and kept["run_local"] == truth[wrong]
-    assert right not in (wrong, inexact, missing)
+    kept = [json.loads(line) for line in (tmp_path / UNLIKE_FILE).read_text().splitlines()]
+    assert [(k["query"], k["window"], k["why"]) for k in kept] == [
+        (query.name, list(wrong), "unlike"), (query.name, list(changed), "changed")]
+    assert kept[0]["given"] == altered and kept[0]["run_local"] == truth[wrong]
+    assert kept[1]["then"] == [altered]

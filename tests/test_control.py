@@ -1197,7 +1197,8 @@ def test_a_restarted_controller_takes_up_its_queries_and_results(
     before = first.submit(source)
     first.publish(QUERY, [WindowResult(QUERY, 0, 10_000, [{"domain": "a.com", "n": 2}],
                                        sites_reporting=2, sites_expected=3,
-                                       missing_sites=["sfo"])], False)
+                                       missing_sites=["sfo"], final=False,
+                                       provisional=["deadline"])], False)
     sites.deploys.clear()
     # It dies; a new one starts on the same folder. The sites still run the query and
     # register again: each is sent its fragment under a newer version, nothing is stopped.

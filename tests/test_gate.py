@@ -188,3 +188,41 @@ def test_a_gate_lets_in_its_source_s_format_and_sets_aside_a_file_it_cannot_read
     land(g.landing, "e.jsonl", 2_000)  # the folder listed again, the cut-off file still in it
     g.tick()
     assert len(set_aside) == 1 and "e.jsonl" in live(g)  # set aside once
+
+
+def test_files_go_in_in_landing_order_and_one_that_lands_behind_is_stamped_after(
+        tmp_path: Path) -> None:
+    """Landing order (modification time, then name) is the order the lateness rule judges
+    files in: a file that lands with a time before the newest let in is stamped after it,
+    so the reference executor reads the folder in the order the site did — also after the
+    gate starts again."""
+    g = gate(tmp_path, [None])
+    land(g.landing, "b.csv", 5_000)
+    land(g.landing, "a.csv", 5_000)
+    land(g.landing, "c.csv", 4_000)
+    g.tick()
+    assert [name for name in g.names.read_text().split()] == ["c.csv", "a.csv", "b.csv"]
+    behind = land(g.landing, "0-behind.csv", 1_000)
+    g.tick()
+    assert behind.stat().st_mtime_ns // 1_000_000 > 5_000
+    g.stop()
+    again = gate(tmp_path, [None])  # started again: it remembers the newest let in
+    late = land(again.landing, "1-behind.csv", 2_000)
+    again.tick()
+    assert late.stat().st_mtime_ns // 1_000_000 > behind.stat().st_mtime_ns // 1_000_000
+
+
+def test_how_far_behind_counts_the_files_not_read_yet(tmp_path: Path) -> None:
+    g = gate(tmp_path, [100_000])
+    now = time.time_ns() // 1_000_000
+    assert g.behind(now) == (0, 0.0)
+    land(g.landing, "a.csv", now - 3_000)
+    g.tick()  # nothing known: in at once, not read yet
+    g.read_up_to(None)
+    assert g.behind(now)[0] == 1  # no micro-batch has read it
+    g.batch_started()
+    land(g.landing, "b.csv", now - 1_000)
+    g.tick()  # let in during the micro-batch: the next reads it
+    assert g.behind(now) == (2, 3.0)
+    g.read_up_to(now - 2_000)
+    assert g.behind(now) == (1, 1.0)

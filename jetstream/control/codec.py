@@ -5,6 +5,7 @@ controller's status, and window results, to their ``jetstream.v1`` messages and 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 from jetstream.aggtree.planner import Fragment
 from jetstream.aggtree.topology import Server
@@ -86,6 +87,12 @@ def link_report_from_proto(msg: pb.LinkReport) -> LinkReport:
                                          max(f.windows, 0)) for f in msg.profile))
 
 
+def behind_to_proto(behind: Mapping[str, tuple[int, float]]) -> list[pb.InputLag]:
+    """How far a site is behind each input folder (``SourceReaders.behind``)."""
+    return [pb.InputLag(folder=folder, files_waiting=files, lag_s=lag_s)
+            for folder, (files, lag_s) in sorted(behind.items())]
+
+
 def status_to_proto(view: ControllerView) -> pb.StatusResponse:
     """The controller's view: sites, queries with their trees, and planned link load."""
     sites = [pb.SiteStatus(
@@ -94,7 +101,8 @@ def status_to_proto(view: ControllerView) -> pb.StatusResponse:
         else s.seconds_since_heartbeat,
         placements=[pb.Placement(query=p.query, piece=p.piece, server=p.server, pid=p.pid,
                                  address=p.address, state=p.state) for p in s.placements],
-        links=[link_report_to_proto(query, s.links[query]) for query in sorted(s.links)])
+        links=[link_report_to_proto(query, s.links[query]) for query in sorted(s.links)],
+        behind=behind_to_proto(s.behind))
         for s in view.sites]
     queries = [pb.QueryStatus(
         name=q.name, state=q.state, detail=q.detail, replans=q.replans,

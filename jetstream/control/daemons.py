@@ -22,6 +22,7 @@ from jetstream.aggtree.planner import Fragment
 from jetstream.aggtree.topology import Server, Topology
 from jetstream.approx.profile import LevelFigures
 from jetstream.control.codec import (
+    behind_to_proto,
     fragment_to_proto,
     link_report_to_proto,
     placement_to_proto,
@@ -40,7 +41,7 @@ from jetstream.dataplane.options import LinkState, SiteOptions
 from jetstream.dataplane.site import SiteRuntime
 from jetstream.errors import ControlPlaneError, PlanError
 from jetstream.formats import InputMeter
-from jetstream.metrics import serve_metrics
+from jetstream.metrics import INPUT_FILES_WAITING, INPUT_LAG, serve_metrics
 from jetstream.results import WindowResult
 from jetstream.security import Security
 from jetstream.v1 import control_pb2 as pb
@@ -439,13 +440,17 @@ def run_site(name: str, controller_address: str, *, security: Security, port: in
                              "as given" if interval == given
                              else "its links to its parents are timed thin")
                     logged = interval
+                behind = runtime.behind()
+                for folder, (files, lag_s) in behind.items():
+                    INPUT_FILES_WAITING.labels(name, folder).set(files)
+                    INPUT_LAG.labels(name, folder).set(lag_s)
                 response = controller.Heartbeat(pb.HeartbeatRequest(
                     site=name, running=running, input_bytes=input_bytes(),
                     links=link_measurements(links), query_links=link_reports(profiles(links)),
                     placements=[placement_to_proto(p) for p in local.pieces()] if local
                     else [], failures=[pb.StageFailure(query=q, error=e)
                                        for q, e in runtime.failures().items()],
-                    interval_s=interval),
+                    interval_s=interval, behind=behind_to_proto(behind)),
                     # A thin link's are far apart, and slow: a late one still counts.
                     timeout=max(CALL_TIMEOUT_S, 2 * interval))
                 beats.sent(asked)

@@ -109,6 +109,9 @@ class DashboardState:
             "name": s.name, "kind": s.kind, "registered": s.address is not None,
             "alive": s.alive, "seconds_since_heartbeat": s.seconds_since_heartbeat,
             "input_bytes": s.input_bytes, **self._layout.get(s.name, {"x": 0.5, "y": 0.5}),
+            # How far it is behind: the files landed and not read yet, the oldest's age.
+            "files_waiting": sum(files for files, _ in s.behind.values()),
+            "lag_s": max((lag_s for _, lag_s in s.behind.values()), default=0.0),
         } for s in view.sites]
         reports = {(site.name, query): report for site in view.sites
                    for query, report in site.links.items()}

@@ -136,18 +136,19 @@ class GlobalController:
     def heartbeat(self, name: str, links: dict[str, float], *, input_bytes: int = 0,
                   reports: dict[str, LinkReport] | None = None,
                   placements: list[Placement] | None = None,
-                  failures: dict[str, str] | None = None, interval_s: float = 0.0
-                  ) -> list[str]:
+                  failures: dict[str, str] | None = None, interval_s: float = 0.0,
+                  behind: dict[str, tuple[int, float]] | None = None) -> list[str]:
         """Record that ``name`` is alive and what it measured (and, for the dashboard, its
         raw input, its links' levels and which process runs which piece, and which queries'
-        local stages failed there, and why), and that its next heartbeat comes within
+        local stages failed there, and why, and how far it is behind its input folders),
+        and that its next heartbeat comes within
         ``interval_s`` (0: its usual interval); the queries it should run."""
         with self.lock:
             came_back, changed = self.membership.beat(
                 name, links, input_bytes=input_bytes, reports=reports or {},
                 placements=None if placements is None
                 else [p for p in placements if p.query in self.queries],
-                interval_s=interval_s)
+                interval_s=interval_s, behind=behind)
             for failed, error in (failures or {}).items():
                 self.running.stage_failed(failed, name, error)
             if came_back:

@@ -69,7 +69,8 @@ class Membership:
 
     def beat(self, name: str, links: Mapping[str, float], *, input_bytes: int,
              reports: Mapping[str, LinkReport], placements: list[Placement] | None,
-             interval_s: float) -> tuple[bool, list[str]]:
+             interval_s: float, behind: Mapping[str, tuple[int, float]] | None = None
+             ) -> tuple[bool, list[str]]:
         """A heartbeat of ``name`` (see ``GlobalController.heartbeat``): whether the site was
         taken for dead before, and the peers whose links' measurements moved far enough to
         plan again."""
@@ -88,6 +89,7 @@ class Membership:
             for query, report in reports.items()}
         if placements is not None:
             site.placements = placements
+        site.behind = dict(behind or {})
         changed = [peer for peer, bps in links.items() if self.links.record(name, peer, bps)]
         came_back, site.alive = not site.alive, True
         return came_back, changed
@@ -172,5 +174,5 @@ class Membership:
         return tuple(SiteView(
             s.name, self.topology.site(s.name).kind.value, s.address, s.alive,
             None if s.last_seen is None else now - s.last_seen, tuple(s.placements),
-            s.input_bytes, MappingProxyType(dict(s.links)))
+            s.input_bytes, MappingProxyType(dict(s.links)), MappingProxyType(dict(s.behind)))
             for s in self.sites.values())

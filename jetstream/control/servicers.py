@@ -160,7 +160,9 @@ class GlobalControllerServicer(rpc.GlobalControllerServicer):
                 placements=[Placement(p.query, p.piece, p.server, p.pid, p.address, p.state)
                             for p in request.placements],
                 failures={f.query: f.error for f in request.failures},
-                interval_s=request.interval_s)
+                interval_s=request.interval_s,
+                behind={b.folder: (max(b.files_waiting, 0), max(b.lag_s, 0.0))
+                        for b in request.behind})
         except JetstreamError as e:
             _abort(context, e)
         return pb.HeartbeatResponse(queries=queries)

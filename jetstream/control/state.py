@@ -10,6 +10,7 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from jetstream.aggtree.planner import PhysicalPlan
@@ -83,6 +84,8 @@ class SiteState:
     links: dict[str, LinkReport] = field(default_factory=dict)  # query -> its link's report
     interval_s: float = 0.0  # until its next heartbeat, as its last one said (0: not said)
     allows_code: bool = False  # runs a plan's map functions (jetstream site --allow-code)
+    #: Each input folder: files landed and not read yet, how long ago the oldest landed (s).
+    behind: dict[str, tuple[int, float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -120,6 +123,9 @@ class SiteView:
     placements: tuple[Placement, ...]
     input_bytes: int
     links: Mapping[str, LinkReport]  # query -> its link's report
+    #: Each input folder: files landed and not read yet, how long ago the oldest landed (s).
+    behind: Mapping[str, tuple[int, float]] = field(
+        default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True)

@@ -83,7 +83,7 @@ def _profiles(status: pb.StatusResponse) -> list[RenderableType]:
 def render_status(status: pb.StatusResponse) -> Group:
     parts: list[RenderableType] = []
     sites = Table(title=f"sites of {status.topology} (root {status.root})")
-    for column in ("site", "kind", "address", "health", "runs"):
+    for column in ("site", "kind", "address", "health", "behind", "runs"):
         sites.add_column(column)
     for s in status.sites:
         if not s.address:
@@ -94,7 +94,9 @@ def render_status(status: pb.StatusResponse) -> Group:
             health = f"[red]dead[/red] ({s.seconds_since_heartbeat:.0f}s silent)"
         runs = "\n".join(f"{p.query}: {p.piece} on {p.server}{_process(p)}"
                          for p in s.placements)
-        sites.add_row(s.name, s.kind, s.address or "-", health, runs or "-")
+        behind = "\n".join(f"{b.folder}: {b.files_waiting} files, {b.lag_s:.0f}s"
+                           for b in s.behind if b.files_waiting)
+        sites.add_row(s.name, s.kind, s.address or "-", health, behind or "-", runs or "-")
     parts.append(sites)
 
     queries = Table(title="queries")

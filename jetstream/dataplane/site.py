@@ -158,6 +158,13 @@ class SiteRuntime:
             readers: SourceReaders = self._readers
         return readers
 
+    def behind(self) -> dict[str, tuple[int, float]]:
+        """Each input folder's files landed and not read yet, and how long ago the oldest
+        landed (seconds): how far the site has fallen behind. Empty before a stage reads."""
+        with self._lock:
+            readers = self._readers
+        return {} if readers is None else readers.behind()
+
     def close(self) -> None:
         for query in list(self._runs):
             self.stop(query)

@@ -327,6 +327,11 @@ def _bench_load(args: argparse.Namespace, say: Callable[[str], None]) -> int:
             f"{'y' if run['queries'] == 1 else 'ies'}: {p95}; CPU "
             f"{run['cpu_s_per_million_records']}, memory {run['peak_rss_mb']:,}")
     say(f"report: {work / 'load.json'}")
+    wrong = sum(q["unequal"] + q["changed"] for run in runs for q in run["per_query"].values())
+    if wrong:
+        say(f"load: FAILED: {wrong} windows were given final and then found unlike run_local or "
+            f"changed; see unlike.jsonl in each run's folder under {work}")
+        return 1
     return 0
 
 

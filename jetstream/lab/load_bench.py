@@ -18,9 +18,13 @@ domains):
    others' do, so it includes the push and the spool's roll.
 
 Latency after close is measured from outside, as ``jetstream bench --emulate`` measures it
-(:func:`~jetstream.lab.latency_bench.window_closes`): when a window's complete result
+(:func:`~jetstream.lab.latency_bench.window_closes`): when a window's first final result
 reached the bench, minus when the last site received the record that moved its watermark past
-the window's end. Each result is compared with ``js.run_local`` over the same files. Besides
+the window's end. Every revision of every window is kept and scored against ``js.run_local``
+over the same files: a result marked final and exact that is unlike it, or a final result
+that a later revision changes, fails the run (``jetstream bench --load`` exits 1 and keeps
+both in ``unlike.jsonl``); the run counts the windows final at their first publication and
+those never final. Besides
 the percentiles, each run reports the CPU seconds its processes (and their JVMs) spent per
 million records while the logs were written, and the peak of their resident memory summed.
 """
@@ -112,19 +116,34 @@ UNLIKE_FILE = "unlike.jsonl"
 RESULTS_FILE = "results.jsonl"
 
 
+@dataclass(frozen=True)
+class Given:
+    """One result of a window as it reached the bench (every revision is one)."""
+
+    at: float  # wall-clock seconds
+    rows: list[dict[str, Any]]
+    exact: bool
+    final: bool = True
+    revision: int = 0
+
+
 @dataclass
 class QueryFigures:
     """One query's windows in one run."""
 
     windows: int = 0  # counted (see WARMUP_S and CLOSING_S)
-    not_given: int = 0  # counted, but no complete result before the run ended
-    unequal: int = 0  # given exact, with rows other than run_local's
-    inexact: int = 0  # given, marked inexact (a sketch's estimate)
-    after_close_s: list[float] = field(default_factory=list)
+    not_given: int = 0  # counted, but no result at all before the run ended
+    not_final: int = 0  # given, but never final before the run ended
+    final_at_first: int = 0  # final at their first publication
+    unequal: int = 0  # given final and exact, with rows other than run_local's
+    changed: int = 0  # given final, then changed by a later revision
+    inexact: int = 0  # final, but marked inexact (a sketch's estimate)
+    after_close_s: list[float] = field(default_factory=list)  # to the first final result
 
     def summary(self) -> dict[str, Any]:
         return {"windows": self.windows, "not_given": self.not_given,
-                "unequal": self.unequal, "inexact": self.inexact,
+                "not_final": self.not_final, "final_at_first": self.final_at_first,
+                "unequal": self.unequal, "changed": self.changed, "inexact": self.inexact,
                 **{f"p{q}_s": percentile(self.after_close_s, q) for q in PERCENTILES}}
 
 
@@ -199,21 +218,23 @@ def run_load(topology: Path, work: Path, *, rates: Sequence[float],
                 for name, figures in summary["per_query"].items():
                     say(f"  {name}: p50/p95/p99 after close "
                         + " / ".join(seconds_text(figures[f"p{q}_s"]) for q in PERCENTILES)
-                        + f" over {figures['windows']} windows, {figures['not_given']} not "
-                        f"given, {figures['unequal']} exact ones unlike run_local, "
-                        f"{figures['inexact']} approximate")
-                    if figures["unequal"]:
-                        say(f"  the exact results unlike run_local, and its rows: "
-                            f"{folder / UNLIKE_FILE}")
+                        + f" over {figures['windows']} windows: {figures['final_at_first']} "
+                        f"final at their first publication, {figures['not_final']} never "
+                        f"final, {figures['not_given']} not given, {figures['inexact']} "
+                        "approximate")
+                    if figures["unequal"] or figures["changed"]:
+                        say(f"  WRONG: {figures['unequal']} windows final and exact but unlike "
+                            f"run_local, {figures['changed']} final ones changed after; the "
+                            f"results and run_local's rows: {folder / UNLIKE_FILE}")
                 say(f"  CPU {summary['cpu_s_per_million_records']} s per million records, "
                     f"peak memory {summary['peak_rss_mb']:,} MB")
     return reports
 
 
 # -- the two systems -----------------------------------------------------------------------
-# Each returns (query -> window -> (arrival time, rows, exact)), when the logs started, and
+# Each returns (query -> window -> every result given, in order), when the logs started, and
 # the files that landed.
-Arrived = dict[str, dict[Window, tuple[float, list[dict[str, Any]], bool]]]
+Arrived = dict[str, dict[Window, list[Given]]]
 Logs = Callable[..., tuple[float, Landings]]
 
 
@@ -244,11 +265,11 @@ def _jetstream(topology: Path, folder: Path, queries: Sequence[Query], sites: li
                     with lock:
                         if not received.closed:  # (the run over, its streams end)
                             write_json_lines([result], received)
-                    if result.sites_reporting == result.sites_expected:
-                        window = (result.window_start, result.window_end)
-                        with lock:
-                            arrived[name].setdefault(window, (time.time(), result.rows,
-                                                              result.exact))
+                    window = (result.window_start, result.window_end)
+                    given = Given(time.time(), result.rows, result.exact, result.final,
+                                  result.revision)
+                    with lock:
+                        arrived[name].setdefault(window, []).append(given)
 
         for query in queries:
             threading.Thread(target=collect, args=(query.name,), daemon=True).start()
@@ -355,8 +376,8 @@ def _wait_for_file(path: Path, job: subprocess.Popen[bytes], timeout_s: float = 
         time.sleep(0.2)
 
 
-def _follow(path: Path, into: dict[Window, tuple[float, list[dict[str, Any]], bool]],
-            lock: threading.Lock, stop: threading.Event) -> None:
+def _follow(path: Path, into: dict[Window, list[Given]], lock: threading.Lock,
+            stop: threading.Event) -> None:
     """Each window the baseline writes, noted when its line appears."""
     import json
 
@@ -371,7 +392,8 @@ def _follow(path: Path, into: dict[Window, tuple[float, list[dict[str, Any]], bo
             at = time.time()
             window = json.loads(line)
             with lock:
-                into.setdefault((window["start"], window["end"]), (at, window["rows"], True))
+                into.setdefault((window["start"], window["end"]), []).append(
+                    Given(at, window["rows"], True))
 
 
 # -- the live input, and what it cost -------------------------------------------------------
@@ -456,12 +478,12 @@ def _descendants(roots: list[int]) -> list[int]:
 
 # -- scoring -------------------------------------------------------------------------------
 def _wait_for(arrived: Arrived, lock: threading.Lock, stopped: float) -> None:
-    """Until every query has the last counted window, or ``GRACE_S`` passes."""
+    """Until every query has the last counted window final, or ``GRACE_S`` passes."""
     deadline = time.time() + GRACE_S
     while time.time() < deadline:
         with lock:
-            done = min((max((w[1] for w in seen), default=0) for seen in arrived.values()),
-                       default=0) / 1000
+            done = min((max((w[1] for w, given in seen.items() if any(g.final for g in given)),
+                            default=0) for seen in arrived.values()), default=0) / 1000
         if done >= stopped - CLOSING_S:
             return
         time.sleep(1)
@@ -493,21 +515,30 @@ def _score(run: LoadRun, queries: Sequence[Query], inputs: Path, arrived: Arrive
                 continue
             figures.windows += 1
             close = closes.get(window[1])
-            got = arrived[query.name].get(window)
-            if got is None:
-                figures.not_given += 1
+            given = arrived[query.name].get(window, [])
+            final = next((g for g in given if g.final), None)
+            if not given or final is None:
+                figures.not_given += not given
+                figures.not_final += bool(given)
                 if close is not None:
                     figures.after_close_s.append(ended - close)
                 continue
-            at, given, exact = got
-            if not exact:  # an approximate result is within its bound, not equal
+            figures.final_at_first += given[0].final
+            if not final.exact:  # an approximate result is within its bound, not equal
                 figures.inexact += 1
-            elif not _same_rows(given, rows):
+            elif not _same_rows(final.rows, rows):
                 figures.unequal += 1
-                unlike.append({"query": query.name, "window": list(window),
-                               "given": given, "run_local": rows})
+                unlike.append({"query": query.name, "window": list(window), "why": "unlike",
+                               "given": final.rows, "run_local": rows})
+            after = [g for g in given[given.index(final) + 1:]
+                     if not _same_rows(g.rows, final.rows)]
+            if after:
+                figures.changed += 1
+                unlike.append({"query": query.name, "window": list(window), "why": "changed",
+                               "given": final.rows, "then": [g.rows for g in after],
+                               "run_local": rows})
             if close is not None:
-                figures.after_close_s.append(at - close)
+                figures.after_close_s.append(final.at - close)
     if unlike:
         with (folder / UNLIKE_FILE).open("w") as out:
             for line in unlike:

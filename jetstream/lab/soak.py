@@ -24,7 +24,7 @@ from jetstream.errors import ControlPlaneError
 from jetstream.lab.loggen import LogSpec, write_live
 from jetstream.results import WindowResult
 
-__all__ = ["Sample", "soak"]
+__all__ = ["Sample", "jvm_pids", "process_memory", "soak"]
 
 
 @dataclass(frozen=True)
@@ -96,21 +96,34 @@ def soak(topology: Path, query: Query, work: Path, *, duration_s: float, rate: f
 
 def process_memory(cluster: LocalCluster, sites: list[str]) -> dict[str, float]:
     """Resident MB of each site process and of its JVM (the java process it started)."""
+    children = _children()
+    memory = {}
+    for site in sites:
+        memory[site] = _rss_mb(cluster.processes[site].pid)
+        memory[f"{site} jvm"] = sum(_rss_mb(c) for c in jvm_pids(cluster, site, children))
+    return memory
+
+
+def jvm_pids(cluster: LocalCluster, site: str,
+             children: dict[int, list[int]] | None = None) -> list[int]:
+    """The java processes a site's process started (its Spark JVM)."""
+    if children is None:
+        children = _children()
+    below, family = [cluster.processes[site].pid], []
+    while below:  # spark-submit's scripts may stand between the site and its JVM
+        family += (grandchildren := [c for p in below for c in children.get(p, [])])
+        below = grandchildren
+    return [c for c in family if _command(c) == "java"]
+
+
+def _children() -> dict[int, list[int]]:
+    """Each process's children, from /proc."""
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         with contextlib.suppress(OSError, ValueError, IndexError):
             fields = stat.read_text().rsplit(")", 1)[1].split()
             children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    memory = {}
-    for site in sites:
-        pid = cluster.processes[site].pid
-        memory[site] = _rss_mb(pid)
-        below, family = [pid], []
-        while below:  # spark-submit's scripts may stand between the site and its JVM
-            family += (grandchildren := [c for p in below for c in children.get(p, [])])
-            below = grandchildren
-        memory[f"{site} jvm"] = sum(_rss_mb(c) for c in family if _command(c) == "java")
-    return memory
+    return children
 
 
 def _rss_mb(pid: int) -> float:

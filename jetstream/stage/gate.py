@@ -142,6 +142,10 @@ class FileGate:
         self._took: deque[float] = deque(maxlen=TOOK_SAMPLES)  # let in -> read, seconds
         self._ahead: tuple[int | None, int] = (None, 0)  # a due point, how far let in for it
         self._unread_since = 0.0  # when the first of the ``_unread`` files went in
+        # The files let in that no micro-batch has read yet (name -> modification time, ms),
+        # and those the micro-batch under way took (see :meth:`batch_started`).
+        self._pending: dict[str, int] = {}
+        self._taken: set[str] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.released = 0  # files let in by this gate
@@ -200,9 +204,25 @@ class FileGate:
         name = file_name(path)
         return self.landing / name if self.archive is None else self.archive.where(name)
 
+    def batch_started(self) -> None:
+        """A micro-batch starts: it reads the files let in so far."""
+        self._taken = set(self._pending)
+
+    def behind(self, now_ms: int | None = None) -> tuple[int, float]:
+        """How far the site's reading is behind its folder: how many files have landed and
+        not been read yet (waiting here, or let in for the next micro-batch), and how long
+        ago the oldest of them landed (seconds; 0: none)."""
+        now_ms = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+        landed = [*(m for m, _ in list(self._waiting.values())),
+                  *list(self._pending.values())]
+        return len(landed), max(0.0, (now_ms - min(landed)) / 1000) if landed else 0.0
+
     def read_up_to(self, latest: int | None) -> None:
         """A micro-batch ended with event times read up to ``latest``: how far they trail
         the files let in so far is a sample of the lag."""
+        for name in self._taken:
+            self._pending.pop(name, None)
+        self._taken = set()
         if latest is not None and self._released_ms is not None:
             self._lags.append(self._released_ms - latest)
         if self._unread:
@@ -323,6 +343,7 @@ class FileGate:
             shutil.copy2(source, staged)
             os.replace(staged, target)
         self._in.add(name)
+        self._pending[name] = mtime
         self._names.write(f"{name}\n")  # after the link: a name logged is in ``live``
         self._names.flush()
         self.released += 1

@@ -230,6 +230,7 @@ class SourceReader:
         # Quietly stopped around it all: with no stage left the batch's files are listed by
         # a job of their own, which a stop may interrupt as well.
         trace.mark("called", folder=self.folder.name, batch=batch_id)
+        self.gate.batch_started()
         with self._lock, stopped_quietly(self):
             stages = [s for s in self._stages if not s.has(batch_id)]
             alone = self._alone_stage
@@ -452,6 +453,19 @@ class SourceReaders:
         self._readers: dict[tuple[Any, ...], SourceReader] = {}
         self._archives: dict[str, Archive] = {}  # one per folder, for all its readers
         self._lock = threading.Lock()
+
+    def behind(self) -> dict[str, tuple[int, float]]:
+        """Each folder's files landed and not read yet, and how long ago the oldest landed
+        (``FileGate.behind``): how far the site has fallen behind (the worst of a folder's
+        readers)."""
+        with self._lock:
+            readers = list(self._readers.values())
+        out: dict[str, tuple[int, float]] = {}
+        for reader in readers:
+            files, lag_s = reader.gate.behind()
+            held = out.get(reader.folder.name, (0, 0.0))
+            out[reader.folder.name] = (max(files, held[0]), max(lag_s, held[1]))
+        return out
 
     def position(self, folder: Path, schema: Schema, format: str) -> Position:
         """Where the reader of ``folder`` for records of ``schema`` in files of ``format``

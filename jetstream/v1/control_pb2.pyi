@@ -43,7 +43,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class SiteStatus(_message.Message):
-    __slots__ = ("name", "kind", "address", "alive", "seconds_since_heartbeat", "placements", "links")
+    __slots__ = ("name", "kind", "address", "alive", "seconds_since_heartbeat", "placements", "links", "behind")
     NAME_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -51,6 +51,7 @@ class SiteStatus(_message.Message):
     SECONDS_SINCE_HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     PLACEMENTS_FIELD_NUMBER: _ClassVar[int]
     LINKS_FIELD_NUMBER: _ClassVar[int]
+    BEHIND_FIELD_NUMBER: _ClassVar[int]
     name: str
     kind: str
     address: str
@@ -58,7 +59,18 @@ class SiteStatus(_message.Message):
     seconds_since_heartbeat: float
     placements: _containers.RepeatedCompositeFieldContainer[Placement]
     links: _containers.RepeatedCompositeFieldContainer[LinkReport]
-    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., address: _Optional[str] = ..., alive: _Optional[bool] = ..., seconds_since_heartbeat: _Optional[float] = ..., placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ..., links: _Optional[_Iterable[_Union[LinkReport, _Mapping]]] = ...) -> None: ...
+    behind: _containers.RepeatedCompositeFieldContainer[InputLag]
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., address: _Optional[str] = ..., alive: _Optional[bool] = ..., seconds_since_heartbeat: _Optional[float] = ..., placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ..., links: _Optional[_Iterable[_Union[LinkReport, _Mapping]]] = ..., behind: _Optional[_Iterable[_Union[InputLag, _Mapping]]] = ...) -> None: ...
+
+class InputLag(_message.Message):
+    __slots__ = ("folder", "files_waiting", "lag_s")
+    FOLDER_FIELD_NUMBER: _ClassVar[int]
+    FILES_WAITING_FIELD_NUMBER: _ClassVar[int]
+    LAG_S_FIELD_NUMBER: _ClassVar[int]
+    folder: str
+    files_waiting: int
+    lag_s: float
+    def __init__(self, folder: _Optional[str] = ..., files_waiting: _Optional[int] = ..., lag_s: _Optional[float] = ...) -> None: ...
 
 class Placement(_message.Message):
     __slots__ = ("query", "piece", "server", "pid", "address", "state")
@@ -246,7 +258,7 @@ class LevelProfile(_message.Message):
     def __init__(self, level: _Optional[str] = ..., bytes: _Optional[float] = ..., error: _Optional[float] = ..., windows: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("site", "links", "running", "input_bytes", "query_links", "placements", "failures", "leaving", "interval_s")
+    __slots__ = ("site", "links", "running", "input_bytes", "query_links", "placements", "failures", "leaving", "interval_s", "behind")
     SITE_FIELD_NUMBER: _ClassVar[int]
     LINKS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
@@ -256,6 +268,7 @@ class HeartbeatRequest(_message.Message):
     FAILURES_FIELD_NUMBER: _ClassVar[int]
     LEAVING_FIELD_NUMBER: _ClassVar[int]
     INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    BEHIND_FIELD_NUMBER: _ClassVar[int]
     site: str
     links: _containers.RepeatedCompositeFieldContainer[LinkMeasurement]
     running: _containers.RepeatedScalarFieldContainer[str]
@@ -265,7 +278,8 @@ class HeartbeatRequest(_message.Message):
     failures: _containers.RepeatedCompositeFieldContainer[StageFailure]
     leaving: bool
     interval_s: float
-    def __init__(self, site: _Optional[str] = ..., links: _Optional[_Iterable[_Union[LinkMeasurement, _Mapping]]] = ..., running: _Optional[_Iterable[str]] = ..., input_bytes: _Optional[int] = ..., query_links: _Optional[_Iterable[_Union[LinkReport, _Mapping]]] = ..., placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ..., failures: _Optional[_Iterable[_Union[StageFailure, _Mapping]]] = ..., leaving: _Optional[bool] = ..., interval_s: _Optional[float] = ...) -> None: ...
+    behind: _containers.RepeatedCompositeFieldContainer[InputLag]
+    def __init__(self, site: _Optional[str] = ..., links: _Optional[_Iterable[_Union[LinkMeasurement, _Mapping]]] = ..., running: _Optional[_Iterable[str]] = ..., input_bytes: _Optional[int] = ..., query_links: _Optional[_Iterable[_Union[LinkReport, _Mapping]]] = ..., placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ..., failures: _Optional[_Iterable[_Union[StageFailure, _Mapping]]] = ..., leaving: _Optional[bool] = ..., interval_s: _Optional[float] = ..., behind: _Optional[_Iterable[_Union[InputLag, _Mapping]]] = ...) -> None: ...
 
 class StageFailure(_message.Message):
     __slots__ = ("query", "error")
