@@ -158,6 +158,13 @@ class LoadRun:
     cpu_s: float = 0.0
     peak_rss_mb: float = 0.0
     figures: dict[str, QueryFigures] = field(default_factory=dict)
+    #: How far each site fell behind at worst (``jetstream status``'s ``behind``): the most
+    #: files landed and not read yet, and the longest the oldest of them had waited (s).
+    behind: dict[str, tuple[int, float]] = field(default_factory=dict)
+
+    def saw(self, site: str, files: int, lag_s: float) -> None:
+        held = self.behind.get(site, (0, 0.0))
+        self.behind[site] = (max(held[0], files), max(held[1], lag_s))
 
     def summary(self) -> dict[str, Any]:
         return {"system": self.system, "rate": self.rate, "queries": self.queries,
@@ -165,6 +172,8 @@ class LoadRun:
                 "cpu_s_per_million_records": (round(self.cpu_s / self.records * 1e6, 1)
                                               if self.records else None),
                 "peak_rss_mb": round(self.peak_rss_mb),
+                "behind": {site: {"files": files, "lag_s": round(lag_s, 1)}
+                           for site, (files, lag_s) in sorted(self.behind.items())},
                 "per_query": {name: f.summary() for name, f in self.figures.items()}}
 
 
@@ -228,6 +237,10 @@ def run_load(topology: Path, work: Path, *, rates: Sequence[float],
                             f"results and run_local's rows: {folder / UNLIKE_FILE}")
                 say(f"  CPU {summary['cpu_s_per_million_records']} s per million records, "
                     f"peak memory {summary['peak_rss_mb']:,} MB")
+                if summary["behind"]:
+                    say("  fell behind at worst: " + ", ".join(
+                        f"{site} {b['files']} files, {b['lag_s']:g} s"
+                        for site, b in summary["behind"].items()))
     return reports
 
 
@@ -273,6 +286,16 @@ def _jetstream(topology: Path, folder: Path, queries: Sequence[Query], sites: li
 
         for query in queries:
             threading.Thread(target=collect, args=(query.name,), daemon=True).start()
+        watching = threading.Event()
+
+        def watch() -> None:  # how far each site falls behind, as status says
+            while not watching.wait(2.0):
+                with contextlib.suppress(ControlPlaneError):
+                    for site in cluster.client.status().sites:
+                        for lag in site.behind:
+                            run.saw(site.name, lag.files_waiting, lag.lag_s)
+
+        threading.Thread(target=watch, daemon=True).start()
         pids = lambda: [p.pid for p in cluster.processes.values()]  # noqa: E731
         try:
             with _Usage(pids, run):
@@ -283,6 +306,7 @@ def _jetstream(topology: Path, folder: Path, queries: Sequence[Query], sites: li
                     started, landings = logs(inputs)
             _wait_for(arrived, lock, time.time())
         finally:  # (a run that raises keeps what it was given, and the file is whole)
+            watching.set()
             with lock:
                 received.close()
     return arrived, started, landings.read()
