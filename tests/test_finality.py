@@ -125,3 +125,25 @@ def test_a_window_marked_final_equals_the_reference_and_never_changes(
     root_tick()
     assert all(m.final for m in last.values()), {w: m.provisional for w, m in last.items()}
     assert {w: rows(m) for w, m in last.items() if rows(m)} == want
+
+
+def test_a_window_whose_rounds_cannot_settle_it_is_provisional() -> None:
+    """TPUT's rounds rank by sums that cannot be negative; a window with a negative one goes
+    out as the inputs sent it, provisional, not taken as settled."""
+    from jetstream.approx.levels import Ranking
+    from jetstream.dataplane.asks import Answerer
+    from tests.test_rounds import AGGREGATE, KB
+
+    ranked = Ranking(1, "kb")
+    merger = WindowMerger(AGGREGATE, ["a", "b"], deadline_s=600, rounds=ranked)
+    held = {"a": {"d1": 5.0, "d2": 3.0, "d3": 1.0}, "b": {"d1": -9.0, "d2": 2.0}}
+    for name, kbs in held.items():  # a answers in rounds; b, with a negative sum, whole
+        rows = tuple({"domain": d, "requests": 1, "kb": KB.add(KB.create(), kb)}
+                     for d, kb in kbs.items())
+        batch = Answerer(AGGREGATE, ranked, keep_s=60).first(
+            PartialBatch("q", (0, 1), name, rows))
+        assert batch.rounds == (name == "a")
+        merger.add(batch)
+        merger.progress(name, 1)
+    (out,) = merger.ready()
+    assert finality.UNSETTLED in out.provisional and not out.final
