@@ -51,6 +51,23 @@ def test_an_early_batch_out_at_the_deadline_is_provisional_until_its_watermark_p
     assert root.ready() == []
 
 
+def test_a_window_without_an_input_a_re_plan_dropped_is_final_once_it_passes_it() -> None:
+    """A site taken for dead is not waited for, but a window without its data is not final:
+    once it is back, its watermark past the window (it had nothing there) makes it final."""
+    _, site_query, partial = split(js.Query("q", QUERIES[0]))
+    root = WindowMerger(partial, ["ams", "sfo"], deadline_s=60, clock=lambda: 0.0)
+    (batch,) = site_batches(site_query, partial, "ams", [log(1_000)])
+    root.add(batch)
+    root.set_inputs(["ams"])  # sfo is dead
+    (first,) = root.ready()
+    assert first.provisional == (finality.DEADLINE,) and first.missing == {"sfo"}
+    root.set_inputs(["ams", "sfo"])  # back, and past the window with nothing in it
+    assert root.ready() == []
+    root.progress("sfo", 10_000)
+    (final,) = root.ready()
+    assert final.final and final.rows == first.rows and final.revision == 1
+
+
 def test_a_provisional_batch_from_below_keeps_the_window_provisional() -> None:
     _, site_query, partial = split(js.Query("q", QUERIES[0]))
     root = WindowMerger(partial, ["edge"], deadline_s=5, clock=lambda: 0.0)

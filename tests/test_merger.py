@@ -120,12 +120,14 @@ def test_an_input_that_leaves_is_not_waited_for_and_corrects_when_back() -> None
     merger.add(batches["sfo"])
     assert merger.ready() == []
     merger.set_inputs(["ams", "sfo"])  # a re-plan: sin is dead
-    (first,) = merger.ready()
-    assert first.complete and first.covers == {"ams", "sfo"}
+    (first,) = merger.ready()  # not waited for, but missing: not complete, not final
+    assert first.covers == {"ams", "sfo"} and first.missing == {"sin"}
+    assert not first.complete and not first.final
     merger.set_inputs(SITES)  # sin is back, with the window it had
     merger.add(batches["sin"])
     (fixed,) = merger.ready()
     assert fixed.correction and fixed.covers == set(SITES) and len(fixed.rows) == 3
+    assert fixed.complete and fixed.final
 
 
 def test_a_settled_window_is_kept_for_a_while_then_later_batches_are_refused() -> None:

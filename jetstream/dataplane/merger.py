@@ -35,7 +35,9 @@ went out at its deadline without an input (``DEADLINE``), with an input's batch 
 whose watermark has not passed it (``EARLY``), with an input's own batch provisional
 (``INCOMPLETE_INPUT``), or before TPUT's rounds settled its top-k (``UNSETTLED``). A window
 that went out provisional goes out again, under the next revision, once it is final, even if
-no batch of it changed.
+no batch of it changed. An input a re-plan dropped (a site taken for dead) is not waited for,
+but a window that lacks it is missing it (``DEADLINE``, not complete) until it comes back and
+sends the window or passes it.
 
 Where inputs answer in TPUT's rounds (``rounds``: the final top-k's ranking, at the root), a
 window waits until its exact top-k is known (:func:`jetstream.approx.rounds.settled`) or its
@@ -171,6 +173,9 @@ class WindowMerger:
         self._watermarks: dict[str, int] = {}
         self._received: dict[str, int] = {}  # input -> its latest progress's received_ms
         self._ended: set[str] = set()
+        #: Inputs a re-plan dropped (a site taken for dead): a window that lacks one is not
+        #: final, though nobody waits for it (see :meth:`_absent`).
+        self._departed: set[str] = set()
         self._forgotten_end: int | None = None  # the latest end of a forgotten window
         self.too_late = 0  # batches refused: their window was forgotten
         #: Set whenever a batch or a progress report comes in: a window may be ready now.
@@ -180,7 +185,10 @@ class WindowMerger:
         """Merge from ``inputs`` from now on (a re-plan): windows waiting for an input that
         left stop waiting; an input that joins corrects the windows it has data for."""
         with self._lock:
-            self.inputs = frozenset(inputs)
+            new = frozenset(inputs)
+            if not self.key_partitions:  # (a partition's worker left: the run is replaced)
+                self._departed = (self._departed | (self.inputs - new)) - new
+            self.inputs = new
 
     def add(self, batch: PartialBatch) -> None:
         """Keep an input's batch; of several for one (origin, window), the newest revision."""
@@ -256,6 +264,7 @@ class WindowMerger:
         with self._lock:
             for window, pending in sorted(self._windows.items()):
                 waiting = self._waiting_for(window, pending)
+                missing = waiting | self._absent(window, pending)
                 unsure = not self.forward_early and self._early(window, pending)
                 late = now - (pending.first_seen + self.deadline_s if pending.closing is None
                               else pending.closing) >= self.deadline_s
@@ -263,9 +272,9 @@ class WindowMerger:
                     go = (not waiting and not unsure and self._settled(pending)) or late
                 else:
                     go = ((self._versions(pending) != pending.sent and (not unsure or late))
-                          or (not pending.final and not self._reasons(window, pending, waiting)))
+                          or (not pending.final and not self._reasons(window, pending, missing)))
                 if go:
-                    out.append(self._merge(window, pending, waiting))
+                    out.append(self._merge(window, pending, missing))
             self._forget_settled()
         return out
 
@@ -356,6 +365,16 @@ class WindowMerger:
 
     def _waiting_for(self, window: Window, pending: _Pending) -> frozenset[str]:
         return frozenset(i for i in self.inputs - pending.batches.keys()
+                         if self._watermarks.get(i, -ENDED) < window[1])
+
+    def _absent(self, window: Window, pending: _Pending) -> frozenset[str]:
+        """The inputs a re-plan dropped that the window lacks: no batch of theirs, no other
+        input's batch covering them, and their watermark short of its end. Nobody waits for
+        them, but the window is not final (nor complete) without them."""
+        if not self._departed:
+            return frozenset()
+        covered = frozenset().union(*(b.covers or {b.origin} for b in pending.batches.values()))
+        return frozenset(i for i in self._departed - pending.batches.keys() - covered
                          if self._watermarks.get(i, -ENDED) < window[1])
 
     def _early(self, window: Window, pending: _Pending) -> bool:
