@@ -204,16 +204,25 @@ def test_due_is_the_next_event_time_that_hands_a_window_on() -> None:
     assert stage([], early=False).due_ms(next_end) == next_end + DELAY
 
 
-def test_an_idle_close_hands_windows_on_early_and_the_watermark_makes_them_final() -> None:
-    """An input gone idle has not ended: its open windows go on early (final only once its
-    watermark passes them); a record for one that comes later is not late, and the whole
-    window goes again, under the next revision, when the watermark closes it."""
-    handed: Handed = []
-    windows = stage(handed, early=True)
-    run_batch(windows, [(1_000, "a", 1.0)])
-    windows.close(None, early=True)
-    assert [(w, rev, flag) for w, _, _, rev, flag in handed] == [((0, SIZE), 0, True)]
+def test_an_idle_close_hands_windows_on_provisional_and_the_watermark_makes_them_final(
+        ) -> None:
+    """An input gone idle has not ended: its open windows go on provisional; a record for
+    one that comes later is not late, and the whole window goes again, under the next
+    revision, when the watermark closes it; one that nothing came for goes again unchanged
+    then, final."""
+    handed: list[tuple[Window, list[dict[str, Any]], int, str]] = []
+
+    def emit(kind: str) -> Any:
+        return lambda window, rows, events, revision: handed.append(
+            (window, rows, revision, kind))
+    windows = OpenWindows("q", PARTIAL, DELAY, emit("final"), emit_idle=emit("idle"))
+    run_batch(windows, [(1_000, "a", 1.0), (11_000, "c", 1.0)])
+    windows.close(None, idle=True)
+    assert [(w, rev, kind) for w, _, rev, kind in handed] == [
+        ((0, SIZE), 0, "idle"), ((SIZE, 2 * SIZE), 0, "idle")]
     run_batch(windows, [(2_000, "b", 2.0)])  # not late: the watermark had not passed
-    run_batch(windows, [(15_000, "c", 1.0)])  # closes [0, 10 s)
-    assert [(w, rev, flag) for w, _, _, rev, flag in handed][1] == ((0, SIZE), 1, False)
-    assert canonical(handed[1][1]) == [("a", 1, 1.0), ("b", 1, 2.0)]
+    run_batch(windows, [(25_000, "d", 1.0)])  # closes [0, 10 s) and [10 s, 20 s)
+    assert [(w, rev, kind) for w, _, rev, kind in handed[2:]] == [
+        ((0, SIZE), 1, "final"), ((SIZE, 2 * SIZE), 1, "final")]
+    assert canonical(handed[2][1]) == [("a", 1, 1.0), ("b", 1, 2.0)]
+    assert canonical(handed[3][1]) == canonical(handed[1][1])  # unchanged, now final

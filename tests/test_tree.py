@@ -50,7 +50,10 @@ def _assert_equal(got: dict[tuple[int, int], WindowResult], want: list[WindowRes
     for w in want:
         g = got[(w.window_start, w.window_end)]
         assert (g.rows, g.exact) == (w.rows, w.exact), f"window {w.window_start}"
-        assert (g.sites_reporting, g.sites_expected) == (4, 4)
+        # (A window before the logs began holds only some sites' records stamped late in
+        # their first file, which has no file before it to be late to.)
+        if w.window_start >= START_MS:
+            assert (g.sites_reporting, g.sites_expected) == (4, 4)
 
 
 def _no_jvm_at_the_mergers(cluster: LocalCluster) -> None:
@@ -169,7 +172,8 @@ def test_the_three_level_tree_live_equals_run_local_across_a_killed_worker(
             results.append(result)
             latest = _final(results)
             if len(latest) >= len(want) and all(
-                    r.sites_reporting == 4 and r.exact for r in latest.values()):
+                    (r.sites_reporting == 4 or r.window_start < START_MS) and r.exact
+                    for r in latest.values()):
                 break
         after = _on_workers(cluster)
         _no_jvm_at_the_mergers(cluster)

@@ -249,13 +249,15 @@ class QueryRun:
                                  seconds)
 
     def _local(self, origin: str, window: tuple[int, int], rows: list[dict[str, Any]],
-               events: int, revision: int, received_ms: int, early: bool) -> None:
+               events: int, revision: int, received_ms: int, early: bool,
+               provisional: bool = False) -> None:
         if self._inbox is not None and self._inbox.has_sent(INBOX, self.name, window,
                                                             origin, revision):
             return  # a restarted stage hands on again what it had handed on before
         self.receive(PartialBatch(self.name, window, origin, tuple(rows), events=events,
                                   covers=frozenset({self.site}), revision=revision,
-                                  closed_at_ms=received_ms, early=early))
+                                  closed_at_ms=received_ms, early=early,
+                                  complete=not provisional))
 
     def receive(self, batch: PartialBatch) -> None:
         """Merge a batch: a child's (acked once this returns) or the local stage's. With a

@@ -20,13 +20,13 @@ once this input's watermark passes the window's end. If records for it come befo
 watermark closes it, it is handed on again when it closes, whole, under the next revision; if
 none come, nothing more is handed on.
 
-An idle input (:meth:`OpenWindows.close` with no watermark, ``early``) hands on its open
-windows before the watermark closes them, as early ones (``emit_early``): the receiver takes
-them as final only once this input's watermark passes their end, since records for them may
-still come. Such a window is kept until the watermark passes it: records for it that come
-later are merged into it (the reference executor takes them too: the watermark had not
-passed), and the whole window is handed on again with the next revision (0, 1, 2, ...),
-which replaces the earlier one downstream.
+An idle input (:meth:`OpenWindows.close` with no watermark, ``idle``) hands on its open
+windows before the watermark closes them, as provisional ones (``emit_idle``): records for
+them may still come, so they are not final. Such a window is kept until the watermark passes
+it: records for it that come later are merged into it (the reference executor takes them
+too: the watermark had not passed), and the whole window is handed on again with the next
+revision (0, 1, 2, ...), which replaces the earlier one downstream; if none come, it is
+handed on again unchanged, under the next revision, once the watermark passes it: final.
 
 The snapshot (:meth:`OpenWindows.save`) holds the windows still open (and which were handed
 on early, under which revision), those handed on because the input went idle, the watermark
@@ -72,10 +72,10 @@ class OpenWindows:
     """
 
     def __init__(self, query: str, partial: WindowAggregate, delay_ms: int,
-                 emit: Emit, emit_early: Emit | None = None, early_ms: int | None = None
-                 ) -> None:
+                 emit: Emit, emit_early: Emit | None = None, early_ms: int | None = None,
+                 emit_idle: Emit | None = None) -> None:
         self.query, self.partial, self.delay_ms, self.emit = query, partial, delay_ms, emit
-        self.emit_early = emit_early
+        self.emit_early, self.emit_idle = emit_early, emit_idle
         self.early_ms = early_after(delay_ms, early_ms)
         self.latest: int | None = None  # the largest event time read so far
         self.done = -1  # the last micro-batch the snapshot holds
@@ -88,6 +88,8 @@ class OpenWindows:
         self._flushed: dict[tuple[int, int], tuple[Groups, int, int]] = {}
         # Open windows handed on early: the revision, and whether records came since.
         self._early: dict[tuple[int, int], tuple[int, bool]] = {}
+        # Flushed windows handed on as provisional (``emit_idle``): again once closed.
+        self._idle: set[tuple[int, int]] = set()
         # Each window's encoding in the last snapshot, by kind ("open", "flushed"), and the
         # windows changed since: a snapshot encodes again only those.
         self._saved: dict[tuple[str, tuple[int, int]], str] = {}
@@ -146,10 +148,10 @@ class OpenWindows:
         if latest is not None:
             self.latest = latest if self.latest is None else max(self.latest, latest)
 
-    def close(self, watermark: int | None, early: bool = False) -> None:
+    def close(self, watermark: int | None, idle: bool = False) -> None:
         """Hand on every window ending at or before ``watermark`` (None: every open window;
         those the watermark has not closed are kept, whole, for records that come later, and
-        with ``early`` handed on as early ones: the input went idle, it has not ended)."""
+        with ``idle`` handed on as provisional ones: the input went idle, it has not ended)."""
         for window in sorted(self._open):
             if watermark is not None and window[1] > watermark:
                 continue
@@ -157,6 +159,7 @@ class OpenWindows:
             groups, events, revision = self._open.pop(window), self._events.pop(window, 0), 0
             if window in self._flushed:  # handed on before: merge, hand on whole again
                 before, before_events, last = self._flushed.pop(window)
+                self._idle.discard(window)
                 for key, accs in before.items():
                     groups[key] = accs if key not in groups else self._merged(accs, groups[key])
                 events, revision = events + before_events, last + 1
@@ -168,13 +171,19 @@ class OpenWindows:
                     continue
                 revision = last + 1
             rows = self.rows(groups)
-            idle = self._idle_and_open(window, watermark)
-            emit = self.emit_early if early and idle and self.emit_early else self.emit
+            kept = self._idle_and_open(window, watermark)
+            emit = self.emit_idle if idle and kept and self.emit_idle else self.emit
             emit(window, rows, events, revision)
-            if idle:  # kept for records to come
+            if kept:  # kept for records to come
                 self._flushed[window] = (self._detached(rows), events, revision)
+                if emit is self.emit_idle:
+                    self._idle.add(window)
         for window in [w for w in self._flushed if self.closed(w)]:
-            del self._flushed[window]
+            groups, events, revision = self._flushed.pop(window)
+            if window in self._idle:  # handed on provisional, nothing came since: final
+                self._idle.discard(window)
+                self._changed.add(window)
+                self.emit(window, self.rows(groups), events, revision + 1)
 
     def _idle_and_open(self, window: tuple[int, int], watermark: int | None) -> bool:
         """Whether ``close`` hands ``window`` on because the input went idle, before the
@@ -246,7 +255,8 @@ class OpenWindows:
                  "flushed": [[*w, events, revision, self._saving("flushed", w, g)]
                              for w, (g, events, revision) in sorted(self._flushed.items())],
                  "early": [[*w, revision, changed]
-                           for w, (revision, changed) in sorted(self._early.items())]}
+                           for w, (revision, changed) in sorted(self._early.items())],
+                 "idle": [list(w) for w in sorted(self._idle)]}
         temporary = path.with_name(f".{path.name}.tmp")
         path.parent.mkdir(parents=True, exist_ok=True)
         with temporary.open("w") as f:
@@ -286,6 +296,7 @@ class OpenWindows:
                 self._flushed[(start, end)] = (self._decode(encoded), events, revision)
             for start, end, revision, changed in state.get("early", []):
                 self._early[(start, end)] = (revision, changed)
+            self._idle = {(start, end) for start, end in state.get("idle", [])}
             self.latest, self.done = state["latest"], state["batch"]
             self.joined_ms = state.get("joined")
         except (OSError, ValueError, KeyError, TypeError, DataError) as e:

@@ -45,9 +45,11 @@ log = logging.getLogger(__name__)
 
 #: How often a live stage's input is looked at (idle, stopped).
 TICK_S = 0.2
-# (input, window, rows, events, revision, received_ms, early): a window the stage hands on
-# (early: before its watermark closed it).
-HandOn = Callable[[str, tuple[int, int], list[dict[str, Any]], int, int, int, bool], None]
+# (input, window, rows, events, revision, received_ms, early, provisional): a window the
+# stage hands on (early: before its watermark closed it; provisional: because the input went
+# idle, and records for it may come yet).
+HandOn = Callable[[str, tuple[int, int], list[dict[str, Any]], int, int, int, bool, bool],
+                  None]
 # (input, watermark, ended, received_ms): how far the input has got, and when it received
 # the records that moved it there.
 Progress = Callable[[str, int, bool, int], None]
@@ -135,6 +137,7 @@ class StageInput:
                                     quarantine_dir=self.state / "quarantine",
                                     emit=self._emit, on_batch=self._batch,
                                     emit_early=None if self.replay else self._emit_early,
+                                    emit_idle=None if self.replay else self._emit_idle,
                                     snapshot=None if self.replay
                                     else self.state / "stage.json")
             if self.replay:
@@ -194,12 +197,10 @@ class StageInput:
             if records != seen:
                 seen, quiet_since, idle = records, time.monotonic(), False
             elif not idle and time.monotonic() - quiet_since >= self.idle_s:
-                # Idle: what is open goes on early, final once the watermark passes it
-                # (records for it may come yet). A stage that has read nothing holds no
-                # window back.
+                # Idle: what is open goes on provisional (records for it may come yet),
+                # and holds no window back; final once the watermark passes it.
                 stage.flush(idle=True)
-                if stage.watermark is None:
-                    self._progress(self.name, ENDED, False, stage.received_ms)
+                self._progress(self.name, ENDED, False, stage.received_ms)
                 idle = True
         stage.stop()
 
@@ -213,9 +214,14 @@ class StageInput:
             self._progress(self.name, stage.watermark, False, stage.received_ms)
 
     def _emit(self, window: tuple[int, int], rows: list[dict[str, Any]], events: int,
-              revision: int, early: bool = False) -> None:
+              revision: int, early: bool = False, provisional: bool = False) -> None:
         assert self.stage is not None, "a stage hands on windows only once it runs"
-        self._hand_on(self.name, window, rows, events, revision, self.stage.received_ms, early)
+        self._hand_on(self.name, window, rows, events, revision, self.stage.received_ms, early,
+                      provisional)
+
+    def _emit_idle(self, window: tuple[int, int], rows: list[dict[str, Any]], events: int,
+                   revision: int) -> None:
+        self._emit(window, rows, events, revision, provisional=True)
 
     def _emit_early(self, window: tuple[int, int], rows: list[dict[str, Any]], events: int,
                     revision: int) -> None:

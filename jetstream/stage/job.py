@@ -153,7 +153,8 @@ class LocalStage:
     def __init__(self, spark: SparkSession, query: Query, input_dir: str | Path, *,
                  checkpoint_dir: str | Path, quarantine_dir: str | Path, emit: Emit,
                  snapshot: Path | None = None, on_batch: OnBatch | None = None,
-                 chain: Chain | None = None, emit_early: Emit | None = None) -> None:
+                 chain: Chain | None = None, emit_early: Emit | None = None,
+                 emit_idle: Emit | None = None) -> None:
         self.name = query.name
         if chain is None:  # the query's one chain, checked as the controller did at submit
             chains = check_stage(query)
@@ -179,7 +180,7 @@ class LocalStage:
         self.received_ms = 0
         self._started_ms = time.time_ns() // 1_000_000
         self.windows = OpenWindows(query.name, partial, self.window.watermark_ms, emit,
-                                   emit_early, self.window.early_after_ms)
+                                   emit_early, self.window.early_after_ms, emit_idle)
         self._stream: StreamingQuery | None = None
         # The watermark each file of the micro-batch under way is judged against.
         self._watermarks: dict[str | None, int | None] = {}
@@ -268,12 +269,12 @@ class LocalStage:
 
     def flush(self, idle: bool = False) -> None:
         """The input has ended (every open window is final) or gone ``idle`` (every open
-        window is handed on early: records for it may come yet). The snapshot says so: a
+        window is handed on provisional: records for it may come yet). The snapshot says so: a
         stage started again on it hands a flushed window on again only with the records that
         came after, under the next revision (the one handed on is kept)."""
         with self._lock:
             self.received_ms = time.time_ns() // 1_000_000
-            self.windows.close(None, early=idle)
+            self.windows.close(None, idle=idle)
             if self.snapshot is not None and self.windows.done >= 0:
                 self.windows.save(self.snapshot, self.windows.done)
 
