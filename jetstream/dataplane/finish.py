@@ -75,16 +75,21 @@ class RootResults:
             r, sites_reporting=len(merged.covers & expected), sites_expected=len(expected),
             missing_sites=sorted(expected - merged.covers), latency_s=latency_s,
             wan_bytes=merged.wan_bytes, revision=merged.revision,
-            warnings=list(merged.warnings), **_finality(r, merged)) for r in results]
+            warnings=list(merged.warnings), **_finality(r, merged, expected)) for r in results]
 
 
 
-def _finality(result: WindowResult, merged: MergedWindow) -> dict[str, Any]:
+def _finality(result: WindowResult, merged: MergedWindow, expected: set[str]
+              ) -> dict[str, Any]:
     """Whether ``result`` is final, and if not why (:mod:`jetstream.finality`): the merge's
-    reasons, and an approximation. (A site in ``missing_sites`` that the merge did not wait
-    for had no records in the window: its watermark passed the window's end.)"""
+    reasons, an expected site it lacks that is not known to have had nothing (an input of
+    the root's merge whose watermark passed the window; a site under a merge below, or one
+    the root no longer merges from, a standby that took over say, is not known so), and an
+    approximation."""
+    unexplained = expected - merged.covers - merged.passed
     provisional = finality.provisional(
-        [*merged.provisional, *([] if result.exact else [finality.APPROXIMATE])])
+        [*merged.provisional, *([finality.MISSING_SITE] if unexplained else []),
+         *([] if result.exact else [finality.APPROXIMATE])])
     return {"final": not provisional, "provisional": provisional}
 
 

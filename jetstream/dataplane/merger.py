@@ -111,6 +111,8 @@ class MergedWindow:
     rolled_up: bool = False  # its keys are the coarser values (jetstream.approx.rollup)
     #: Why it may still change (:mod:`jetstream.finality`; empty: final).
     provisional: tuple[str, ...] = ()
+    #: Inputs that sent nothing for it and whose watermark passed its end: they had nothing.
+    passed: frozenset[str] = frozenset()
 
     @property
     def bounded(self) -> BoundedPartial:
@@ -445,7 +447,9 @@ class WindowMerger:
             early=self._early(window, pending),
             slack=slack, omitted=omitted, complete_rows=complete, cut=cut, ranges=ranges,
             rolled_up=rolled_up, warnings=tuple(sorted({w for b in batches for w in b.warnings})),
-            provisional=tuple(provisional))
+            provisional=tuple(provisional),
+            passed=frozenset(i for i in self.inputs - pending.batches.keys()
+                             if self._watermarks.get(i, -ENDED) >= window[1]))
 
     def _merge_rows(self, batches: list[PartialBatch]) -> tuple[dict[str, Any], ...]:
         aggregates = self.aggregate.aggregates

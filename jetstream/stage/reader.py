@@ -208,6 +208,8 @@ class SourceReader:
         stream = self._stream
         if stream is None or stream.isActive:
             return None
+        if self._stopping or stream is not self._stream:  # stopped on purpose (a stage
+            return None  # came or went) since it was read above: not a failure
         return str(stream.exception() or "the streaming query stopped")
 
     def _start(self) -> None:
