@@ -257,6 +257,9 @@ def test_a_count_by_domain_on_a_20_kbit_link_degrades_within_its_slo_and_recover
     summary = [(round(e / 1000 - peak_at), round(latest[e].latency_s or 0, 1),
                 latest[e].exact, round(latest[e].error_bound or 0, 3)) for e in ends]
     print("window end (s from the peak), latency, exact, error_bound:", summary)
+    print("each result (s from the peak, revision, sites, latency, provisional):",
+          [(round(r.window_end / 1000 - peak_at), r.revision, r.sites_reporting,
+            round(r.latency_s or 0, 1), r.provisional) for _, r in arrived])
 
     # At the peak, once the policy settled: inexact, within max_error and max_latency (a
     # window that ended within 5 s of the link's recovery is sent after it, and may go exact).
