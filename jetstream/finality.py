@@ -22,7 +22,8 @@ DEADLINE = "deadline"
 INCOMPLETE_INPUT = "incomplete input"
 #: TPUT's rounds had not settled the exact top-k (or could not: a negative ranking value).
 UNSETTLED = "unsettled rounds"
-#: A site did not answer (a history query's, from the sites' cubes).
+#: A site's records are missing: it did not answer (a re-plan took it for dead; a history
+#: query's cubes), or its local stage failed.
 MISSING_SITE = "missing site"
 #: A degraded level (a summary, a truncation, keys rolled up) contributed: not exact.
 APPROXIMATE = "approximate"

@@ -153,6 +153,11 @@ class RunMetrics:
             RECORDS_MALFORMED.labels(*labels, reason).inc(count)
         self._stage[stage] = (records_in, late, malformed.copy())
 
+    @property
+    def late_records(self) -> int:
+        """The records the run's local stages dropped as late, as of their last batches."""
+        return sum(late for _, late, _ in self._stage.values())
+
     def handed_on(self, rows: int) -> None:
         RECORDS_OUT.labels(*self._labels).inc(rows)
 

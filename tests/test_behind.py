@@ -77,8 +77,8 @@ def test_a_stalled_site_shows_its_lag_and_no_window_is_final_and_wrong(tmp_path:
                 sfo = next(s for s in cluster.client.status().sites if s.name == "sfo")
                 behind += [(b.files_waiting, b.lag_s) for b in sfo.behind]
             time.sleep(1.0)
-        want = {(r.window_start, r.window_end): r
-                for r in run_local(load_query(QUERY), inputs)}
+        reference = run_local(load_query(QUERY), inputs)
+        want = {(r.window_start, r.window_end): r for r in reference}
         # Every window the sites' watermarks have all passed, from when the logs begin (one
         # before holds only some sites' records stamped late in their first file, and a
         # root that merges over workers cannot know the others had nothing there): each is
@@ -90,7 +90,17 @@ def test_a_stalled_site_shows_its_lag_and_no_window_is_final_and_wrong(tmp_path:
                 (last := _newest(seen).get(w)) is not None and last.final for w in closed):
             time.sleep(1.0)
         done.set()
+        # The late records the sites dropped (the window had gone on final) are the
+        # reference's, counted in status by site (heartbeats bring them).
+        late: dict[str, int] = {}
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and sum(late.values()) != reference.stats.late_records:
+            (status,) = [q for q in cluster.client.status().queries if q.name == name]
+            late = dict(status.late_records)
+            time.sleep(1.0)
         cluster.check_alive()
+    assert reference.stats.late_records > 0
+    assert sum(late.values()) == reference.stats.late_records, (late, reference.stats)
     assert behind and max(files for files, _ in behind) >= 10, behind
     assert max(lag for _, lag in behind) >= 15, behind
     newest = _newest(seen)

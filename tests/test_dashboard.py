@@ -257,6 +257,20 @@ def test_a_heartbeat_carries_the_raw_input_and_the_links_levels(
     assert "  top 320: 9,447 B, error 0.031 (8 windows)" in text
 
 
+def test_status_counts_each_sites_late_records_by_query(running: GlobalController) -> None:
+    servicer = GlobalControllerServicer(running, 1.0)
+    unauthenticated = SimpleNamespace(auth_context=dict)
+    for site, late in (("sfo", 3), ("sin", 0), ("sfo", 1_204)):  # a running total: the newest
+        servicer.Heartbeat(pb.HeartbeatRequest(site=site, late_records={QUERY: late,
+                                                                        "gone": 9}),
+                           context=unauthenticated)
+    (view,) = [q for q in running.view().queries if q.name == QUERY]
+    assert dict(view.late_records) == {"sfo": 1_204, "sin": 0}
+    shown = Console(width=200, record=True)
+    shown.print(render_status(status_to_proto(running.view())))
+    assert "sfo: 1,204" in shown.export_text() and "sin: 0" not in shown.export_text()
+
+
 def test_a_site_counts_every_log_file_that_landed_once(tmp_path: Path) -> None:
     meter = InputMeter(tmp_path)
     assert meter() == 0 and InputMeter(None)() == 0 and InputMeter(tmp_path / "none")() == 0

@@ -106,7 +106,8 @@ def status_to_proto(view: ControllerView) -> pb.StatusResponse:
         for s in view.sites]
     queries = [pb.QueryStatus(
         name=q.name, state=q.state, detail=q.detail, replans=q.replans,
-        plan=q.plan.render() if q.plan else "", parents=q.parents, failures=q.failures)
+        plan=q.plan.render() if q.plan else "", parents=q.parents, failures=q.failures,
+        late_records=q.late_records)
         for q in view.queries]
     links = [pb.LinkStatus(a=link.a, b=link.b, bandwidth_bps=link.bandwidth_bps,
                            planned_bytes_per_s=load, utilisation=load * 8 / link.bandwidth_bps)

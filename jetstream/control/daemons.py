@@ -450,7 +450,8 @@ def run_site(name: str, controller_address: str, *, security: Security, port: in
                     placements=[placement_to_proto(p) for p in local.pieces()] if local
                     else [], failures=[pb.StageFailure(query=q, error=e)
                                        for q, e in runtime.failures().items()],
-                    interval_s=interval, behind=behind_to_proto(behind)),
+                    interval_s=interval, behind=behind_to_proto(behind),
+                    late_records=runtime.late_records()),
                     # A thin link's are far apart, and slow: a late one still counts.
                     timeout=max(CALL_TIMEOUT_S, 2 * interval))
                 beats.sent(asked)

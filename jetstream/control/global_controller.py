@@ -20,6 +20,7 @@ semantics of its own: rewriting and planning are :mod:`jetstream.rewrite` and
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -27,7 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import MappingProxyType
 
-from jetstream import metrics
+from jetstream import finality, metrics
 from jetstream.aggtree.planner import PhysicalPlan
 from jetstream.aggtree.topology import Link, Topology
 from jetstream.control.links import LinkMeasurements
@@ -137,10 +138,12 @@ class GlobalController:
                   reports: dict[str, LinkReport] | None = None,
                   placements: list[Placement] | None = None,
                   failures: dict[str, str] | None = None, interval_s: float = 0.0,
-                  behind: dict[str, tuple[int, float]] | None = None) -> list[str]:
+                  behind: dict[str, tuple[int, float]] | None = None,
+                  late_records: dict[str, int] | None = None) -> list[str]:
         """Record that ``name`` is alive and what it measured (and, for the dashboard, its
         raw input, its links' levels and which process runs which piece, and which queries'
-        local stages failed there, and why, and how far it is behind its input folders),
+        local stages failed there, and why, how far it is behind its input folders, and each
+        query's records its stages dropped as late),
         and that its next heartbeat comes within
         ``interval_s`` (0: its usual interval); the queries it should run."""
         with self.lock:
@@ -151,6 +154,9 @@ class GlobalController:
                 interval_s=interval_s, behind=behind)
             for failed, error in (failures or {}).items():
                 self.running.stage_failed(failed, name, error)
+            for query, late in (late_records or {}).items():
+                if (state := self.queries.get(query)) is not None:
+                    state.late_records[name] = late
             if came_back:
                 self.running.replan_all(f"site {name} is back")
             elif changed:
@@ -244,9 +250,14 @@ class GlobalController:
         with self.lock:
             state = self.running.get(name)
             for result in results:
-                result.warnings.extend(f"the local stage at {site} failed, its records are "
-                                       f"missing: {error}"
-                                       for site, error in sorted(state.failures.items()))
+                # A site's failed stage read none of its records since: whatever its
+                # merge says, the window may lack some, and is not final.
+                if state.failures:
+                    result.warnings.extend(
+                        f"the local stage at {site} failed, its records are missing: {error}"
+                        for site, error in sorted(state.failures.items()))
+                    result = dataclasses.replace(result, final=False, provisional=(
+                        finality.provisional([*result.provisional, finality.MISSING_SITE])))
                 self.results.publish(result)
             if finished and state.active:
                 self.running.stop_all(state, "finished")
@@ -290,7 +301,8 @@ class GlobalController:
             return ControllerView(
                 self.current_topology, self.membership.views(),
                 tuple(QueryView(q.name, q.state, q.detail, q.replans, q.plan,
-                                MappingProxyType(dict(q.failures)))
+                                MappingProxyType(dict(q.failures)),
+                                MappingProxyType(dict(q.late_records)))
                       for q in self.queries.values()),
                 tuple(self.running.link_load()),
                 MappingProxyType(self.links.bps()))

@@ -162,7 +162,8 @@ class GlobalControllerServicer(rpc.GlobalControllerServicer):
                 failures={f.query: f.error for f in request.failures},
                 interval_s=request.interval_s,
                 behind={b.folder: (max(b.files_waiting, 0), max(b.lag_s, 0.0))
-                        for b in request.behind})
+                        for b in request.behind},
+                late_records=dict(request.late_records))
         except JetstreamError as e:
             _abort(context, e)
         return pb.HeartbeatResponse(queries=queries)

@@ -101,6 +101,8 @@ class QueryState:
     deployed: set[str] = field(default_factory=set)  # sites that hold the current fragment
     expected: tuple[str, ...] = ()  # every source site of the query, alive or not
     failures: dict[str, str] = field(default_factory=dict)  # site -> why its stage failed
+    #: Site -> the records its stages dropped as late, as its last heartbeat said.
+    late_records: dict[str, int] = field(default_factory=dict)
     backfill: str = ""  # what its backfill from the cubes did, readable
     #: Since the root last failed over: where the sites start sending again (see
     #: ResultsHub.unsettled_from); 0: the root never has.
@@ -139,6 +141,8 @@ class QueryView:
     plan: PhysicalPlan | None
     #: Sites whose local stage of the query failed -> why.
     failures: Mapping[str, str] = field(default_factory=dict)
+    #: Site -> the records its local stages dropped as late (their window had closed there).
+    late_records: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def parents(self) -> dict[str, str]:

@@ -100,13 +100,15 @@ def render_status(status: pb.StatusResponse) -> Group:
     parts.append(sites)
 
     queries = Table(title="queries")
-    for column in ("query", "state", "re-plans", "aggregation tree", "detail"):
+    for column in ("query", "state", "re-plans", "aggregation tree", "late records", "detail"):
         queries.add_column(column)
     for q in status.queries:
         tree = "\n".join(f"{child} -> {parent}" for child, parent in sorted(q.parents.items()))
         colour = {"running": "green", "degraded": "yellow"}.get(q.state, "dim")
+        # Dropped at the sites: their window had gone on final (not merged into a revision).
+        late = "\n".join(f"{site}: {n:,}" for site, n in sorted(q.late_records.items()) if n)
         queries.add_row(q.name, f"[{colour}]{q.state}[/{colour}]", str(q.replans), tree or "-",
-                        q.detail or "-")
+                        late or "0", q.detail or "-")
     parts.append(queries if status.queries else Text("no queries"))
     parts += _profiles(status)
 

@@ -200,6 +200,12 @@ class SiteRuntime:
             runs = list(self._runs.values())
         return {run.name: run.failure for run in runs if run.failure}
 
+    def late_records(self) -> dict[str, int]:
+        """Each running query's records its local stages here dropped as late."""
+        with self._lock:
+            runs = list(self._runs.values())
+        return {run.name: run.metrics.late_records for run in runs}
+
     def links(self) -> dict[str, LinkState]:
         """Each running query's link to its parent (none at the root)."""
         with self._lock:

@@ -103,7 +103,7 @@ class LinkStatus(_message.Message):
     def __init__(self, a: _Optional[str] = ..., b: _Optional[str] = ..., bandwidth_bps: _Optional[float] = ..., planned_bytes_per_s: _Optional[float] = ..., utilisation: _Optional[float] = ...) -> None: ...
 
 class QueryStatus(_message.Message):
-    __slots__ = ("name", "state", "detail", "plan", "replans", "parents", "failures")
+    __slots__ = ("name", "state", "detail", "plan", "replans", "parents", "failures", "late_records")
     class ParentsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -118,6 +118,13 @@ class QueryStatus(_message.Message):
         key: str
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class LateRecordsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
@@ -125,6 +132,7 @@ class QueryStatus(_message.Message):
     REPLANS_FIELD_NUMBER: _ClassVar[int]
     PARENTS_FIELD_NUMBER: _ClassVar[int]
     FAILURES_FIELD_NUMBER: _ClassVar[int]
+    LATE_RECORDS_FIELD_NUMBER: _ClassVar[int]
     name: str
     state: str
     detail: str
@@ -132,7 +140,8 @@ class QueryStatus(_message.Message):
     replans: int
     parents: _containers.ScalarMap[str, str]
     failures: _containers.ScalarMap[str, str]
-    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., detail: _Optional[str] = ..., plan: _Optional[str] = ..., replans: _Optional[int] = ..., parents: _Optional[_Mapping[str, str]] = ..., failures: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    late_records: _containers.ScalarMap[str, int]
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., detail: _Optional[str] = ..., plan: _Optional[str] = ..., replans: _Optional[int] = ..., parents: _Optional[_Mapping[str, str]] = ..., failures: _Optional[_Mapping[str, str]] = ..., late_records: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
     __slots__ = ("topology", "root", "sites", "queries", "links")
@@ -258,7 +267,14 @@ class LevelProfile(_message.Message):
     def __init__(self, level: _Optional[str] = ..., bytes: _Optional[float] = ..., error: _Optional[float] = ..., windows: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("site", "links", "running", "input_bytes", "query_links", "placements", "failures", "leaving", "interval_s", "behind")
+    __slots__ = ("site", "links", "running", "input_bytes", "query_links", "placements", "failures", "leaving", "interval_s", "behind", "late_records")
+    class LateRecordsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     SITE_FIELD_NUMBER: _ClassVar[int]
     LINKS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
@@ -269,6 +285,7 @@ class HeartbeatRequest(_message.Message):
     LEAVING_FIELD_NUMBER: _ClassVar[int]
     INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     BEHIND_FIELD_NUMBER: _ClassVar[int]
+    LATE_RECORDS_FIELD_NUMBER: _ClassVar[int]
     site: str
     links: _containers.RepeatedCompositeFieldContainer[LinkMeasurement]
     running: _containers.RepeatedScalarFieldContainer[str]
@@ -279,7 +296,8 @@ class HeartbeatRequest(_message.Message):
     leaving: bool
     interval_s: float
     behind: _containers.RepeatedCompositeFieldContainer[InputLag]
-    def __init__(self, site: _Optional[str] = ..., links: _Optional[_Iterable[_Union[LinkMeasurement, _Mapping]]] = ..., running: _Optional[_Iterable[str]] = ..., input_bytes: _Optional[int] = ..., query_links: _Optional[_Iterable[_Union[LinkReport, _Mapping]]] = ..., placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ..., failures: _Optional[_Iterable[_Union[StageFailure, _Mapping]]] = ..., leaving: _Optional[bool] = ..., interval_s: _Optional[float] = ..., behind: _Optional[_Iterable[_Union[InputLag, _Mapping]]] = ...) -> None: ...
+    late_records: _containers.ScalarMap[str, int]
+    def __init__(self, site: _Optional[str] = ..., links: _Optional[_Iterable[_Union[LinkMeasurement, _Mapping]]] = ..., running: _Optional[_Iterable[str]] = ..., input_bytes: _Optional[int] = ..., query_links: _Optional[_Iterable[_Union[LinkReport, _Mapping]]] = ..., placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ..., failures: _Optional[_Iterable[_Union[StageFailure, _Mapping]]] = ..., leaving: _Optional[bool] = ..., interval_s: _Optional[float] = ..., behind: _Optional[_Iterable[_Union[InputLag, _Mapping]]] = ..., late_records: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class StageFailure(_message.Message):
     __slots__ = ("query", "error")
