@@ -226,3 +226,19 @@ def test_how_far_behind_counts_the_files_not_read_yet(tmp_path: Path) -> None:
     assert g.behind(now) == (2, 3.0)
     g.read_up_to(now - 2_000)
     assert g.behind(now) == (1, 1.0)
+
+
+def test_a_file_the_gate_holds_by_design_is_not_behind_until_held_longer(
+        tmp_path: Path) -> None:
+    g = gate(tmp_path, [20_000])  # a due point ahead: files wait to share a batch
+    land(g.landing, "a.csv", 10_000)
+    g.tick()
+    g.batch_started()
+    g.read_up_to(9_900)  # a micro-batch read it
+    land(g.landing, "b.csv", 19_000)  # short of the due point: it waits
+    g.tick()
+    now = 20_000
+    assert g.waiting == 1 and g.behind(now) == (0, 0.0)
+    name, (mtime, seen) = next(iter(g._waiting.items()))
+    g._waiting[name] = (mtime, seen - HOLD_S - 1)  # seen that long ago: held past its hold
+    assert g.behind(now) == (1, 1.0)

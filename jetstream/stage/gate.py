@@ -210,10 +210,12 @@ class FileGate:
 
     def behind(self, now_ms: int | None = None) -> tuple[int, float]:
         """How far the site's reading is behind its folder: how many files have landed and
-        not been read yet (waiting here, or let in for the next micro-batch), and how long
-        ago the oldest of them landed (seconds; 0: none)."""
+        not been read yet (let in for the next micro-batch, or waiting here longer than the
+        gate holds a file by design, ``hold_s``), and how long ago the oldest of them landed
+        (seconds; 0: none). A file held to share a micro-batch with the next is not behind."""
         now_ms = time.time_ns() // 1_000_000 if now_ms is None else now_ms
-        landed = [*(m for m, _ in list(self._waiting.values())),
+        held_since = time.monotonic() - self.hold_s
+        landed = [*(m for m, seen in list(self._waiting.values()) if seen < held_since),
                   *list(self._pending.values())]
         return len(landed), max(0.0, (now_ms - min(landed)) / 1000) if landed else 0.0
 
