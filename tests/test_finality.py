@@ -164,3 +164,22 @@ def test_a_window_whose_rounds_cannot_settle_it_is_provisional() -> None:
         merger.progress(name, 1)
     (out,) = merger.ready()
     assert finality.UNSETTLED in out.provisional and not out.final
+
+
+def test_a_querys_own_sketch_is_final_and_a_degraded_level_is_not() -> None:
+    from jetstream.dataplane.finish import _finality
+
+    query = js.Query("q", js.source("cdn_logs", schema=js.CDN_LOG_SCHEMA)
+                     .window(js.tumbling("10s"), watermark="5s")
+                     .agg(clients=js.approx_count_distinct("client_ip")))
+    _, site_query, partial = split(query)
+    root = WindowMerger(partial, ["ams"], deadline_s=5)
+    root.add(site_batches(site_query, partial, "ams", [log(1_000, "a.com")])[0])
+    root.progress("ams", ENDED, ended=True)
+    (merged,) = root.ready()
+    (result,) = finish_from_partials(js.optimize(query), {merged.window: list(merged.rows)})
+    assert not result.exact  # a sketch's estimate, as the user asked
+    assert _finality(result, merged, {"ams"}) == {"final": True, "provisional": []}
+    summarised = dataclasses.replace(merged, error_bound=0.2)  # what a degraded level sends
+    assert _finality(result, summarised, {"ams"}) == {
+        "final": False, "provisional": [finality.APPROXIMATE]}

@@ -84,12 +84,14 @@ def _finality(result: WindowResult, merged: MergedWindow, expected: set[str]
     """Whether ``result`` is final, and if not why (:mod:`jetstream.finality`): the merge's
     reasons, an expected site it lacks that is not known to have had nothing (an input of
     the root's merge whose watermark passed the window; a site under a merge below, or one
-    the root no longer merges from, a standby that took over say, is not known so), and an
-    approximation."""
+    the root no longer merges from, a standby that took over say, is not known so), and a
+    degraded level's approximation (a query's own sketches are final once all is in: their
+    result no later revision changes, though it is not ``exact``)."""
     unexplained = expected - merged.covers - merged.passed
+    degraded = merged.degraded and not result.exact
     provisional = finality.provisional(
         [*merged.provisional, *([finality.MISSING_SITE] if unexplained else []),
-         *([] if result.exact else [finality.APPROXIMATE])])
+         *([finality.APPROXIMATE] if degraded else [])])
     return {"final": not provisional, "provisional": provisional}
 
 

@@ -125,6 +125,12 @@ class MergedWindow:
         return not self.provisional
 
     @property
+    def degraded(self) -> bool:
+        """Whether a degraded level made some input's part of it (a truncation, a summary
+        with an error bound, keys rolled up): a query's own sketches are not degraded."""
+        return self.slack is not None or self.rolled_up or self.error_bound > 0
+
+    @property
     def complete(self) -> bool:
         return not self.missing and self.inputs_complete
 
