@@ -76,8 +76,9 @@ Window = tuple[int, int]
 WARMUP_S = 20.0
 #: Windows ending this close to the end of the logs are not counted: nothing closes them.
 CLOSING_S = 10.0
-#: How long a run waits, after the logs stop, for the windows still on their way.
-GRACE_S = 30.0
+#: How long a run waits, after the logs stop, for the windows still on their way; and, while
+#: a site is still reading files that landed before (it fell behind), at most how long.
+GRACE_S, CATCH_UP_S = 30.0, 300.0
 #: The sites' ``--warm-up`` here (see :mod:`jetstream.stage.warm`).
 SITE_WARM_UP_S = 30.0
 
@@ -287,11 +288,13 @@ def _jetstream(topology: Path, folder: Path, queries: Sequence[Query], sites: li
         for query in queries:
             threading.Thread(target=collect, args=(query.name,), daemon=True).start()
         watching = threading.Event()
+        waiting: dict[str, int] = {}  # each site's files not read yet, as status last said
 
         def watch() -> None:  # how far each site falls behind, as status says
             while not watching.wait(2.0):
                 with contextlib.suppress(ControlPlaneError):
                     for site in cluster.client.status().sites:
+                        waiting[site.name] = sum(lag.files_waiting for lag in site.behind)
                         for lag in site.behind:
                             run.saw(site.name, lag.files_waiting, lag.lag_s)
 
@@ -304,7 +307,7 @@ def _jetstream(topology: Path, folder: Path, queries: Sequence[Query], sites: li
                         started, landings = logs(folder / "edge", shipper.ship)
                 else:
                     started, landings = logs(inputs)
-            _wait_for(arrived, lock, time.time())
+            _wait_for(arrived, lock, time.time(), lambda: any(waiting.values()))
         finally:  # (a run that raises keeps what it was given, and the file is whole)
             watching.set()
             with lock:
@@ -381,7 +384,7 @@ def _baseline(topology: Path, folder: Path, queries: Sequence[Query], sites: lis
         follower.start()
         with _Usage(lambda: [job.pid], run):
             started, landings = logs(inputs)
-        _wait_for(arrived, lock, time.time())
+        _wait_for(arrived, lock, time.time(), lambda: False)  # (its lag is not watched)
         stop.set()
         follower.join(5)
     finally:
@@ -501,10 +504,12 @@ def _descendants(roots: list[int]) -> list[int]:
 
 
 # -- scoring -------------------------------------------------------------------------------
-def _wait_for(arrived: Arrived, lock: threading.Lock, stopped: float) -> None:
-    """Until every query has the last counted window final, or ``GRACE_S`` passes."""
-    deadline = time.time() + GRACE_S
-    while time.time() < deadline:
+def _wait_for(arrived: Arrived, lock: threading.Lock, stopped: float,
+              behind: Callable[[], bool]) -> None:
+    """Until every query has the last counted window final, or ``GRACE_S`` passes and no
+    site is still ``behind`` (catching up on files landed before), or ``CATCH_UP_S``."""
+    deadline, limit = time.time() + GRACE_S, time.time() + CATCH_UP_S
+    while time.time() < limit and (time.time() < deadline or behind()):
         with lock:
             done = min((max((w[1] for w, given in seen.items() if any(g.final for g in given)),
                             default=0) for seen in arrived.values()), default=0) / 1000

@@ -33,7 +33,8 @@ import contextlib
 import functools
 import math
 import operator
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -46,8 +47,9 @@ from jetstream.local import map_record
 from jetstream.operators import Join, Map, Operator, Select, Source, Where, Window, WithColumn
 from jetstream.schema import DataType, Schema
 
-__all__ = ["defined_as", "finite", "map_step", "parse_text", "record_steps", "spark_schema",
-           "spark_type", "to_column"]
+__all__ = ["columns_named", "defined_as", "finite", "lookup_table", "map_step", "map_udf",
+           "parse_text",
+           "record_steps", "spark_schema", "spark_type", "to_column"]
 
 _INT64 = range(-(2**63), 2**63)
 _TWO_63 = 2.0**63
@@ -79,6 +81,22 @@ def spark_schema(schema: Schema) -> T.StructType:
     return T.StructType(fields)
 
 
+#: What a ``Col`` reads while :func:`columns_named` is in force (None: the row's own column).
+_named: ContextVar[Mapping[str, Column] | None] = ContextVar("_named", default=None)
+
+
+@contextlib.contextmanager
+def columns_named(named: Mapping[str, Column]) -> Iterator[None]:
+    """While inside, :func:`to_column` reads a column ``name`` as ``named[name]``: a
+    stage's columns where several stages share one row, each under names of its own
+    (:mod:`jetstream.stage.fused`)."""
+    token = _named.set(named)
+    try:
+        yield
+    finally:
+        _named.reset(token)
+
+
 def to_column(expr: Expr) -> Column:
     """The Spark Column computing ``expr`` as ``expr.evaluate`` does (see the module's notes).
 
@@ -88,6 +106,9 @@ def to_column(expr: Expr) -> Column:
         For a node, operator, function or literal the Spark stage has no form for.
     """
     if isinstance(expr, Col):
+        named = _named.get()
+        if named is not None:
+            return named[expr.name]
         return F.col("`" + expr.name.replace("`", "``") + "`")  # a dot is part of the name
     if isinstance(expr, Lit):
         return _literal(expr.value)
@@ -276,6 +297,20 @@ def map_step(step: Map, schema: Schema, internal: Sequence[str]
     (its columns are NULL): Spark evaluates a Python UDF on every row, whatever guards it.
     ``internal``: the stage's own columns, kept beside the record's."""
     names = schema.names
+    mapped = map_udf(step, schema)(F.col("_keep"), *(F.col(f"`{n}`") for n in names))
+    mapped = mapped.alias("_mapped")
+    kept = [F.col(c) for c in internal]
+
+    def run(df: DataFrame) -> DataFrame:
+        return df.select(mapped, *kept).select("_mapped.*", *kept)
+    return run
+
+
+def map_udf(step: Map, schema: Schema) -> Callable[..., Column]:
+    """A ``map`` as a Python UDF of whether the record is kept and its columns (of
+    ``schema``, in order), giving the record of the step's schema as a struct (NULL for a
+    record not kept), checked as the reference executor checks it."""
+    names = schema.names
 
     def apply(keep: bool | None, *values: Any) -> tuple[Any, ...] | None:
         if not keep:
@@ -285,13 +320,7 @@ def map_step(step: Map, schema: Schema, internal: Sequence[str]
 
     # Rows reach it pickled in batches: an Arrow UDF would need pyarrow and pandas at every
     # site (pyarrow alone added 65 MB to a site's process, which the demo's memory cannot take).
-    udf = F.udf(apply, spark_schema(step.schema), useArrow=False)
-    mapped = udf(F.col("_keep"), *(F.col(f"`{n}`") for n in names)).alias("_mapped")
-    kept = [F.col(c) for c in internal]
-
-    def run(df: DataFrame) -> DataFrame:
-        return df.select(mapped, *kept).select("_mapped.*", *kept)
-    return run
+    return F.udf(apply, spark_schema(step.schema), useArrow=False)
 
 
 def defined_as(expr: Expr, source: Source, steps: Sequence[Operator]) -> tuple[Expr, Schema]:
@@ -349,9 +378,7 @@ def _join(spark: SparkSession, join: Join, i: int) -> Callable[[DataFrame], Data
     """A lookup join as a broadcast join with the table (a left join; an inner join
     clears ``_keep`` where no row matched, so the record still counts as read)."""
     key, hit = f"_join{i}_key", f"_join{i}_hit"
-    table = spark.createDataFrame(
-        [[row[n] for n in join.table.schema.names] for row in join.table.rows],
-        spark_schema(join.table.schema)).withColumnRenamed(join.on, key)
+    table = lookup_table(spark, join).withColumnRenamed(join.on, key)
     table = F.broadcast(table.withColumn(hit, F.lit(True)))
     kept = F.col("_keep") & F.col(hit).isNotNull() if join.how == "inner" else F.col("_keep")
 
@@ -359,6 +386,13 @@ def _join(spark: SparkSession, join: Join, i: int) -> Callable[[DataFrame], Data
         joined = df.join(table, df[join.on] == table[key], "left")
         return joined.withColumn("_keep", kept).drop(key, hit)
     return step
+
+
+def lookup_table(spark: SparkSession, join: Join) -> DataFrame:
+    """A lookup join's table as a DataFrame, typed by :func:`spark_schema`."""
+    return spark.createDataFrame(
+        [[row[n] for n in join.table.schema.names] for row in join.table.rows],
+        spark_schema(join.table.schema))
 
 
 def _select(df: DataFrame, columns: list[Column]) -> DataFrame:
