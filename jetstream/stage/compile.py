@@ -48,8 +48,7 @@ from jetstream.operators import Join, Map, Operator, Select, Source, Where, Wind
 from jetstream.schema import DataType, Schema
 
 __all__ = ["columns_named", "defined_as", "finite", "lookup_table", "map_step", "map_udf",
-           "parse_text",
-           "record_steps", "spark_schema", "spark_type", "to_column"]
+           "parse_text", "record_steps", "spark_schema", "spark_type", "to_column"]
 
 _INT64 = range(-(2**63), 2**63)
 _TWO_63 = 2.0**63

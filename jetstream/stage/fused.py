@@ -64,7 +64,7 @@ class _Part:
 
     starts: str  # the column of the record's window starts, for this stage (empty: not kept)
     earliest: Column  # the start of the first window that holds the record
-    slots: dict[str, str]  # slot column -> its Spark type, as the wide row holds it
+    slots: list[str]  # the columns of the shared row its generated rows carry
     keys: list[str]  # its group keys' slots, in the stage's order
     bands: list[str]  # its float sums' band slots, in the stage's order
     aggregates: list[Column]  # its aggregates' Spark columns, in the stage's order
@@ -185,7 +185,7 @@ def _stage_columns(df: DataFrame, k: int, stage: LocalStage) -> tuple[DataFrame,
                 df, keep, cols = _join(df, step, f"{p}{i}_", keep, cols)
             else:
                 assert isinstance(step, Window), f"check_stage let {step.kind} through"
-    slots: dict[str, str] = {}
+    slots: list[str] = []
     keys = []
     for j, key in enumerate(stage.partial.keys):
         df = df.withColumn(f"{p}k{j}", cols[key])
@@ -212,7 +212,7 @@ def _stage_columns(df: DataFrame, k: int, stage: LocalStage) -> tuple[DataFrame,
         name = f"{p}in{i}"
         with columns_named(cols):
             df = df.withColumn(name, to_column(agg.expr))
-        slots[name] = ""
+        slots.append(name)
         x = F.col(name)
         if not (form_of(agg).banded and agg.expr.dtype(schemas[-1]) is DataType.FLOAT):
             given.append(Input(x))
@@ -224,16 +224,15 @@ def _stage_columns(df: DataFrame, k: int, stage: LocalStage) -> tuple[DataFrame,
                        else scaled_parts(f"{name}_x", exponent))
         df = df.withColumns(band).withColumns(limbs)  # each after the one it reads
         bands.append(f"{name}_x_e")
-        slots.update(dict.fromkeys([f"{name}_x_e", *limbs], ""))
+        slots += [f"{name}_x_e", *limbs]
         given.append(Input(x, F.col(f"{name}_x_e"), tuple(F.col(m) for m in limbs)))
     aggregates: list[Column] = []
     for (_, agg), its in zip(stage.partial.aggregates, given, strict=True):
         if isinstance(agg, Count) and agg.expr is None:  # count(): the events, read again
             continue
         aggregates += form_of(agg).columns(agg, its)
-    slots.update(dict.fromkeys(keys, ""))
-    return df, _Part(f"{p}starts", F.col(f"{p}earliest"), slots, keys, bands, aggregates,
-                     sliding)
+    return df, _Part(f"{p}starts", F.col(f"{p}earliest"), [*keys, *slots], keys, bands,
+                     aggregates, sliding)
 
 
 def _join(df: DataFrame, join: Join, prefix: str, keep: Column, cols: dict[str, Column]
