@@ -72,13 +72,11 @@ __all__ = ["QUERIES", "LoadRun", "run_load"]
 Say = Callable[[str], None]
 Window = tuple[int, int]
 
-#: Windows ending this soon after the logs start are not counted (the JVMs' first batches).
-WARMUP_S = 20.0
-#: Windows ending this close to the end of the logs are not counted: nothing closes them.
-CLOSING_S = 10.0
-#: How long a run waits, after the logs stop, for the windows still on their way; and, while
-#: a site is still reading files that landed before (it fell behind), at most how long.
-GRACE_S, CATCH_UP_S = 30.0, 300.0
+#: Windows ending this soon after the logs start, or this close to their end (nothing
+#: closes them), are not counted (the JVMs' first batches).
+WARMUP_S, CLOSING_S = 20.0, 10.0
+#: How long a run waits, after the logs stop, for the windows on their way; at most, while a
+GRACE_S, CATCH_UP_S = 30.0, 300.0  # site still reads files that landed before (behind)
 #: The sites' ``--warm-up`` here (see :mod:`jetstream.stage.warm`).
 SITE_WARM_UP_S = 30.0
 
@@ -287,8 +285,7 @@ def _jetstream(topology: Path, folder: Path, queries: Sequence[Query], sites: li
 
         for query in queries:
             threading.Thread(target=collect, args=(query.name,), daemon=True).start()
-        watching = threading.Event()
-        waiting: dict[str, int] = {}  # each site's files not read yet, as status last said
+        watching, waiting = threading.Event(), dict[str, int]()  # files not read yet, a site
 
         def watch() -> None:  # how far each site falls behind, as status says
             while not watching.wait(2.0):
@@ -506,8 +503,8 @@ def _descendants(roots: list[int]) -> list[int]:
 # -- scoring -------------------------------------------------------------------------------
 def _wait_for(arrived: Arrived, lock: threading.Lock, stopped: float,
               behind: Callable[[], bool]) -> None:
-    """Until every query has the last counted window final, or ``GRACE_S`` passes and no
-    site is still ``behind`` (catching up on files landed before), or ``CATCH_UP_S``."""
+    """Until every query has the last counted window final, or ``GRACE_S`` passes with no
+    site ``behind`` (catching up), or ``CATCH_UP_S``."""
     deadline, limit = time.time() + GRACE_S, time.time() + CATCH_UP_S
     while time.time() < limit and (time.time() < deadline or behind()):
         with lock:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import logging
 import os
 import shutil
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -28,8 +29,10 @@ from jetstream.schema import Schema
 from jetstream.stage.compile import spark_type
 
 __all__ = ["ARRIVED_COLUMN", "CORRUPT_COLUMN", "FILE_COLUMN", "REASONS", "Layout",
-           "batch_counters", "gc_paused",
-           "not_adaptive", "read_files", "read_stream", "readable", "stopped_quietly"]
+           "batch_counters", "gc_paused", "logged_files", "not_adaptive", "read_files",
+           "read_stream", "readable", "stopped_quietly"]
+
+log = logging.getLogger(__name__)
 
 #: Why a record is malformed, as a stage counts them (a record's ``_reason`` starts so).
 REASONS = ("wrong field count", "malformed record", "missing field", "ill-typed field")
@@ -105,6 +108,24 @@ def readable(folder: Path, layout: Layout, scratch: Path) -> tuple[Path, dict[Pa
 def read_files(spark: SparkSession, paths: Sequence[str], layout: Layout) -> DataFrame:
     """Some files' records, as :func:`read_stream` has them in a micro-batch."""
     return layout.load(spark.read, list(paths))
+
+
+def logged_files(checkpoint: Path, wanted: Callable[[str], bool]) -> list[tuple[str, int]]:
+    """The files in the file source log of a stream's ``checkpoint`` (``sources/0``: a
+    version line, then a JSON object a file, ``path`` and ``batchId``) whose line is
+    ``wanted`` (a cheap test before the JSON is read), with the micro-batch that read each."""
+    out = []
+    for part in (checkpoint / "sources" / "0").glob("[0-9]*"):
+        for line in part.read_text().splitlines()[1:]:
+            if not wanted(line):
+                continue
+            try:
+                entry = json.loads(line)
+                out.append((str(entry["path"]), int(entry["batchId"])))
+            except (ValueError, KeyError, TypeError):
+                log.warning("%s: an entry of Spark's file source log is not as expected: "
+                            "%.200s", part, line)
+    return out
 
 
 def _arrived(records: DataFrame) -> DataFrame:

@@ -3,24 +3,30 @@
 A site runs one Spark Structured Streaming query per source folder (:class:`SourceReader`):
 it lists the folder and parses each new file once, and each micro-batch feeds every local
 stage attached to it (:class:`~jetstream.stage.job.LocalStage`, one per query and source).
-The stages' aggregations run as **one** Spark job a micro-batch — the records parsed once
-for all and the batch's counters observed once, each stage's grouped rows packed into a
-struct column of its own, the stages' results put together with ``unionByName`` — so a
-second query adds its plan's branch to the job rather than a stream of its own (a listing,
-offset and commit logs, a plan and a job every trigger). Each stage still plans, merges and
-snapshots on its own; the reader knows nothing of their semantics. (With several stages,
-what a micro-batch costs is mostly Spark's analysis of each DataFrame step of each stage's
-plan, every batch: ``docs/benchmarks.md``, "What a six-query micro-batch costs".)
+The stages' aggregations run as **one** Spark job a micro-batch, on one plan built once on
+the stream: one stage's own steps, or for several the fused plan of them all
+(:mod:`jetstream.stage.fused`: the records parsed once, each stage's steps as columns of one
+row, one aggregation a batch, each stage's rows split back out). A second query adds its
+columns to the plan rather than a stream of its own (a listing, offset and commit logs, a
+plan and a job every trigger). Each stage still merges and snapshots on its own; the reader
+knows nothing of their semantics. Where a stage cannot be fused (the frequent-items sketch's
+second job), each micro-batch plans every stage again on the raw records, packs each stage's
+grouped rows into a struct column and puts them together with ``unionByName``; what that
+costs is mostly Spark's analysis of each DataFrame step of each stage's plan, every batch
+(``docs/benchmarks.md``, "What a six-query micro-batch costs"). If the fused job fails (a
+``map`` that raises), the batch's files are read again and each stage planned alone on them,
+the failing one detached, and the stream started again without it.
 The stream does not list the site's folder itself but a folder of the reader's own, into
 which a gate (:mod:`jetstream.stage.gate`) lets the new files, so that files that land
 between two windows' hand-ons share a micro-batch, and from which a file leaves once the
 micro-batch that read it is committed.
 
 Stages come and go while the reader runs: :meth:`SourceReader.attach` takes effect at the
-next micro-batch, :meth:`SourceReader.detach` after the one under way. A stage whose plan or
-job fails (a ``map`` that raises) is detached and told (``LocalStage.failure``); the others
-take the batch on their own. With no stage left the stream goes on reading, so a stage
-deployed later starts where the site is by then.
+next micro-batch, :meth:`SourceReader.detach` after the one under way (the stream stopped
+and started again between the two on the same checkpoint, where its plan changes). A stage
+whose plan or job fails (a ``map`` that raises) is detached and told
+(``LocalStage.failure``); the others take the batch on their own. With no stage left the
+stream goes on reading, so a stage deployed later starts where the site is by then.
 
 Where a stage joins: a stage with a snapshot of an earlier run of its query at this site goes
 on where that left it — micro-batch ids are the reader's, and a batch the snapshot holds is
@@ -36,7 +42,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import json
 import logging
 import os
 import shutil
@@ -59,12 +64,15 @@ from jetstream.stage.archive import Archive, ReadFiles
 from jetstream.stage.batches import (
     FILE_COLUMN,
     Layout,
+    batch_counters,
     gc_paused,
+    logged_files,
     not_adaptive,
     read_files,
     read_stream,
     stopped_quietly,
 )
+from jetstream.stage.fused import FusedPlan, fusable
 from jetstream.stage.gate import DEFAULT_HOLD_S, FileGate
 from jetstream.stage.job import LocalStage, PlannedBatch
 
@@ -102,6 +110,8 @@ class SourceReader:
         self._lock = threading.Lock()  # the stages, against a micro-batch under way
         self._stream: StreamingQuery | None = None
         self._alone_stage: LocalStage | None = None  # the stage whose plan the stream has
+        self._fused: FusedPlan | None = None  # or the stages' fused plan it has
+        self._replanning = False  # a restart without a failed stage is under way
         self._changing = threading.Lock()  # attaching and detaching, one at a time
         self._stopping = False
         #: The largest event time a stage of this reader has read (None: none yet).
@@ -126,23 +136,24 @@ class SourceReader:
         reader was when the stage was deployed); start the stream if it does not run."""
         since = since or Position()
         with self._changing:
-            self._change(lambda: self._stages.append(stage), adding=stage, since=since)
+            self._change(lambda: self._stages.append(stage), [*self._stages, stage],
+                         adding=stage, since=since)
 
     def detach(self, stage: LocalStage) -> None:
         """Stop feeding ``stage``, after the micro-batch under way. The stream goes on with
         no stage left (a query deployed next starts where the site is by then)."""
         with self._changing:
             if stage in self._stages:
-                self._change(lambda: self._stages.remove(stage))
+                self._change(lambda: self._stages.remove(stage),
+                             [s for s in self._stages if s is not stage])
 
-    def _change(self, change: Callable[[], None], adding: LocalStage | None = None,
-                since: Position = Position()) -> None:
-        """Change the stages; stop the stream first (its batch under way is run again by
-        the next) when the stream's plan changes: one stage has its plan in the stream
-        (each batch arrives prepared for it), several take it from the raw records."""
-        alone = self._alone_stage
-        after = len(self._stages) + (1 if adding is not None else -1)
-        restart = self._stream is None or alone is not None or after == 1
+    def _change(self, change: Callable[[], None], after: list[LocalStage],
+                adding: LocalStage | None = None, since: Position = Position()) -> None:
+        """Change the stages (to ``after``); stop the stream first (its batch under way is
+        run again by the next) when the stream's plan changes: one stage's, or the fused
+        plan of several, is in the stream (each batch arrives prepared for it); stages
+        that cannot be fused take the raw records, planned every batch."""
+        restart = self._stream is None or not (_raw(self._stages) and _raw(after))
         if restart:
             self._stop_stream()
         with self._lock:
@@ -218,7 +229,17 @@ class SourceReader:
             self._stopping = False
             raw = read_stream(self.spark, self.gate.live, self.layout)
             self._alone_stage = self._stages[0] if len(self._stages) == 1 else None
-            source = self._alone_stage.prepare(raw) if self._alone_stage is not None else raw
+            self._fused, source = None, raw
+            if self._alone_stage is not None:
+                source = self._alone_stage.prepare(raw)
+            elif len(self._stages) > 1 and not _raw(self._stages):
+                try:
+                    fused = FusedPlan(self._stages)
+                    source, self._fused = fused.prepare(self._stages[0].typed(raw)), fused
+                except Exception:  # each batch plans each stage: one that fails is detached
+                    log.warning("the stages on %s could not be fused: planned every batch",
+                                self.folder, exc_info=True)
+            self._replanning = False
             self._stream = (source.writeStream.foreachBatch(self._batch)
                             .option("checkpointLocation", str(self.checkpoint_dir))
                             .trigger(processingTime=f"{int(self.trigger_s * 1000)} "
@@ -238,6 +259,8 @@ class SourceReader:
             alone = self._alone_stage
             if stages and alone is not None:  # the records come prepared for it
                 self._run(stages, records, batch_id, prepared=True)
+            elif stages and self._fused is not None:  # prepared for every stage at once
+                self._run_fused(self._fused, stages, records, batch_id)
             elif stages:
                 self._run(stages, records, batch_id)
             elif not self._stages:  # for a stage that comes later: where the site is by then
@@ -247,6 +270,65 @@ class SourceReader:
             self.last_batch = max(self.last_batch, batch_id)
             if self._first_batch < 0:
                 self._first_batch = batch_id
+
+    def _run_fused(self, plan: FusedPlan, stages: list[LocalStage], records: DataFrame,
+                   batch_id: int) -> None:
+        """The fused plan's job (:mod:`.fused`), each stage taking its rows; if the job
+        fails, each stage alone on the batch's files (``_run``), and the stream started
+        again without a stage that failed."""
+        began = time.monotonic()
+        rows: list[list[tuple[Any, ...]]] | None = None
+        with contextlib.ExitStack() as held:
+            for stage in stages:
+                held.enter_context(stage.lock)
+            with not_adaptive(records.sparkSession), gc_paused():
+                started = time.time()
+                observed = Observation(f"{self.folder.name}/{id(self)}/{batch_id}/fused")
+                counted = records.observe(observed, *batch_counters(F.col("_q") == -1))
+                try:
+                    rows = plan.split(plan.grouped(counted).collect())
+                except Exception:
+                    if self._stopping:
+                        raise
+                    log.warning("the fused job of %d stages on %s failed: running each "
+                                "alone on the batch's files", len(plan.stages), self.folder,
+                                exc_info=True)
+                if rows is not None:
+                    own = dict(zip(plan.stages, rows, strict=True))
+                    for stage in stages:
+                        try:
+                            stage.take(PlannedBatch(records, counted, observed), own[stage],
+                                       batch_id, started)
+                        except Exception as e:
+                            if self._stopping:
+                                raise
+                            self._fail(stage, e)
+                    self._keep_files(batch_id, sorted(observed.get["files"]))
+        if rows is None:
+            self._run(stages, read_files(self.spark, self._batch_files(batch_id), self.layout),
+                      batch_id)
+        else:
+            for stage in stages:
+                if stage.failure is None:
+                    stage.batch_done(time.monotonic() - began)
+        if any(stage not in self._stages for stage in plan.stages) and not self._replanning:
+            self._replanning = True  # the plan still has a stage that failed: built again
+            threading.Thread(target=self._replan, args=(batch_id,), daemon=True,
+                             name=f"replan-{self.folder.name}").start()
+
+    def _replan(self, batch_id: int) -> None:
+        """Start the stream again on the stages left, once Spark has committed micro-batch
+        ``batch_id`` (stopped before, it would run the batch again, and a stage without a
+        snapshot would take it twice)."""
+        committed = self.checkpoint_dir / "commits" / str(batch_id)
+        deadline = time.monotonic() + 30
+        while not committed.exists() and time.monotonic() < deadline and not self._stopping:
+            time.sleep(0.05)
+        with self._changing:
+            if self._stopping and self._stream is None:
+                return  # stopped for good meanwhile
+            self._stop_stream()
+            self._start()
 
     def _read_up_to(self, *latest: int | None) -> None:
         self.latest = max((t for t in (self.latest, *latest) if t is not None), default=None)
@@ -353,9 +435,9 @@ class SourceReader:
         """The batch's files, by a job of their own; and how far its event times reach."""
         if FILE_COLUMN not in raw.columns:  # prepared for a stage that failed: nothing to learn
             return []
-        files, latest = raw.agg(
-            F.collect_set(FILE_COLUMN),
-            F.max(F.expr(f"try_cast(`{self.event_time}` AS bigint)"))).collect()[0]
+        event = (F.col("_event") if self._fused is not None  # (the fused plan's rows)
+                 else F.expr(f"try_cast(`{self.event_time}` AS bigint)"))
+        files, latest = raw.agg(F.collect_set(FILE_COLUMN), F.max(event)).collect()[0]
         self._read_up_to(latest)
         return sorted(files)
 
@@ -389,22 +471,21 @@ class SourceReader:
                    if p.name.isdigit()]
         if not live or not commits:
             return
-        committed, read = max(commits), []
-        for part in (self.checkpoint_dir / "sources" / "0").glob("[0-9]*"):
-            for line in part.read_text().splitlines()[1:]:
-                if not any(name in line for name in live):
-                    continue
-                try:
-                    entry = json.loads(line)
-                    if int(entry["batchId"]) <= committed:
-                        read.append(str(entry["path"]))
-                except (ValueError, KeyError, TypeError):
-                    log.warning("%s: an entry of Spark's file source log is not as expected: "
-                                "%.200s", part, line)
+        committed = max(commits)
+        read = [path for path, batch in logged_files(
+            self.checkpoint_dir, lambda line: any(name in line for name in live))
+                if batch <= committed]
         if read:
             log.info("%s: %d files Spark committed before the site stopped leave %s",
                      self.folder, len(read), self.gate.live)
             self.gate.trim(read)
+
+    def _batch_files(self, batch_id: int) -> list[str]:
+        """The files micro-batch ``batch_id`` read, as Spark's file source logged them."""
+        tag = f'"batchId":{batch_id}'
+        return sorted(path for path, batch in logged_files(self.checkpoint_dir,
+                                                           lambda line: tag in line)
+                      if batch == batch_id)
 
     def _keep_files(self, batch_id: int, files: list[str]) -> None:
         self._files[batch_id] = files
@@ -434,6 +515,12 @@ class SourceReader:
         log.info("%s on %s: reading again the %d files of the %d micro-batches it missed",
                  stage.name, self.folder, len(paths), len(known))
         stage.process_batch(read_files(self.spark, paths, self.layout), self.last_batch)
+
+
+def _raw(stages: list[LocalStage]) -> bool:
+    """Whether a stream for ``stages`` takes raw records, each batch planned for them all:
+    several stages, one of which cannot be fused."""
+    return len(stages) > 1 and any(fusable(stage) is not None for stage in stages)
 
 
 def _packed(grouped: DataFrame, name: str) -> DataFrame:
