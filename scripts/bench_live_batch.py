@@ -4,7 +4,7 @@
 Usage: python scripts/bench_live_batch.py [--files 80] [--skip 20] [--lines 500]
        [--every 0.5] [--queries 1] [--streams] [--conf KEY=VALUE ...] [--hold 0]
        [--jfr FILE.jfr] [--backlog N [--read-files archive|keep]]
-       [--folders N] [--master local[2]] [--fused]
+       [--folders N] [--master local[2]]
 
 Starts one site's local stage for the CDN top-k query (a site's default Spark settings,
 ``DEFAULT_SPARK_CONF``, under ``--conf``) live on an empty folder — with ``--queries N``, the
@@ -25,9 +25,8 @@ on a folder of its own with its own stages, in this one JVM (as sites on one mac
 share one Spark), a file landing in every folder at once; it also prints, for the first
 stage of each folder, how long each file took from landing to the end of the micro-batch
 that read it (p50 / p95). Run it N times side by side with ``--folders 1 --master local[1]``
-for N sites that each have their own Spark. ``--fused`` runs the stages as one fused plan
-built once on a stream of the folder's own (:mod:`jetstream.stage.fused`, issue 57's design
-A, a prototype: no gate, no archive), where the reader builds each stage's plan every batch.
+for N sites that each have their own Spark. (Several stages on a reader run as their fused
+plan, :mod:`jetstream.stage.fused`; ``--streams`` runs a stream each.)
 """
 
 from __future__ import annotations
@@ -46,16 +45,12 @@ from pathlib import Path
 from typing import Any
 
 from bench_stage import write_logs
-from pyspark.sql import DataFrame, Observation, SparkSession
-from pyspark.sql import functions as F
-from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql import SparkSession
 
 import jetstream as js
 from jetstream.lab.load_bench import QUERIES
 from jetstream.stage.archive import Archive, ReadFiles
-from jetstream.stage.batches import batch_counters, gc_paused, not_adaptive, read_stream
-from jetstream.stage.fused import FusedPlan
-from jetstream.stage.job import DEFAULT_TRIGGER_S, LocalStage, PlannedBatch
+from jetstream.stage.job import DEFAULT_TRIGGER_S, LocalStage
 from jetstream.stage.reader import SourceReader
 from jetstream.stage.spark import DEFAULT_SPARK_CONF
 
@@ -94,29 +89,6 @@ def backlog(folder: Path, header: str, lines: list[str], files: int) -> None:
         (folder / f"earlier-{i:06d}.csv").write_text(header + body)
 
 
-def fused_stream(spark: SparkSession, folder: Path, stages: list[LocalStage],
-                 checkpoint: Path) -> StreamingQuery:
-    """The stages as one fused plan on a stream of ``folder``: a batch runs one aggregation,
-    and each stage takes its rows."""
-    plan = FusedPlan(stages)
-    prepared = plan.prepare(stages[0].typed(read_stream(spark, folder, stages[0].layout)))
-
-    def batch(records: DataFrame, batch_id: int) -> None:
-        began, started = time.monotonic(), time.time()
-        with not_adaptive(spark), gc_paused():
-            observed = Observation(f"fused/{batch_id}")
-            counted = records.observe(observed, *batch_counters(F.col("_q") == -1))
-            rows = plan.grouped(counted).collect()
-            for stage, own in zip(stages, plan.split(rows), strict=True):
-                stage.take(PlannedBatch(counted, counted, observed), own, batch_id, started)
-        for stage in stages:
-            stage.batch_done(time.monotonic() - began)
-
-    return (prepared.writeStream.foreachBatch(batch)
-            .option("checkpointLocation", str(checkpoint))
-            .trigger(processingTime=f"{int(DEFAULT_TRIGGER_S * 1000)} milliseconds").start())
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=int, default=80)
@@ -139,15 +111,13 @@ def main() -> None:
     parser.add_argument("--folders", type=int, default=1,
                         help="readers on folders of their own, in this one JVM")
     parser.add_argument("--master", default="local[2]", help="Spark's master")
-    parser.add_argument("--fused", action="store_true",
-                        help="the stages in one fused plan built once (a prototype)")
     parser.add_argument("--jfr", type=Path, metavar="FILE.jfr",
                         help="record the JVM with Java Flight Recorder over the counted files")
     args = parser.parse_args()
     if not 0 <= args.skip < args.files:
         parser.error("--skip must be at least 0 and below --files")
-    if args.folders < 1 or (args.folders > 1 and (args.streams or args.backlog or args.fused)):
-        parser.error("--folders must be 1 or more, and 1 with --streams, --fused or --backlog")
+    if args.folders < 1 or (args.folders > 1 and (args.streams or args.backlog)):
+        parser.error("--folders must be 1 or more, and 1 with --streams or --backlog")
     conf = dict(DEFAULT_SPARK_CONF) | dict(kv.split("=", 1) for kv in args.conf)
     builder = SparkSession.builder.master(args.master)
     for key, value in conf.items():
@@ -193,9 +163,6 @@ def main() -> None:
                 streams = [stage.start() for stage in stages]
                 stream = streams[0]
                 continue
-            if args.fused:
-                stream = fused_stream(spark, folder, stages, work / f"fused-{k}")
-                continue
             archive = Archive(folder, work / f"archive-{k}", ReadFiles(args.read_files))
             reader = SourceReader(spark, folder, stages[0].layout, "ts",
                                   work / f"reader-{k}" / "checkpoint", DEFAULT_TRIGGER_S,
@@ -239,7 +206,7 @@ def main() -> None:
             subprocess.run(["jcmd", str(jvm), "JFR.stop", "name=bench"],
                            check=True, capture_output=True)
         compiled = compilations(spark) - compiled_before
-        if not (args.streams or args.fused):
+        if not args.streams:
             print(f"after the live files: {len(os.listdir(folders[0]))} files in the folder")
         counted = args.files - args.skip
         progress = [json.loads(p.json) if hasattr(p, "json") else p
@@ -247,8 +214,6 @@ def main() -> None:
         progress = [p for p in progress if p["numInputRows"] > 0][-15:]
         for stage in every_stage:
             stage.stop()
-        if args.fused:
-            stream.stop()
         for reader in readers:
             reader.stop()
     waits = sorted(next(t for t, latest in done if latest >= last) - at
