@@ -97,6 +97,7 @@ def test_two_queries_share_one_stream_and_each_equals_run_local(
     reader.attach(a.stage)
     reader.attach(b.stage)
     assert len(spark.streams.active) == streams + 1  # one stream for both queries
+    assert reader._fused is not None and reader._fused.stages == [a.stage, b.stage]  # one plan
     written = [r for i in range(4) for r in records(i)]
     for i in range(4):
         drop(folder, f"{i}.csv", records(i))
@@ -108,6 +109,25 @@ def test_two_queries_share_one_stream_and_each_equals_run_local(
     # micro-batch; the site's folder keeps every file.
     wait_for(lambda: not os.listdir(reader.gate.live), "the files read to leave live/")
     assert sorted(os.listdir(folder)) == [f"{i}.csv" for i in range(4)]
+
+
+def test_a_stage_that_cannot_be_fused_plans_each_batch_beside_the_others(
+        spark: Any, folder: Path, tmp_path: Path, reader: SourceReader) -> None:
+    # A frequent-items sketch counts items in a job of its own: with it on the reader, every
+    # stage is planned on the raw records each batch (no fused plan), and each still equals
+    # run_local.
+    items = js.Query("items", WINDOWED.agg(n=js.count(), top=js.top_k("domain", 2)))
+    a, b = Stage(spark, BY_DOMAIN, folder, tmp_path), Stage(spark, items, folder, tmp_path)
+    reader.attach(a.stage)
+    reader.attach(b.stage)
+    written = [r for i in range(3) for r in records(i)]
+    for i in range(3):
+        drop(folder, f"{i}.csv", records(i))
+    wait_for(lambda: a.stage.stats.records_in == b.stage.stats.records_in == len(written),
+             "both stages to read every record")
+    assert reader._fused is None
+    assert a.results() == js.run_local(BY_DOMAIN, written)
+    assert [r.rows for r in b.results()] == [r.rows for r in js.run_local(items, written)]
 
 
 def test_stages_sharing_a_batch_each_count_its_records_and_malformed_lines_once(
