@@ -15,6 +15,7 @@ import pytest
 import jetstream as js
 from jetstream.local import finish_from_partials
 from jetstream.schema import CDN_LOG_SCHEMA
+from jetstream.stage.batches import batch_files
 from jetstream.stage.job import LocalStage
 from jetstream.stage.reader import SourceReader
 from tests.conftest import log
@@ -363,3 +364,31 @@ def test_a_live_reader_of_json_lines_reads_its_format_and_sets_a_corrupt_file_as
         assert "3.csv" in os.listdir(folder) and "3.csv" not in os.listdir(live.gate.live)
     finally:
         live.stop()
+
+
+def test_each_batchs_files_are_read_back_from_sparks_file_source_log(
+        spark: Any, folder: Path, tmp_path: Path, reader: SourceReader) -> None:
+    # What a fused job that fails is run again on, stage by stage: past the log's first
+    # compaction (the site's sessions compact it every 1000 batches; here every 5), where
+    # older batches' entries move to one file.
+    interval = "spark.sql.streaming.fileSource.log.compactInterval"
+    kept = spark.conf.get(interval)
+    spark.conf.set(interval, "5")
+    stage = Stage(spark, BY_DOMAIN, folder, tmp_path)
+    try:
+        reader.attach(stage.stage)
+        for i in range(12):
+            drop(folder, f"{i}.csv", records(i))
+            wait_for(lambda i=i: stage.stage.stats.records_in == 40 * (i + 1), f"file {i}")
+    finally:
+        spark.conf.set(interval, kept)
+    assert any(p.name.endswith(".compact")
+               for p in (reader.checkpoint_dir / "sources" / "0").iterdir())
+    read = {b: [Path(f.removeprefix("file:")).name for f in files]
+            for b, files in reader._files.items()}
+    assert sorted(n for names in read.values() for n in names) == sorted(
+        f"{i}.csv" for i in range(12))
+    for b, names in read.items():
+        logged = batch_files(reader.checkpoint_dir, b)
+        assert [Path(f.removeprefix("file:")).name for f in logged] == sorted(names)
+    assert batch_files(reader.checkpoint_dir, reader.last_batch + 1) == []

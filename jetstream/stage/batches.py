@@ -29,8 +29,8 @@ from jetstream.schema import Schema
 from jetstream.stage.compile import spark_type
 
 __all__ = ["ARRIVED_COLUMN", "CORRUPT_COLUMN", "FILE_COLUMN", "REASONS", "Layout",
-           "batch_counters", "gc_paused", "logged_files", "not_adaptive", "read_files",
-           "read_stream", "readable", "stopped_quietly"]
+           "batch_counters", "batch_files", "gc_paused", "logged_files", "not_adaptive",
+           "read_files", "read_stream", "readable", "stopped_quietly"]
 
 log = logging.getLogger(__name__)
 
@@ -113,19 +113,29 @@ def read_files(spark: SparkSession, paths: Sequence[str], layout: Layout) -> Dat
 def logged_files(checkpoint: Path, wanted: Callable[[str], bool]) -> list[tuple[str, int]]:
     """The files in the file source log of a stream's ``checkpoint`` (``sources/0``: a
     version line, then a JSON object a file, ``path`` and ``batchId``) whose line is
-    ``wanted`` (a cheap test before the JSON is read), with the micro-batch that read each."""
-    out = []
+    ``wanted`` (a cheap test before the JSON is read), with the micro-batch that read each,
+    each once: a compaction (``<n>.compact``) repeats every entry before it, and the files
+    it replaces stay a while."""
+    out: dict[tuple[str, int], None] = {}
     for part in (checkpoint / "sources" / "0").glob("[0-9]*"):
         for line in part.read_text().splitlines()[1:]:
             if not wanted(line):
                 continue
             try:
                 entry = json.loads(line)
-                out.append((str(entry["path"]), int(entry["batchId"])))
+                out[str(entry["path"]), int(entry["batchId"])] = None
             except (ValueError, KeyError, TypeError):
                 log.warning("%s: an entry of Spark's file source log is not as expected: "
                             "%.200s", part, line)
-    return out
+    return list(out)
+
+
+def batch_files(checkpoint: Path, batch_id: int) -> list[str]:
+    """The files micro-batch ``batch_id`` of the stream of ``checkpoint`` read, as Spark's
+    file source logged them."""
+    tag = f'"batchId":{batch_id}'
+    return sorted(path for path, batch in logged_files(checkpoint, lambda line: tag in line)
+                  if batch == batch_id)
 
 
 def _arrived(records: DataFrame) -> DataFrame:

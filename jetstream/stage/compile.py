@@ -46,8 +46,9 @@ from jetstream.expr import And, Arith, Call, Col, Compare, Expr, IsIn, Lit, Neg,
 from jetstream.local import map_record
 from jetstream.operators import Join, Map, Operator, Select, Source, Where, Window, WithColumn
 from jetstream.schema import DataType, Schema
+from jetstream.stage.forms import finite
 
-__all__ = ["columns_named", "defined_as", "finite", "lookup_table", "map_step", "map_udf",
+__all__ = ["columns_named", "defined_as", "lookup_table", "map_step", "map_udf",
            "parse_text", "record_steps", "spark_schema", "spark_type", "to_column"]
 
 _INT64 = range(-(2**63), 2**63)
@@ -284,7 +285,7 @@ def parse_text(name: str, dtype: DataType) -> Column:
                 .when(lowered.isin("false", "0"), F.lit(False)))
     value = F.expr(f"try_cast(`{name}` AS {spark_type(dtype).simpleString()})")
     if dtype is DataType.FLOAT:  # NaN and infinities are not numbers a log line can hold
-        return F.when(~F.isnan(value) & (F.abs(value) != F.lit(math.inf)), value)
+        return F.when(finite(value), value)
     return value
 
 
@@ -338,11 +339,6 @@ def defined_as(expr: Expr, source: Source, steps: Sequence[Operator]) -> tuple[E
         elif made is not None:
             return made, schemas[i]
     return Col(name), schemas[0]
-
-
-def finite(x: Column) -> Column:
-    """Whether a double is a number, not NULL, NaN or infinite."""
-    return x.isNotNull() & ~F.isnan(x) & (F.abs(x) != F.lit(math.inf))
 
 
 def record_steps(spark: SparkSession, source: Schema, chain: Sequence[Operator],

@@ -30,6 +30,7 @@ from jetstream.approx.summaries import datasketches
 from jetstream.errors import PlanError
 from jetstream.expr import Arith, Expr, Lit
 from jetstream.schema import DataType, Schema
+from jetstream.windows import WindowSpec
 
 __all__ = ["LIMBS", "SPARK_FORMS", "SparkForm", "exact_floats", "float_parts", "form_of",
            "scaled_exponent", "scaled_parts"]
@@ -146,6 +147,34 @@ def form_of(agg: Aggregate) -> SparkForm:
             return SPARK_FORMS[kind]
     msg = f"{agg} does not run in the Spark local stage"
     raise PlanError(msg)
+
+
+def window_starts(spec: WindowSpec, t: Column) -> tuple[Column, Column, Column]:
+    """For a record at time ``t`` (ms): the start of the last window of ``spec`` that holds
+    it, the first start of the run of starts up to it that might (``ceil(size / every)``
+    of them: a start ``s`` holds it if ``s + size > t``), and the start of the first that
+    does, its ``earliest`` window (the one the watermark closes first)."""
+    size, every = F.lit(spec.size_ms), F.lit(spec.every_ms)
+    last = t - F.pmod(t, every)
+    first = last - F.lit((math.ceil(spec.size_ms / spec.every_ms) - 1) * spec.every_ms)
+    earliest = t - size
+    return last, first, earliest - F.pmod(earliest, every) + every
+
+
+def finite(x: Column) -> Column:
+    """Whether a double is a number, not NULL, NaN or infinite."""
+    return x.isNotNull() & ~F.isnan(x) & (F.abs(x) != F.lit(math.inf))
+
+
+def summed_parts(name: str, value: Column, exponent: int | None
+                 ) -> tuple[Column, dict[str, Column], dict[str, Column]]:
+    """A sum of doubles' input ``value`` as the column ``name`` is to hold, then the two
+    projections over it: its band and its limbs. With ``exponent`` (``scaled_exponent``)
+    the value is an integer scaled by a power of two, always finite (``scaled_parts``);
+    otherwise one not finite is NULL (``float_parts``)."""
+    if exponent is None:
+        return F.when(finite(value), value), *float_parts(name)
+    return value, *scaled_parts(name, exponent)
 
 
 def float_parts(name: str) -> tuple[dict[str, Column], dict[str, Column]]:

@@ -18,7 +18,6 @@ per-item counts are a second job of their own.
 
 from __future__ import annotations
 
-import math
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,15 +32,8 @@ from jetstream.errors import PlanError
 from jetstream.operators import Join, Map, Select, Where, Window, WithColumn
 from jetstream.schema import DataType
 from jetstream.stage.batches import ARRIVED_COLUMN, CORRUPT_COLUMN, FILE_COLUMN
-from jetstream.stage.compile import (
-    columns_named,
-    defined_as,
-    finite,
-    lookup_table,
-    map_udf,
-    to_column,
-)
-from jetstream.stage.forms import Input, float_parts, form_of, scaled_exponent, scaled_parts
+from jetstream.stage.compile import columns_named, defined_as, lookup_table, map_udf, to_column
+from jetstream.stage.forms import Input, form_of, scaled_exponent, summed_parts, window_starts
 from jetstream.stage.job import LocalStage
 
 __all__ = ["FusedPlan", "fusable"]
@@ -192,12 +184,9 @@ def _stage_columns(df: DataFrame, k: int, stage: LocalStage) -> tuple[DataFrame,
         keys.append(f"{p}k{j}")
     spec, t = stage.window.spec, cols[stage.window.time_column]
     size, every = F.lit(spec.size_ms), F.lit(spec.every_ms)
-    last = t - F.pmod(t, every)
-    earliest = t - size
-    earliest = earliest - F.pmod(earliest, every) + every
+    last, first, earliest = window_starts(spec, t)
     sliding = spec.size_ms != spec.every_ms
     if sliding:
-        first = last - F.lit((math.ceil(spec.size_ms / spec.every_ms) - 1) * spec.every_ms)
         starts = F.filter(F.sequence(first, last, every), lambda s: s + size > t)
     else:
         starts = F.array(last)
@@ -219,9 +208,8 @@ def _stage_columns(df: DataFrame, k: int, stage: LocalStage) -> tuple[DataFrame,
             continue
         # A sum of doubles: its band of exponents joins the keys, its limbs are summed.
         exponent = scaled_exponent(*defined_as(agg.expr, stage.source, stage.steps))
-        df = df.withColumn(f"{name}_x", x if exponent is not None else F.when(finite(x), x))
-        band, limbs = (float_parts(f"{name}_x") if exponent is None
-                       else scaled_parts(f"{name}_x", exponent))
+        summed, band, limbs = summed_parts(f"{name}_x", x, exponent)
+        df = df.withColumn(f"{name}_x", summed)
         df = df.withColumns(band).withColumns(limbs)  # each after the one it reads
         bands.append(f"{name}_x_e")
         slots += [f"{name}_x_e", *limbs]

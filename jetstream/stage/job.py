@@ -79,12 +79,11 @@ from jetstream.stage.bookkeeping import Emit, OpenWindows
 from jetstream.stage.check import Chain, check_stage
 from jetstream.stage.compile import (
     defined_as,
-    finite,
     parse_text,
     record_steps,
     to_column,
 )
-from jetstream.stage.forms import Input, float_parts, form_of, scaled_exponent, scaled_parts
+from jetstream.stage.forms import Input, form_of, scaled_exponent, summed_parts, window_starts
 
 __all__ = ["DEFAULT_TRIGGER_S", "Emit", "LocalStage", "PlannedBatch", "StageStats"]
 
@@ -406,10 +405,7 @@ class LocalStage:
         # (the one the watermark closes first): the first start s with s + size > ts.
         spec, time_column = self.window.spec, F.col(self.window.time_column)
         size, every = F.lit(spec.size_ms), F.lit(spec.every_ms)
-        last = time_column - F.pmod(time_column, every)
-        first = last - F.lit((math.ceil(spec.size_ms / spec.every_ms) - 1) * spec.every_ms)
-        earliest = time_column - size
-        earliest = earliest - F.pmod(earliest, every) + every
+        last, first, earliest = window_starts(spec, time_column)
         start = F.col("_start")
         # A record not kept has no window and no keys or inputs: one row, in no group.
         # (A window is its start: its end, start + size, is added in Python, a column fewer
@@ -431,12 +427,8 @@ class LocalStage:
                 given.append(Input(F.col(name)))
                 continue
             exponent = scaled_exponent(*defined_as(agg.expr, self.source, self.steps))
-            if exponent is None:
-                inputs.append(F.when(finite(value), value).alias(f"{name}_x"))
-                band, limbs = float_parts(f"{name}_x")
-            else:  # an integer scaled by a power of two: always finite
-                inputs.append(value.alias(f"{name}_x"))
-                band, limbs = scaled_parts(f"{name}_x", exponent)
+            summed, band, limbs = summed_parts(f"{name}_x", value, exponent)
+            inputs.append(summed.alias(f"{name}_x"))
             parts[0] |= band
             parts[1] |= limbs
             bands.append(f"{name}_x_e")

@@ -48,7 +48,7 @@ import shutil
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,6 +65,7 @@ from jetstream.stage.batches import (
     FILE_COLUMN,
     Layout,
     batch_counters,
+    batch_files,
     gc_paused,
     logged_files,
     not_adaptive,
@@ -278,39 +279,31 @@ class SourceReader:
         again without a stage that failed."""
         began = time.monotonic()
         rows: list[list[tuple[Any, ...]]] | None = None
-        with contextlib.ExitStack() as held:
-            for stage in stages:
-                held.enter_context(stage.lock)
-            with not_adaptive(records.sparkSession), gc_paused():
-                started = time.time()
-                observed = Observation(f"{self.folder.name}/{id(self)}/{batch_id}/fused")
-                counted = records.observe(observed, *batch_counters(F.col("_q") == -1))
-                try:
-                    rows = plan.split(plan.grouped(counted).collect())
-                except Exception:
-                    if self._stopping:
-                        raise
-                    log.warning("the fused job of %d stages on %s failed: running each "
-                                "alone on the batch's files", len(plan.stages), self.folder,
-                                exc_info=True)
-                if rows is not None:
-                    own = dict(zip(plan.stages, rows, strict=True))
-                    for stage in stages:
-                        try:
-                            stage.take(PlannedBatch(records, counted, observed), own[stage],
-                                       batch_id, started)
-                        except Exception as e:
-                            if self._stopping:
-                                raise
-                            self._fail(stage, e)
-                    self._keep_files(batch_id, sorted(observed.get["files"]))
-        if rows is None:
-            self._run(stages, read_files(self.spark, self._batch_files(batch_id), self.layout),
-                      batch_id)
-        else:
-            for stage in stages:
-                if stage.failure is None:
-                    stage.batch_done(time.monotonic() - began)
+        with self._batch_of(stages, records):
+            started = time.time()
+            observed = Observation(f"{self.folder.name}/{id(self)}/{batch_id}/fused")
+            counted = records.observe(observed, *batch_counters(F.col("_q") == -1))
+            try:
+                rows = plan.split(plan.grouped(counted).collect())
+            except Exception:
+                if self._stopping:
+                    raise
+                log.warning("the fused job of %d stages on %s failed: running each alone on "
+                            "the batch's files", len(plan.stages), self.folder, exc_info=True)
+            if rows is not None:
+                own = dict(zip(plan.stages, rows, strict=True))
+                planned = PlannedBatch(records, counted, observed)
+                self._take([(stage, planned, own[stage]) for stage in stages], batch_id,
+                           started)
+                self._keep_files(batch_id, sorted(observed.get["files"]))
+        if rows is not None:
+            _done(stages, began)
+        elif files := batch_files(self.checkpoint_dir, batch_id):
+            self._run(stages, read_files(self.spark, files, self.layout), batch_id)
+        else:  # (Spark logs a batch's files before it runs it: never seen)
+            msg = (f"{self.folder}: micro-batch {batch_id} failed and Spark's file source log "
+                   "names none of its files: its stages cannot be run alone")
+            raise RuntimeError(msg)
         if any(stage not in self._stages for stage in plan.stages) and not self._replanning:
             self._replanning = True  # the plan still has a stage that failed: built again
             threading.Thread(target=self._replan, args=(batch_id,), daemon=True,
@@ -339,45 +332,53 @@ class SourceReader:
         stage, and a stage whose own plan or job fails is detached. ``prepared``: the
         records are the one stage's, prepared (see :meth:`_start`)."""
         began = time.monotonic()
+        with self._batch_of(stages, records):
+            started = time.time()
+            planned = self._plan(stages, records, batch_id, prepared)
+            try:
+                rows: list[list[Any] | None] = list(self._together(planned))
+            except Exception as e:
+                if self._stopping:
+                    raise
+                if len(planned) == 1:
+                    self._fail(planned[0][0], e)
+                    rows = [None]
+                else:
+                    log.warning("the job of %d stages on %s failed: running each alone",
+                                len(planned), self.folder)
+                    # Each planned anew, alone: an observation is spent on the job that
+                    # failed, and each needs its own.
+                    planned = [again for s, _ in planned
+                               for again in self._plan([s], records, batch_id, prepared)]
+                    rows = [self._alone(s, plan) for s, plan in planned]
+            taken = [(stage, plan, grouped) for (stage, plan), grouped
+                     in zip(planned, rows, strict=True) if grouped is not None]
+            self._take(taken, batch_id, started)
+            # Every stage's counters saw every file of the batch (a record not kept too).
+            self._keep_files(batch_id, sorted(taken[0][1].observation.get["files"])
+                             if taken else self._list(records))
+        _done([stage for stage, _ in planned], began)
+
+    @contextlib.contextmanager
+    def _batch_of(self, stages: list[LocalStage], records: DataFrame) -> Iterator[None]:
+        """A micro-batch's work: every stage's lock held, adaptive execution off, the
+        Python collector paused."""
         with contextlib.ExitStack() as held:
             for stage in stages:
                 held.enter_context(stage.lock)
             with not_adaptive(records.sparkSession), gc_paused():
-                started = time.time()
-                planned = self._plan(stages, records, batch_id, prepared)
-                try:
-                    rows: list[list[Any] | None] = list(self._together(planned))
-                except Exception as e:
-                    if self._stopping:
-                        raise
-                    if len(planned) == 1:
-                        self._fail(planned[0][0], e)
-                        rows = [None]
-                    else:
-                        log.warning("the job of %d stages on %s failed: running each alone",
-                                    len(planned), self.folder)
-                        # Each planned anew, alone: an observation is spent on the job that
-                        # failed, and each needs its own.
-                        planned = [again for s, _ in planned
-                                   for again in self._plan([s], records, batch_id, prepared)]
-                        rows = [self._alone(s, plan) for s, plan in planned]
-                for (stage, plan), grouped in zip(planned, rows, strict=True):
-                    if grouped is None:
-                        continue
-                    try:
-                        stage.take(plan, grouped, batch_id, started)
-                    except Exception as e:
-                        if self._stopping:
-                            raise
-                        self._fail(stage, e)
-                taken = [plan for (_, plan), grouped in zip(planned, rows, strict=True)
-                         if grouped is not None]
-                # Every stage's counters saw every file of the batch (a record not kept too).
-                self._keep_files(batch_id, sorted(taken[0].observation.get["files"])
-                                 if taken else self._list(records))
-        for stage, _ in planned:
-            if stage.failure is None:
-                stage.batch_done(time.monotonic() - began)
+                yield
+
+    def _take(self, taken: Sequence[tuple[LocalStage, PlannedBatch, Sequence[Any]]],
+              batch_id: int, started: float) -> None:
+        """Each stage takes its grouped rows; one that fails at it is detached."""
+        for stage, plan, rows in taken:
+            try:
+                stage.take(plan, rows, batch_id, started)
+            except Exception as e:
+                if self._stopping:
+                    raise
+                self._fail(stage, e)
 
     def _plan(self, stages: list[LocalStage], records: DataFrame, batch_id: int,
               prepared: bool) -> list[tuple[LocalStage, PlannedBatch]]:
@@ -480,13 +481,6 @@ class SourceReader:
                      self.folder, len(read), self.gate.live)
             self.gate.trim(read)
 
-    def _batch_files(self, batch_id: int) -> list[str]:
-        """The files micro-batch ``batch_id`` read, as Spark's file source logged them."""
-        tag = f'"batchId":{batch_id}'
-        return sorted(path for path, batch in logged_files(self.checkpoint_dir,
-                                                           lambda line: tag in line)
-                      if batch == batch_id)
-
     def _keep_files(self, batch_id: int, files: list[str]) -> None:
         self._files[batch_id] = files
         while len(self._files) > KEPT_BATCHES:
@@ -515,6 +509,13 @@ class SourceReader:
         log.info("%s on %s: reading again the %d files of the %d micro-batches it missed",
                  stage.name, self.folder, len(paths), len(known))
         stage.process_batch(read_files(self.spark, paths, self.layout), self.last_batch)
+
+
+def _done(stages: list[LocalStage], began: float) -> None:
+    """Each stage not failed has done a micro-batch begun at ``began`` (monotonic)."""
+    for stage in stages:
+        if stage.failure is None:
+            stage.batch_done(time.monotonic() - began)
 
 
 def _raw(stages: list[LocalStage]) -> bool:
