@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = ["BATCH_DURATION", "INPUT_FILES_WAITING", "INPUT_LAG", "LINK_LEVEL",
            "LINK_MEASURED_BANDWIDTH", "LINK_THROUGHPUT",
-           "PARTIALS_REFUSED", "RECORDS_IN", "RECORDS_LATE", "RECORDS_MALFORMED",
+           "PARTIALS_REFUSED", "RECEIVER_HELD", "RECORDS_IN", "RECORDS_LATE", "RECORDS_MALFORMED",
            "RECORDS_OUT", "REPLANS", "ROOT_FAILOVERS", "UNACKED", "WAN_BYTES_RECEIVED",
            "WAN_BYTES_SENT", "WATERMARK_LAG", "WINDOW_LATENCY", "RunMetrics", "link_name",
            "serve_metrics"]
@@ -86,6 +86,11 @@ UNACKED = Gauge(
     "jetstream_unacked_messages",
     "Messages sent over a link and not yet acknowledged (the upstream backup).",
     ["link", "query"])
+RECEIVER_HELD = Histogram(
+    "jetstream_receiver_held_seconds",
+    "How long a receiver held a message from a link before acknowledging it (decoding, "
+    "merging, writing it down): the receiver's load, which its senders do not take for the "
+    "link's.", ["link"], buckets=(0.001, 0.005, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
 LINK_LEVEL = Gauge(
     "jetstream_link_degradation_level",
     "The degradation level a link ships a query's windows at: 0 is exact, higher is coarser.",

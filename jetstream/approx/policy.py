@@ -7,29 +7,29 @@ policy answers with the level to encode the next windows at.
 What it measures. A level changes only how many bytes a window weighs, so only the part of a
 window's delay that grows with its bytes is the link's, and only that part a coarser level can
 cut. The sender reports, for each message, the time the connection spent on it alone (from when
-it was handed to gRPC, or the previous ack if that came later, to its ack), and the same for
-near-empty messages (progress reports): those pay what any message pays whatever its size --
-the round trip, both processes' scheduling on a loaded machine, a receiver slow to get to each
-message (behind a batch, a report is timed from the batch's ack: the receiver's delay alone).
+it was handed to gRPC, or the previous ack if that came later, to its ack) less the time the
+receiver says in the ack it held the message (from having it whole to acking it: decoding,
+merging, writing it down -- its load, not the link's), and the same for near-empty messages
+(progress reports): those pay what any message pays whatever its size -- the round trip, both
+processes' scheduling on a loaded machine, a receiver slow to get to each message (behind a
+batch, a report is timed from the batch's ack: the receiver's delay alone).
 The *link time* of a window is its time minus the median of the last ``ROUND_TRIPS``
 near-empty ones; the throughput is bytes over link time. A busy sender, a CPU-starved receiver
 or a burst of windows from a slow stage delays acks by about the same whatever the bytes, so
 it leaves the link time, and the level, alone; a thin link's delay grows with the bytes and
 shows.
 
-Where it can still be fooled: work the receiver does per batch that a progress report does not
-pay (decoding, the inbox write and its fsync, the merge) counts as the link's, and so does
-decoding that scales with bytes -- a receiver that slow looks like a link that slow, though it
-must take most of the budget to move the level; once it has, the same cost over a coarser
-level's fewer bytes looks like a thinner link still, so the probe back up waits for it to pass
-(a receiver reporting how long it held a batch would remove it; the Ack carries no such field).
-Delays that vary from message to message by more than ``down_fraction`` of the budget, twice
-running, are taken for the link's. Queueing behind other traffic on the link delays near-empty
-messages too and half of it goes into the baseline: right as far as a coarser level cannot cut
-it, but two queries thinning one link can partly hide it from each other (the median, not the
-maximum, keeps most of it out). A window sent behind others is timed from the previous ack, so
-it pays no round trip, and subtracting one makes the link look a round trip faster. With no
-near-empty message timed yet, the whole delay is the link's, as if the baseline were 0.
+Where it can still be fooled: what a receiver does before it has a message whole (gRPC reading
+and parsing it, a starved machine's wait for a thread) counts as the link's where it grows with
+the bytes: a receiver that slow looks like a link that slow, though it must take most of the
+budget to move the level. Delays that vary from message to message by more than
+``down_fraction`` of the budget, twice running, are taken for the link's. Queueing behind other
+traffic on the link delays near-empty messages too and half of it goes into the baseline: right
+as far as a coarser level cannot cut it, but two queries thinning one link can partly hide it
+from each other (the median, not the maximum, keeps most of it out). A window sent behind others
+is timed from the previous ack, so it pays no round trip, and subtracting one makes the link
+look a round trip faster. With no near-empty message timed yet, the whole delay is the link's,
+as if the baseline were 0.
 
 The policy, in brief. It keeps a smoothed estimate of the link's throughput in bytes/s that
 one outlying window does not move. It steps *down* (coarser) when a window at the current level

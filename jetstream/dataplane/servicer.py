@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 
@@ -104,6 +105,7 @@ class DataPlaneServicer(rpc.DataPlaneServicer):
             if message is None:  # a part, not the last: acknowledged as such
                 yield pb.Ack(part=True)
                 continue
+            whole = time.monotonic()
             size = message.ByteSize()
             self.bytes_received += size
             origin = (message.progress if message.HasField("progress") else message.batch).origin
@@ -122,7 +124,8 @@ class DataPlaneServicer(rpc.DataPlaneServicer):
                                   f"no query named {report.query!r} runs here")
                 self._progress(report)
                 yield pb.Ack(query=report.query, origin=report.origin,
-                             sequence=report.sequence, progress=True)
+                             sequence=report.sequence, progress=True,
+                             held_s=self._held(origin, whole, local))
                 continue
             batch = self._decode(message.batch, context, local, keys)
             with self._lock:
@@ -144,7 +147,16 @@ class DataPlaneServicer(rpc.DataPlaneServicer):
                     self._refuse(batch.origin, e, context)
             b = message.batch
             yield pb.Ack(query=b.query, window_start_ms=b.window_start_ms, origin=b.origin,
-                         partition=b.partition, sequence=b.sequence, revision=b.revision)
+                         partition=b.partition, sequence=b.sequence, revision=b.revision,
+                         held_s=self._held(origin, whole, local))
+
+    def _held(self, origin: str, since: float, local: bool) -> float:
+        """Seconds since ``since`` (``time.monotonic``), when a message from ``origin`` was
+        whole here: the receiver's own time on it, counted by link."""
+        held = max(time.monotonic() - since, 0.0)
+        if not local:
+            metrics.RECEIVER_HELD.labels(self._link(origin)).observe(held)
+        return held
 
     def _joined(self, messages: Iterator[pb.PushMessage],
                 context: grpc.ServicerContext) -> Iterator[pb.PushMessage | None]:

@@ -5,7 +5,9 @@ backup): it holds one streaming ``Push`` call to its parent, and when that break
 reconnects with exponential backoff and sends again whatever is not acknowledged, in the
 order it was first sent. Every byte it sends is counted. Besides partial batches it carries
 each origin's progress (its watermark), of which only the newest matters. It times each
-message by what the connection spent on it alone, for the link's degradation policy. Over
+message by what the connection spent on it alone, less what the receiver says in its ack it
+held the message (its own work: a busy receiver is not a thin link), for the link's
+degradation policy. Over
 the wide area, each stream codes the batches' group keys with a key dictionary of its own
 (:mod:`jetstream.dataplane.keydict`): a key crosses once, then goes as a slot number. Given a
 :class:`~jetstream.dataplane.cubes.CubeStore`, it keeps each batch there before sending it and
@@ -144,7 +146,9 @@ class _Window:
             self._bytes += size
         return True
 
-    def acked(self, arrived: float) -> None:
+    def acked(self, arrived: float, held_s: float = 0.0) -> None:
+        """The oldest message in flight was acked at ``arrived``, the receiver having held
+        it ``held_s`` of that time (its own work, not the link's)."""
         with self._changed:
             if not self._flight:
                 return
@@ -152,7 +156,7 @@ class _Window:
             self._bytes -= size
             started = handed if self._free_at is None else max(handed, self._free_at)
             self._free_at = arrived
-            seconds = arrived - started
+            seconds = max(arrived - started - _held(held_s), 0.0)
             if size <= NEAR_EMPTY_BYTES:
                 self._delays.append(seconds)
             elif size >= MIN_PART_BYTES and self._delays:
@@ -165,6 +169,12 @@ class _Window:
                 # that share the link does not open it wide.
                 self.size = _clamp(min(carried, GROWTH * self.size))
             self._changed.notify_all()
+
+
+def _held(seconds: float) -> float:
+    """What a receiver says it held a message: its own work, taken out of the link's time
+    (a number that is not one, from a receiver that is wrong, is taken for none)."""
+    return seconds if math.isfinite(seconds) and seconds > 0 else 0.0
 
 
 def _clamp(window: float) -> int:
@@ -312,7 +322,7 @@ class PartialSender:
                 try:
                     for ack in stub.Push(self._requests(done), timeout=STREAM_DEADLINE_S,
                                          metadata=self._metadata):
-                        self._window.acked(time.monotonic())
+                        self._window.acked(time.monotonic(), ack.held_s)
                         if ack.part:
                             continue
                         self._acked(ack, time.monotonic())
@@ -413,7 +423,7 @@ class PartialSender:
         if handed is not None:  # else it was handed over on an earlier stream: time unknown
             # Until the previous ack came, the connection was busy with earlier messages.
             started = handed if self._free_at is None else max(handed, self._free_at)
-            seconds = max(arrived - started, 0.0)
+            seconds = max(arrived - started - _held(ack.held_s), 0.0)
         if ack.progress:
             if self._on_round_trip and seconds is not None:
                 self._on_round_trip(seconds)

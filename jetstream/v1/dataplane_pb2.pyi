@@ -154,7 +154,7 @@ class PartialBatch(_message.Message):
     def __init__(self, query: _Optional[str] = ..., window_start_ms: _Optional[int] = ..., window_end_ms: _Optional[int] = ..., origin: _Optional[str] = ..., partition: _Optional[int] = ..., attempt: _Optional[int] = ..., sequence: _Optional[int] = ..., kind: _Optional[_Union[SummaryKind, str]] = ..., level: _Optional[int] = ..., payload: _Optional[bytes] = ..., compressed: _Optional[bool] = ..., events: _Optional[int] = ..., error_bound: _Optional[float] = ..., complete: _Optional[bool] = ..., covers: _Optional[_Iterable[str]] = ..., wan_bytes: _Optional[int] = ..., closed_at_ms: _Optional[int] = ..., revision: _Optional[int] = ..., ranked_by: _Optional[str] = ..., items_extra: _Optional[float] = ..., warnings: _Optional[_Iterable[str]] = ..., rounds: _Optional[bool] = ..., early: _Optional[bool] = ...) -> None: ...
 
 class Ack(_message.Message):
-    __slots__ = ("query", "window_start_ms", "origin", "partition", "sequence", "revision", "progress", "part")
+    __slots__ = ("query", "window_start_ms", "origin", "partition", "sequence", "revision", "progress", "part", "held_s")
     QUERY_FIELD_NUMBER: _ClassVar[int]
     WINDOW_START_MS_FIELD_NUMBER: _ClassVar[int]
     ORIGIN_FIELD_NUMBER: _ClassVar[int]
@@ -163,6 +163,7 @@ class Ack(_message.Message):
     REVISION_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     PART_FIELD_NUMBER: _ClassVar[int]
+    HELD_S_FIELD_NUMBER: _ClassVar[int]
     query: str
     window_start_ms: int
     origin: str
@@ -171,4 +172,5 @@ class Ack(_message.Message):
     revision: int
     progress: bool
     part: bool
-    def __init__(self, query: _Optional[str] = ..., window_start_ms: _Optional[int] = ..., origin: _Optional[str] = ..., partition: _Optional[int] = ..., sequence: _Optional[int] = ..., revision: _Optional[int] = ..., progress: _Optional[bool] = ..., part: _Optional[bool] = ...) -> None: ...
+    held_s: float
+    def __init__(self, query: _Optional[str] = ..., window_start_ms: _Optional[int] = ..., origin: _Optional[str] = ..., partition: _Optional[int] = ..., sequence: _Optional[int] = ..., revision: _Optional[int] = ..., progress: _Optional[bool] = ..., part: _Optional[bool] = ..., held_s: _Optional[float] = ...) -> None: ...
