@@ -3,7 +3,8 @@
 Every site's raw logs are shipped (gzip) to the root datacenter, where one plain Spark
 Structured Streaming job computes the query: requests with ``status < 500``, per 10 s window
 and domain, the request count and the kilobytes served, then the 10 busiest domains per window.
-It is written by hand, as its user would write it, for ``examples/cdn_topk.py`` only.
+It is written by hand, as its user would write it (:mod:`jetstream.lab.plain_spark`, where
+the load bench's other standing queries are written the same way: ``watch --queries N``).
 
 Live, over a real network: :func:`ship` (``python -m jetstream.lab.baseline ship``, one
 per site) gzips each new log file of a folder and sends it over TCP to a :class:`Receiver` at
@@ -13,6 +14,7 @@ the root, which drops it into the inbox that :func:`live_top_domains` watches.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gzip
 import json
 import shutil
@@ -26,12 +28,15 @@ from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
+from jetstream.lab.plain_spark import PLAIN_QUERIES, PlainQuery, logs
 from jetstream.schema import CDN_LOG_SCHEMA
 from jetstream.stage.compile import spark_schema
 from jetstream.stage.spark import session_builder, started
+
+#: The CDN top-k, as the backhaul's user writes it.
+CDN_TOPK = PLAIN_QUERIES[0]
 
 __all__ = ["BackhaulRun", "Receiver", "live_top_domains", "ship", "ship_gzipped",
            "top_domains"]
@@ -62,26 +67,11 @@ class BackhaulRun:
 
 
 def _counts(spark: SparkSession, inbox: Path | str) -> DataFrame:
-    logs = (spark.readStream.schema(spark_schema(CDN_LOG_SCHEMA)).option("header", True)
-            .csv(str(inbox)))
-    return (logs.where(F.col("status") < 500)
-            .withColumn("t", F.timestamp_millis("ts")).withWatermark("t", "5 seconds")
-            .groupBy(F.window("t", "10 seconds"), "domain")
-            .agg(F.count(F.lit(1)).alias("requests"), F.sum(F.col("bytes") / 1024).alias("kb")))
+    return CDN_TOPK.counts(logs(spark, str(inbox)))
 
 
 def _top(rows: Sequence[Any], k: int) -> dict[Window, Rows]:
-    windows: dict[Window, Rows] = {}
-    for row in rows:
-        window = (int(row.s), int(row.e))
-        windows.setdefault(window, []).append(
-            {"domain": row.domain, "requests": row.requests, "kb": row.kb})
-    return {w: sorted(found, key=lambda r: (-r["requests"], r["domain"]))[:k]
-            for w, found in windows.items()}
-
-
-_WINDOWED = ("unix_millis(window.start) as s", "unix_millis(window.end) as e", "domain",
-             "requests", "kb")
+    return dataclasses.replace(CDN_TOPK, k=k).rows(rows)
 
 
 def top_domains(spark: SparkSession, inbox: Path, checkpoint: Path, *, k: int = 10
@@ -95,7 +85,7 @@ def top_domains(spark: SparkSession, inbox: Path, checkpoint: Path, *, k: int = 
     seconds = time.perf_counter() - start
     records = spark.read.schema(spark_schema(CDN_LOG_SCHEMA)).option("header", True) \
         .csv(str(inbox)).count()
-    rows = spark.table(name).selectExpr(*_WINDOWED).collect()
+    rows = spark.table(name).collect()
     return BackhaulRun(_top(rows, k), seconds, records)
 
 
@@ -105,7 +95,7 @@ def live_top_domains(spark: SparkSession, inbox: Path | str, checkpoint: Path,
     """Start the plain job on ``inbox`` as files arrive; ``on_window`` hears each window's
     top ``k`` once Spark's watermark lets the window out."""
     def emit(batch: DataFrame, batch_id: int) -> None:
-        for window, rows in sorted(_top(batch.selectExpr(*_WINDOWED).collect(), k).items()):
+        for window, rows in sorted(_top(batch.collect(), k).items()):
             on_window(window, rows)
 
     if isinstance(inbox, Path):
@@ -183,19 +173,33 @@ def _connect(to: tuple[str, int], stop: threading.Event) -> socket.socket:
 
 
 def watch(folder: str, checkpoint: Path, out: Path, *, master: str, conf: dict[str, str],
-          trigger_s: float) -> None:
-    """Run the plain job live on ``folder`` (a path or a glob, such as every site's folder)
-    until killed, appending each window's top 10 to ``out`` as a JSON line (``start``,
-    ``end``, ``rows``); ``out`` is created once the job reads."""
+          trigger_s: float, queries: int = 1) -> None:
+    """Run the first ``queries`` of the load bench's standing queries in plain Spark
+    (:mod:`jetstream.lab.plain_spark`: one streaming query each, as a Spark user runs them)
+    live on ``folder`` (a path or a glob, such as every site's folder) until killed,
+    appending each window's rows to ``out`` as a JSON line (``query``, ``start``, ``end``,
+    ``rows``, ``exact``); ``out`` is created first."""
     spark = started(session_builder(master, "jetstream-baseline", conf), "the baseline")
     spark.sparkContext.setLogLevel("ERROR")
+    lock = threading.Lock()
     with out.open("a") as lines:
-        def on_window(window: Window, rows: Rows) -> None:
-            lines.write(json.dumps({"start": window[0], "end": window[1], "rows": rows}) + "\n")
-            lines.flush()
+        def emitter(query: PlainQuery) -> Callable[[DataFrame, int], None]:
+            def emit(batch: DataFrame, batch_id: int) -> None:
+                for window, rows in sorted(query.rows(batch.collect()).items()):
+                    line = {"query": query.name, "start": window[0], "end": window[1],
+                            "rows": rows, "exact": query.exact}
+                    with lock:
+                        lines.write(json.dumps(line) + "\n")
+                        lines.flush()
+            return emit
 
-        live_top_domains(spark, folder, checkpoint, on_window,
-                         trigger_s=trigger_s).awaitTermination()
+        streams = [query.counts(logs(spark, folder)).writeStream.outputMode("append")
+                   .foreachBatch(emitter(query))
+                   .option("checkpointLocation", str(checkpoint / query.name))
+                   .trigger(processingTime=f"{trigger_s:g} seconds").start()
+                   for query in PLAIN_QUERIES[:queries]]
+        for stream in streams:
+            stream.awaitTermination()
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -215,6 +219,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="watch: a Spark setting; repeatable")
     parser.add_argument("--trigger", type=float, default=0.25, metavar="S",
                         help="watch: the micro-batch interval (default: 0.25)")
+    parser.add_argument("--queries", type=int, default=1, metavar="N",
+                        choices=range(1, len(PLAIN_QUERIES) + 1),
+                        help="watch: how many of the load bench's standing queries to run, "
+                        "each a streaming query of its own (default: 1, the CDN top-k)")
     args = parser.parse_args(argv)
     if args.action == "ship":
         if not (args.site and args.to):
@@ -225,7 +233,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not (args.checkpoint and args.out) or any("=" not in c for c in args.conf):
         parser.error("watch needs --checkpoint and --out, and each --conf as KEY=VALUE")
     watch(args.folder, args.checkpoint, args.out, master=args.master,
-          conf=dict(c.split("=", 1) for c in args.conf), trigger_s=args.trigger)
+          conf=dict(c.split("=", 1) for c in args.conf), trigger_s=args.trigger,
+          queries=args.queries)
 
 
 if __name__ == "__main__":

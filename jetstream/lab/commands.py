@@ -452,15 +452,16 @@ def register(commands: Any) -> None:
                        "(default: 300)")
     bench.add_argument("--load", action="store_true",
                        help="instead, latency after close under load on this machine: "
-                       "JetStream-py, then one plain Spark job reading every site's folder "
-                       "(the ceiling of shipping raw logs), each alone, at every --rates and "
+                       "JetStream-py, then one plain Spark job reading every site's folder, "
+                       "a streaming query per standing query (the ceiling of shipping raw "
+                       "logs), each alone, at every --rates and "
                        "--queries; --duration seconds of live logs each (use 120 or more)")
     bench.add_argument("--rates", type=numbers(float), default=[300.0, 3000.0],
                        metavar="N,N,...", help="with --load: records/s at each site "
                        "(default: 300,3000)")
     bench.add_argument("--queries", type=numbers(int), default=[1], metavar="N,N,...",
                        help="with --load: how many of the six standing queries run at once "
-                       "(default: 1, the CDN top-k; the baseline runs with 1 only)")
+                       "(default: 1, the CDN top-k)")
     bench.add_argument("--keys", type=int, default=20_000, metavar="N",
                        help="with --load: distinct domains in the logs (default: 20000)")
     bench.add_argument("--systems", type=lambda t: t.split(","),

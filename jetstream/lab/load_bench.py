@@ -9,8 +9,9 @@ domains):
    a process with its own Spark JVM), the first ``n`` of :data:`QUERIES` submitted together.
 2. The baseline, the ceiling of shipping raw logs: one plain Spark Structured Streaming job in
    a process of its own, reading every site's folder where the files land (no wide area at
-   all), with a site's trigger, watermark and Spark settings. It is written by hand for the
-   CDN top-k (:mod:`jetstream.lab.baseline`), so it runs with one query only.
+   all), with a site's trigger, watermark and Spark settings, each standing query written by
+   hand as a streaming query of its own (:mod:`jetstream.lab.plain_spark`), as a Spark user
+   runs several.
 3. On request (``--systems push``), JetStream-py with the logs pushed: each file, as it
    lands at an edge folder, POSTed to its site's ``--push-http`` as JSON lines by a shipper
    in the bench's process (not counted in the CPU figures), the site's spool writing them into
@@ -207,10 +208,6 @@ def run_load(topology: Path, work: Path, *, rates: Sequence[float],
     for rate in rates:
         for n in counts:
             for system in systems:
-                if system == "baseline" and n > 1:
-                    say(f"load: the baseline is written for the CDN top-k alone: not run "
-                        f"with {n} queries")
-                    continue
                 folder = work / f"{system}-{rate:g}-{n}q"
                 run = LoadRun(system, rate, n)
                 say(f"load, {system}: {rate:g} records/s a site, {n} standing "
@@ -369,15 +366,16 @@ def _baseline(topology: Path, folder: Path, queries: Sequence[Query], sites: lis
     job = subprocess.Popen(
         [sys.executable, "-m", "jetstream.lab.baseline", "watch", "--folder",
          str(inputs / "*"), "--checkpoint", str(folder / "checkpoint"), "--out", str(out),
-         "--master", master, *(f"--conf={k}={v}" for k, v in conf.items())],
+         "--master", master, "--queries", str(len(queries)),
+         *(f"--conf={k}={v}" for k, v in conf.items())],
         stdout=(folder / "baseline.log").open("ab"), stderr=subprocess.STDOUT)
-    arrived: Arrived = {queries[0].name: {}}
+    arrived: Arrived = {query.name: {} for query in queries}
     lock = threading.Lock()
     try:
         _wait_for_file(out, job)
         stop = threading.Event()
-        follower = threading.Thread(target=_follow, args=(out, arrived[queries[0].name], lock,
-                                                          stop), daemon=True)
+        follower = threading.Thread(target=_follow, args=(out, arrived, lock, stop),
+                                    daemon=True)
         follower.start()
         with _Usage(lambda: [job.pid], run):
             started, landings = logs(inputs)
@@ -400,9 +398,8 @@ def _wait_for_file(path: Path, job: subprocess.Popen[bytes], timeout_s: float = 
         time.sleep(0.2)
 
 
-def _follow(path: Path, into: dict[Window, list[Given]], lock: threading.Lock,
-            stop: threading.Event) -> None:
-    """Each window the baseline writes, noted when its line appears."""
+def _follow(path: Path, into: Arrived, lock: threading.Lock, stop: threading.Event) -> None:
+    """Each window the baseline writes, noted by query when its line appears."""
     import json
 
     with path.open() as lines:
@@ -416,8 +413,8 @@ def _follow(path: Path, into: dict[Window, list[Given]], lock: threading.Lock,
             at = time.time()
             window = json.loads(line)
             with lock:
-                into.setdefault((window["start"], window["end"]), []).append(
-                    Given(at, window["rows"], True))
+                into[window["query"]].setdefault((window["start"], window["end"]), []).append(
+                    Given(at, window["rows"], window["exact"]))
 
 
 # -- the live input, and what it cost -------------------------------------------------------
