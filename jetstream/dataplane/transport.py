@@ -99,8 +99,9 @@ class _Window:
 
     The receiver acknowledges every message or part, in order, with one ack; the window
     follows each from hand-over to ack, timing what the connection spent on it alone (from
-    its hand-over, or the ack before if later). A near-empty message's time is the link's
-    delay whatever its bandwidth (a round trip, a busy receiver's time on a message): the
+    its hand-over, or the ack before if later), less what the ack says the receiver held it.
+    A near-empty message's time is the link's delay whatever its bandwidth (a round trip, a
+    busy receiver's wait before it has a message whole): the
     least of the latest few is set aside from the others. The window's size is what the link
     carries in that delay and :data:`QUEUE_S` more, at the rate of the newest ack of at least
     :data:`MIN_PART_BYTES`: those bytes over their time less the delay. It starts from the
